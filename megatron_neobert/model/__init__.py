@@ -1,1 +1,30 @@
+"""NeoBERT on megatron-core: presets, layer specs and the model."""
 
+from typing import Optional
+
+from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch, swiglu_width, transformer_config
+
+
+def padded_vocab_size(vocab_size: int, tensor_model_parallel_size: int = 1,
+                      make_vocab_size_divisible_by: int = 128) -> int:
+    """Megatron-LM's rule: pad the vocabulary to a multiple of divisible_by x TP."""
+    multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_process: bool = True,
+                vp_stage: Optional[int] = None, transformer_impl: str = "auto",
+                vocab_size: Optional[int] = None):
+    """A `NeoBERTModel` (one pipeline stage of it) for `arch` under the megatron-core `config`."""
+    from megatron_neobert.model.layer_specs import get_layer_spec
+    from megatron_neobert.model.neobert_model import NeoBERTModel
+
+    return NeoBERTModel(config=config, transformer_layer_spec=get_layer_spec(transformer_impl),
+                        vocab_size=vocab_size or arch.vocab_size,
+                        max_sequence_length=arch.max_sequence_length, pre_process=pre_process,
+                        post_process=post_process, position_embedding_type=arch.position_embedding_type,
+                        rotary_base=arch.rotary_base, vp_stage=vp_stage)
+
+
+__all__ = ["PRESETS", "NeoBERTArch", "build_model", "get_arch", "padded_vocab_size", "swiglu_width",
+           "transformer_config"]

@@ -1,0 +1,106 @@
+"""Architecture presets, by name, and their megatron-core `TransformerConfig`."""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class NeoBERTArch:
+    """What defines an encoder's shape; training settings live in the trainer's arguments."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int  # the real width of the MLP (for SwiGLU: of each of gate and up)
+    vocab_size: int
+    max_sequence_length: int
+    normalization: str = "RMSNorm"  # or "LayerNorm" (BERT-like M0)
+    activation: str = "swiglu"  # or "gelu"
+    position_embedding_type: str = "rope"  # or "learned_absolute"
+    add_bias_linear: bool = False
+    norm_epsilon: float = 1e-5
+    rotary_base: int = 10000
+    init_range: float = 0.02  # Linear and Embedding weights ~ uniform(-r, r)
+
+    @property
+    def kv_channels(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def swiglu_width(nominal_intermediate_size: int) -> int:
+    """NeoBERT's real SwiGLU width: 2/3 of the nominal size, rounded up to a multiple of 8."""
+    return int(math.ceil(int(2 * nominal_intermediate_size / 3) / 8) * 8)
+
+
+PRESETS: Dict[str, NeoBERTArch] = {
+    # The published model (spec section 1): 28 x 768, 12 heads, SwiGLU 2048, 30522 WordPiece.
+    "neobert-250m": NeoBERTArch(28, 768, 12, swiglu_width(3072), 30522, 4096),
+    # For tests and the quickstart; its vocabulary is the built-in sample tokenizer's.
+    "neobert-tiny": NeoBERTArch(4, 128, 4, swiglu_width(512), 8192, 1024),
+    # The paper's ablation ladder (section 3). M2-M5 and M9 change data, optimiser, masking and
+    # batch, not the architecture: they reuse the preset of the step before them.
+    "ablation-m0": NeoBERTArch(12, 768, 12, 3072, 30522, 512, normalization="LayerNorm",
+                               activation="gelu", position_embedding_type="learned_absolute",
+                               add_bias_linear=True, norm_epsilon=1e-12),
+    # M1 swaps in RoPE, SwiGLU and RMSNorm (and, as the final model, drops the biases).
+    "ablation-m1": NeoBERTArch(12, 768, 12, swiglu_width(3072), 30522, 512),
+    # M7: 250M parameters at BERT's depth-to-width ratio, 16 x 1056 (12 heads of 88).
+    "ablation-m7": NeoBERTArch(16, 1056, 12, swiglu_width(4 * 1056), 30522, 1024),
+    # M8: the same budget spent on depth, 28 x 768 (NeoBERT's shape at length 1024).
+    "ablation-m8": NeoBERTArch(28, 768, 12, swiglu_width(3072), 30522, 1024),
+}
+
+
+def get_arch(name: str, **overrides) -> NeoBERTArch:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def _uniform_init(tensor: torch.Tensor, init_range: float) -> torch.Tensor:
+    return torch.nn.init.uniform_(tensor, -init_range, init_range)
+
+
+def transformer_config(arch: NeoBERTArch, **kwargs):
+    """megatron-core `TransformerConfig` for `arch`; kwargs set parallelism, precision, etc."""
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    init = partial(_uniform_init, init_range=arch.init_range)
+    swiglu = arch.activation == "swiglu"
+    defaults = dict(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        kv_channels=arch.kv_channels,
+        normalization=arch.normalization,
+        layernorm_epsilon=arch.norm_epsilon,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=arch.add_bias_linear,
+        add_qkv_bias=arch.add_bias_linear,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        rotary_interleaved=True,  # NeoBERT rotates adjacent pairs (2i, 2i+1)
+        init_method=init,
+        output_layer_init_method=init,
+        embedding_init_method=init,
+        # The jit/TE fusions only pay (and only all work) on GPUs.
+        apply_rope_fusion=False,
+        bias_activation_fusion=on_gpu and swiglu and arch.add_bias_linear,
+        bias_dropout_fusion=on_gpu,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        use_cpu_initialization=not on_gpu,
+        # Loss is summed over masked tokens and divided once by their global count.
+        calculate_per_token_loss=True,
+    )
+    defaults.update(kwargs)
+    return TransformerConfig(**defaults)

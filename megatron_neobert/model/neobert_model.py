@@ -1,0 +1,148 @@
+"""NeoBERT as a megatron-core `LanguageModule`.
+
+embedding -> TransformerBlock (pre-norm layers, final norm) -> MLM output layer (Linear with bias,
+no transform, untied). megatron-core's `BertModel` does not fit: it forces a dense+GELU+norm LM
+head and cannot take packed sequences.
+
+Inputs, as the data loader gives them:
+- padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token);
+- packed: `input_ids [1, t]` (documents laid end to end) and `packed_seq_params` (THD, with
+  `cu_seqlens`); RoPE positions restart at each document and attention never crosses one.
+With `labels [b, s]` (-100 where there is no target) the output layer and the vocab-parallel
+cross-entropy run only on the labelled positions.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.models.common.language_module.language_module import LanguageModule
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.enums import ModelType
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+from torch import Tensor
+
+IGNORE_INDEX = -100
+
+
+def packed_seq_params_from_cu_seqlens(cu_seqlens: Tensor, max_seqlen: int) -> PackedSeqParams:
+    cu_seqlens = cu_seqlens.to(torch.int32)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=int(max_seqlen), max_seqlen_kv=int(max_seqlen))
+
+
+class NeoBERTModel(LanguageModule):
+    """A bidirectional pre-norm encoder with an MLM output layer, for TP/PP/VPP/SP training."""
+
+    def __init__(self, config: TransformerConfig, transformer_layer_spec: ModuleSpec,
+                 vocab_size: int, max_sequence_length: int, pre_process: bool = True,
+                 post_process: bool = True, position_embedding_type: str = "rope",
+                 rotary_base: int = 10000, pg_collection=None, vp_stage: Optional[int] = None):
+        super().__init__(config=config, pg_collection=pg_collection)
+        self.model_type = ModelType.encoder_or_decoder
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.pre_process = pre_process
+        self.post_process = post_process
+        self.position_embedding_type = position_embedding_type
+        self.vp_stage = vp_stage
+        self.share_embeddings_and_output_weights = False  # NeoBERT's decoder is untied
+
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(
+                config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
+                position_embedding_type=position_embedding_type, tp_group=self.pg_collection.tp)
+        if position_embedding_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=config.kv_channels, rotary_percent=1.0,
+                rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
+                use_cpu_initialization=config.use_cpu_initialization, cp_group=self.pg_collection.cp)
+
+        self.decoder = TransformerBlock(config=config, spec=transformer_layer_spec,
+                                        pre_process=pre_process, post_process=post_process,
+                                        pg_collection=self.pg_collection, vp_stage=vp_stage)
+        if post_process:
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size, vocab_size, config=config, init_method=config.init_method,
+                bias=True, skip_bias_add=False, gather_output=False, tp_group=self.pg_collection.tp)
+            # The head sees only the labelled positions, gathered out of the sequence-parallel
+            # layout in forward(); it must not gather them again.
+            self.output_layer.sequence_parallel = False
+            self.output_layer.allreduce_dgrad = self.pg_collection.tp.size() > 1
+        self.setup_embeddings_and_output_layer()
+
+    def set_input_tensor(self, input_tensor) -> None:
+        if isinstance(input_tensor, list):
+            assert len(input_tensor) == 1, "NeoBERT has one input tensor per stage"
+            input_tensor = input_tensor[0]
+        self.decoder.set_input_tensor(input_tensor)
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, packed_seq_params: Optional[PackedSeqParams] = None,
+                position_ids: Optional[Tensor] = None):
+        """Returns hidden states on a non-last pipeline stage; on the last one the logits
+        `[b, s, vocab/tp]` without labels, or `(per-token loss, per-token correct)` over the
+        labelled positions (in `[s, b]` order) with them."""
+        if packed_seq_params is not None and attention_mask is not None:
+            raise ValueError("give either an attention_mask (padded) or packed_seq_params, not both")
+        if self.position_embedding_type == "learned_absolute" and position_ids is None:
+            position_ids = self._default_position_ids(input_ids, packed_seq_params)
+
+        hidden = self.embedding(input_ids=input_ids, position_ids=position_ids) if self.pre_process else None
+        rotary_pos_emb = None
+        if self.position_embedding_type == "rope":
+            seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, self.decoder, hidden, self.config,
+                                                             packed_seq_params)
+            rotary_pos_emb = self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
+        # megatron-core masks are True where attention is *not* allowed: [b, 1, 1, s] over keys.
+        mask = None if attention_mask is None else ~attention_mask.bool()[:, None, None, :]
+
+        hidden = self.decoder(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rotary_pos_emb,
+                              packed_seq_params=packed_seq_params)
+        if not self.post_process:
+            return hidden
+        if self.config.sequence_parallel:
+            # Back to the full sequence; each rank keeps its own slice's gradient on the way back.
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(
+                hidden, tensor_parallel_output_grad=False)
+        if labels is None:
+            logits, _ = self.output_layer(hidden)
+            return logits.transpose(0, 1).contiguous()
+        return self.masked_lm_loss(hidden, labels)
+
+    def masked_lm_loss(self, hidden: Tensor, labels: Tensor) -> Tuple[Tensor, Tensor]:
+        """Output layer and cross-entropy on the labelled positions only."""
+        labels = labels.transpose(0, 1)  # [s, b], as the hidden states
+        selected = labels != IGNORE_INDEX
+        logits, _ = self.output_layer(hidden[selected].unsqueeze(1))  # [n, 1, vocab/tp]
+        targets = labels[selected].unsqueeze(1)
+        with torch.no_grad():
+            correct = self._vocab_parallel_argmax(logits.detach()) == targets
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), targets)
+        return loss.squeeze(1), correct.squeeze(1)
+
+    def _vocab_parallel_argmax(self, logits: Tensor) -> Tensor:
+        tp_group = self.pg_collection.tp
+        local_max, local_idx = logits.max(dim=-1)
+        if tp_group.size() == 1:
+            return local_idx
+        global_idx = local_idx + tp_group.rank() * logits.shape[-1]
+        maxes = [torch.empty_like(local_max) for _ in range(tp_group.size())]
+        idxs = [torch.empty_like(global_idx) for _ in range(tp_group.size())]
+        torch.distributed.all_gather(maxes, local_max.contiguous(), group=tp_group)
+        torch.distributed.all_gather(idxs, global_idx.contiguous(), group=tp_group)
+        best = torch.stack(maxes).argmax(dim=0, keepdim=True)
+        return torch.stack(idxs).gather(0, best).squeeze(0)
+
+    @staticmethod
+    def _default_position_ids(input_ids: Tensor, packed_seq_params: Optional[PackedSeqParams]) -> Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if packed_seq_params is not None:  # restart at each document
+            starts = packed_seq_params.cu_seqlens_q[:-1].to(positions.device).long()
+            doc = torch.bucketize(positions, starts, right=True) - 1
+            positions = positions - starts[doc]
+        return positions.unsqueeze(0).expand_as(input_ids)

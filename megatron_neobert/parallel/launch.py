@@ -1,0 +1,108 @@
+"""Set up torch.distributed and megatron-core's parallel state; run a function on N local ranks."""
+
+import os
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+from megatron_neobert.parallel.cpu import enable_cpu_execution
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """Initialise torch.distributed from torchrun's environment: NCCL on GPUs, gloo on CPU."""
+    if torch.distributed.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        backend = "nccl"
+    else:
+        enable_cpu_execution()
+        backend = "gloo"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    torch.distributed.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+
+
+def initialize_model_parallel(tensor_model_parallel_size: int = 1,
+                              pipeline_model_parallel_size: int = 1,
+                              virtual_pipeline_model_parallel_size: Optional[int] = None,
+                              seed: int = 1234) -> None:
+    """megatron-core's parallel groups and its tensor-parallel RNG tracker."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    init_distributed()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
+            results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)  # N ranks share the machine's cores
+    try:
+        init_distributed(timeout_minutes=5)
+        results.put((rank, True, fn(*args, **kwargs)))
+    except BaseException:  # report every failure to the parent, with its traceback
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, **kwargs) -> List[Any]:
+    """Run `fn(*args, **kwargs)` on `world_size` local processes joined by gloo (NCCL on GPUs).
+
+    `fn` must be importable (a module-level function); what it returns must pickle. Returns the
+    list of return values by rank; raises with every failing rank's traceback.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    # Read results before joining: a child blocks on a large result until it is read.
+    outcomes, deadline = {}, time.monotonic() + timeout_s
+    while len(outcomes) < world_size and time.monotonic() < deadline:
+        try:
+            rank, ok, value = results.get(timeout=1.0)
+            outcomes[rank] = (ok, value)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs) and results.empty():
+                break
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+    failures = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(outcomes.items()) if not ok]
+    missing = [r for r in range(world_size) if r not in outcomes]
+    if failures or missing:
+        raise RuntimeError(f"{fn.__name__} failed on {world_size} ranks (no result from ranks "
+                           f"{missing})\n" + "\n".join(failures))
+    return [outcomes[r][1] for r in range(world_size)]

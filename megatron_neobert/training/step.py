@@ -1,0 +1,46 @@
+"""The MLM forward step and loss for megatron-core's pipeline schedules.
+
+The loss is the cross-entropy summed over the masked tokens of a micro-batch, reported with
+their count; with `calculate_per_token_loss` megatron-core divides the gradients once by the
+count over the whole global batch (all micro-batches, all data-parallel ranks). The result is
+the mean over *all* masked tokens of the global batch, whatever the micro-batch split.
+"""
+
+from typing import Dict, Iterator
+
+import torch
+
+from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
+
+
+def model_inputs(batch: Dict[str, torch.Tensor]) -> dict:
+    """Keyword arguments of NeoBERTModel.forward for a collated batch (padded or packed)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    tokens, labels = batch["tokens"].to(device), batch["labels"].to(device)
+    if "cu_seqlens" in batch:  # packed: all documents of the micro-batch end to end, [1, b*s]
+        return dict(input_ids=tokens.reshape(1, -1), labels=labels.reshape(1, -1),
+                    packed_seq_params=packed_seq_params_from_cu_seqlens(
+                        batch["cu_seqlens"].to(device), int(batch["max_seqlen"])))
+    mask = batch.get("attention_mask")
+    return dict(input_ids=tokens, labels=labels, attention_mask=None if mask is None else mask.to(device))
+
+
+def mlm_loss_func(output):
+    per_token_loss, correct = output
+    num_tokens = torch.tensor(per_token_loss.numel(), dtype=torch.int, device=per_token_loss.device)
+    loss_sum = per_token_loss.sum()
+    report = torch.stack([loss_sum.detach(), correct.sum().float(), num_tokens.float()])
+    return loss_sum, num_tokens, {"lm loss": report}
+
+
+def mlm_forward_step(data_iterator: Iterator, model):
+    """`forward_step_func` for `get_forward_backward_func()`: every stage reads the batch (it is
+    deterministic and small), since middle stages need the mask or cu_seqlens too."""
+    batch = next(data_iterator)
+    return model(**model_inputs(batch)), mlm_loss_func
+
+
+def micro_batch_tensor_shape(batch: Dict[str, torch.Tensor]):
+    """(seq_length, micro_batch_size) of the activations sent between pipeline stages."""
+    b, s = batch["tokens"].shape
+    return (b * s, 1) if "cu_seqlens" in batch else (s, b)

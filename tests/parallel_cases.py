@@ -1,0 +1,100 @@
+"""Functions run on several gloo ranks by the tests (module level, so spawned ranks import them)."""
+
+import dataclasses
+import os
+
+import torch
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from megatron_neobert.model import NeoBERTArch, transformer_config
+from megatron_neobert.parallel.launch import initialize_model_parallel
+from megatron_neobert.training.model_setup import build_model_chunks, unwrap
+from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
+
+# Small enough for 4 ranks on 2 cores, big enough to split: 4 layers, 4 heads, vocab 256.
+TEST_ARCH = NeoBERTArch(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
+                        vocab_size=256, max_sequence_length=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    vpp: int = None
+    dp: int = 1
+    distributed_optimizer: bool = False
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def model_sharded_state_dict(chunks):
+    return {f"model{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def setup(layout: Layout, arch: NeoBERTArch = TEST_ARCH, ddp: bool = True):
+    initialize_model_parallel(layout.tp, layout.pp, layout.vpp, seed=1)
+    config = transformer_config(arch, tensor_model_parallel_size=layout.tp,
+                                pipeline_model_parallel_size=layout.pp,
+                                virtual_pipeline_model_parallel_size=layout.vpp,
+                                sequence_parallel=layout.sequence_parallel,
+                                pipeline_dtype=torch.float32)
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=layout.distributed_optimizer,
+                                               grad_reduce_in_fp32=True) if ddp else None
+    return config, build_model_chunks(arch, config, "local", ddp_config)
+
+
+def save_initial_weights(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
+    """A TP=1/PP=1 model's random weights, as a distributed checkpoint."""
+    _, chunks = setup(Layout(), arch, ddp=False)
+    os.makedirs(ckpt_dir, exist_ok=True)
+    dist_checkpointing.save(model_sharded_state_dict(chunks), ckpt_dir)
+
+
+def read_full_state_dict(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
+    """Load a distributed checkpoint of any layout into a TP=1/PP=1 model: its full state dict."""
+    _, chunks = setup(Layout(), arch, ddp=False)
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir)
+    unwrap(chunks[0]).load_state_dict(state["model0"])
+    return {k: v.clone() for k, v in unwrap(chunks[0]).state_dict().items() if "_extra_state" not in k}
+
+
+def sgd_step(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_size: int):
+    """Load weights, run forward/backward over the global batch, step SGD with lr=1 (so the
+    update is the gradient), save. Returns the global mean MLM loss (on last-stage ranks)."""
+    config, chunks = setup(layout)
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_in)
+    for i, chunk in enumerate(chunks):
+        unwrap(chunk).load_state_dict(state[f"model{i}"])
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="sgd", lr=1.0, weight_decay=0.0, clip_grad=0.0,
+                        use_distributed_optimizer=layout.distributed_optimizer), chunks)
+
+    dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    per_rank = len(batches) // dp_size
+    mine = batches[dp_rank * per_rank:(dp_rank + 1) * per_rank]
+    seq_length, mbs = micro_batch_tensor_shape(mine[0])
+    iterators = [iter(mine) for _ in chunks]
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    reports = get_forward_backward_func()(
+        forward_step_func=mlm_forward_step, data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks, num_microbatches=len(mine), seq_length=seq_length, micro_batch_size=mbs,
+        forward_only=False)
+    optimizer.step()
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(ckpt_out, exist_ok=True)
+    torch.distributed.barrier()
+    dist_checkpointing.save(model_sharded_state_dict(chunks), ckpt_out)
+
+    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    total = torch.stack([r["lm loss"] for r in reports]).sum(0)
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return (total[0] / total[2]).item()
