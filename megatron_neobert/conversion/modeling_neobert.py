@@ -58,6 +58,9 @@ class NeoBERTConfig(PretrainedConfig):
     """
 
     model_type = "neobert"
+    # Declared as a field: transformers 5.x refuses to save configs holding generation parameters
+    # (`max_length` is one) unless the config class declares them itself.
+    max_length: int = 4096
     # transformers 5.x turns `rope_scaling` into a deprecated alias of its own `rope_parameters` schema, which
     # knows nothing of our "ntk" type. A plain class attribute shadows that property so our field is stored
     # and serialised like any other one, identically in 4.x and 5.x.
