@@ -241,6 +241,10 @@ def hf_config_dict(config: NeoBERTConfig, dtype: torch.dtype = torch.float32) ->
     for name in OFFICIAL_CONFIG_FIELDS + EXTRA_CONFIG_FIELDS:
         d[name] = getattr(config, name)
     d.pop("dtype", None)  # transformers 5 spelling; "torch_dtype" is read by 4.x and 5.x alike
+    if d.get("rope_scaling") is None:
+        # Left out when unset: transformers 5's generic config (e.g. inside AutoTokenizer without
+        # trust_remote_code) treats a `rope_scaling` key as its own deprecated RoPE field and warns.
+        d.pop("rope_scaling", None)
     d.update(
         model_type="neobert",
         architectures=["NeoBERTLMHead"],

@@ -361,6 +361,8 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["NeoBERTEncoderBlock"]
     _supports_sdpa = True
+    # Loading an MLM checkpoint into the bare encoder or a classifier leaves the decoder out, by design.
+    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
 
     def _init_weights(self, module):
         # torch.nn.init is looked up at call time, so transformers 5.x's guard (skip loaded tensors) applies.
