@@ -245,7 +245,11 @@ def test_bf16_export(tmp_path, cfg, hf_sd):
     sd, _ = read_hf_folder(dst)
     for k, v in hf_sd.items():
         assert sd[k].dtype == torch.bfloat16 and torch.equal(sd[k], v.to(torch.bfloat16)), k
-    model = AutoModelForMaskedLM.from_pretrained(str(dst), trust_remote_code=True, dtype=torch.bfloat16)
+    import transformers
+
+    # the loading argument was renamed in transformers 5 (torch_dtype -> dtype)
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = AutoModelForMaskedLM.from_pretrained(str(dst), trust_remote_code=True, **{dtype_kw: torch.bfloat16})
     assert model.decoder.weight.dtype == torch.bfloat16
     logits = model(torch.tensor([[2, 10, 11, 3]])).logits
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()

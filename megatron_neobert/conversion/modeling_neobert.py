@@ -254,6 +254,7 @@ class _PackedBatch:
         self.position_ids = (tokens - cu_seqlens[self.segment_ids]).long()[None, :]
 
     def block_diagonal_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        # O(T^2) memory: the fallback for CPU and tests; long packs want flash-attn's varlen kernel.
         same = self.segment_ids[:, None] == self.segment_ids[None, :]
         return _additive_mask(same, dtype)[None, None]  # [1, 1, T, T]
 
