@@ -131,8 +131,8 @@ class NeoBERTConfig(PretrainedConfig):
         if not isinstance(rope_scaling, dict):
             raise ValueError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
         scaling = dict(rope_scaling)
-        kind = scaling.pop("type", None) or scaling.pop("rope_type", None)  # accept the HF spelling too
-        scaling.pop("rope_type", None)
+        kind = scaling.pop("type", None)
+        kind = scaling.pop("rope_type", None) or kind  # accept the HF spelling too
         if kind not in _ROPE_SCALING_TYPES:
             raise ValueError(f"rope_scaling type must be one of {_ROPE_SCALING_TYPES}, got {kind!r}")
         factor = float(scaling.pop("factor", 0.0))
@@ -609,8 +609,10 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
                     problem_type = "multi_label_classification"
                 self.config.problem_type = problem_type
             if problem_type == "regression":
-                loss = MSELoss()(logits.squeeze(-1).float(), labels.squeeze(-1).float()) if self.num_labels == 1 \
-                    else MSELoss()(logits.float(), labels.float())
+                if self.num_labels == 1:
+                    loss = MSELoss()(logits.squeeze(-1).float(), labels.view(-1).float())
+                else:
+                    loss = MSELoss()(logits.float(), labels.float())
             elif problem_type == "single_label_classification":
                 loss = CrossEntropyLoss()(logits.float().view(-1, self.num_labels), labels.view(-1))
             else:
