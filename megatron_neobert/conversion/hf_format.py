@@ -1,0 +1,452 @@
+"""Hugging Face folders for NeoBERT, and the pure state-dict mappings to and from megatron-core.
+
+The HF side always uses the published `chandar-lab/NeoBERT` key names (see `expected_hf_shapes`). The
+megatron-core side is the TP=1/PP=1 `state_dict()` of our GPT-style encoder with the local layer spec;
+Transformer Engine layer-norm names are accepted on input.
+"""
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+from .modeling_neobert import NeoBERTConfig, swiglu_hidden_size
+
+PathLike = Union[str, os.PathLike]
+StateDict = Dict[str, torch.Tensor]
+
+MODELING_FILE = Path(__file__).with_name("modeling_neobert.py")
+
+AUTO_MAP = {
+    "AutoConfig": "modeling_neobert.NeoBERTConfig",
+    "AutoModel": "modeling_neobert.NeoBERT",
+    "AutoModelForMaskedLM": "modeling_neobert.NeoBERTLMHead",
+    "AutoModelForSequenceClassification": "modeling_neobert.NeoBERTForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_neobert.NeoBERTForTokenClassification",
+}
+
+# Fields of the published config.json, then ours.
+OFFICIAL_CONFIG_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "dim_head", "vocab_size",
+    "pad_token_id", "norm_eps", "max_length", "embedding_init_range", "decoder_init_range", "classifier_init_range",
+)
+EXTRA_CONFIG_FIELDS = ("rope_theta", "rope_scaling", "classifier_dropout")
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "tokenizer.model",
+)
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+BIN_WEIGHTS_NAME = "pytorch_model.bin"
+BIN_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Layout
+# --------------------------------------------------------------------------------------------------------
+
+
+def expected_hf_shapes(config: NeoBERTConfig, with_head: bool = True) -> Dict[str, Tuple[int, ...]]:
+    """Key -> shape of the published layout for `config` (172 tensors for the 28-layer model)."""
+    h, f, v = config.hidden_size, config.ffn_hidden_size, config.vocab_size
+    shapes = {"model.encoder.weight": (v, h)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.transformer_encoder.{i}."
+        shapes[p + "attention_norm.weight"] = (h,)
+        shapes[p + "qkv.weight"] = (3 * h, h)
+        shapes[p + "wo.weight"] = (h, h)
+        shapes[p + "ffn_norm.weight"] = (h,)
+        shapes[p + "ffn.w12.weight"] = (2 * f, h)
+        shapes[p + "ffn.w3.weight"] = (h, f)
+    shapes["model.layer_norm.weight"] = (h,)
+    if with_head:
+        shapes["decoder.weight"] = (v, h)
+        shapes["decoder.bias"] = (v,)
+    return shapes
+
+
+def validate_hf_state_dict(state_dict: StateDict, config: NeoBERTConfig, where: str = "state dict") -> None:
+    """Raises ValueError naming what differs from the published layout (the MLM head is optional)."""
+    emb = state_dict.get("model.encoder.weight")
+    if emb is not None and emb.shape[0] != config.vocab_size:
+        raise ValueError(
+            f"{where}: vocab size mismatch: config has vocab_size={config.vocab_size} but model.encoder.weight "
+            f"has {emb.shape[0]} rows"
+        )
+    expected = expected_hf_shapes(config, with_head="decoder.weight" in state_dict or "decoder.bias" in state_dict)
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    wrong = sorted(
+        f"{k}: {tuple(state_dict[k].shape)} instead of {expected[k]}"
+        for k in set(expected) & set(state_dict)
+        if tuple(state_dict[k].shape) != expected[k]
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_abbrev(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_abbrev(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shapes {_abbrev(wrong)}")
+    if problems:
+        raise ValueError(f"{where} is not a NeoBERT checkpoint for this config: " + "; ".join(problems))
+
+
+def _abbrev(items, limit: int = 6) -> str:
+    items = list(items)
+    more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
+    return "[" + ", ".join(items[:limit]) + more + "]"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Config from megatron dimensions
+# --------------------------------------------------------------------------------------------------------
+
+
+def neobert_config_from_dims(
+    num_layers: int,
+    hidden_size: int,
+    num_heads: int,
+    ffn_hidden_size: int,
+    vocab_size: int,
+    max_length: int,
+    norm_eps: float = 1e-5,
+    rope_theta: float = 10000.0,
+    **config_kwargs,
+) -> NeoBERTConfig:
+    """A NeoBERTConfig whose derived SwiGLU width equals megatron's `ffn_hidden_size`.
+
+    The published config stores a nominal `intermediate_size` I with width = int(2I/3) rounded up to 8;
+    we pick I = 3/2 * width when that is an integer (2048 -> 3072), else the smallest I that works.
+    """
+    candidates = []
+    if (3 * ffn_hidden_size) % 2 == 0:
+        candidates.append(3 * ffn_hidden_size // 2)
+    candidates += range(max(1, (3 * ffn_hidden_size) // 2 - 16), (3 * ffn_hidden_size) // 2 + 16)
+    intermediate = next((i for i in candidates if swiglu_hidden_size(i) == ffn_hidden_size), None)
+    if intermediate is None:
+        raise ValueError(
+            f"ffn_hidden_size={ffn_hidden_size} cannot be expressed as NeoBERT's int(2*I/3) rounded up to a "
+            f"multiple of 8: it must be a positive multiple of 8"
+        )
+    return NeoBERTConfig(
+        num_hidden_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab_size,
+        max_length=max_length,
+        norm_eps=norm_eps,
+        rope_theta=rope_theta,
+        **config_kwargs,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# megatron-core <-> HF state dicts
+# --------------------------------------------------------------------------------------------------------
+
+# Per-layer names: (megatron local spec, Transformer Engine alias or None) -> HF suffix. Identity mappings:
+# - linear_qkv rows are grouped per query group ([q_g; k_g; v_g], each dim_head rows); with one head per
+#   group (no GQA) that is exactly the published `qkv.view(heads, 3, dim_head, H)` layout.
+# - linear_fc1 of a gated MLP is [gate; up], with silu applied to the first half, like `ffn.w12`.
+_LAYER_MAP = (
+    ("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight", "attention_norm.weight"),
+    ("self_attention.linear_qkv.weight", None, "qkv.weight"),
+    ("self_attention.linear_proj.weight", None, "wo.weight"),
+    ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight", "ffn_norm.weight"),
+    ("mlp.linear_fc1.weight", None, "ffn.w12.weight"),
+    ("mlp.linear_fc2.weight", None, "ffn.w3.weight"),
+)
+
+
+def mcore_to_hf_state_dict(mcore_sd: StateDict, config: NeoBERTConfig, vocab_size: Optional[int] = None) -> StateDict:
+    """megatron-core (TP=1, PP=1) -> published HF keys. The padded vocabulary is cut to `vocab_size`
+    (default `config.vocab_size`). Returned tensors may be views of the inputs."""
+    vocab_size = config.vocab_size if vocab_size is None else vocab_size
+    src = {k: v for k, v in mcore_sd.items() if not k.endswith("_extra_state")}
+    used = set()
+
+    def take(*names):
+        present = [n for n in names if n is not None and n in src]
+        if len(present) > 1:
+            raise ValueError(f"megatron-core state dict holds both {present[0]} and {present[1]}")
+        if not present:
+            raise KeyError(f"megatron-core state dict lacks {' / '.join(n for n in names if n)}")
+        used.add(present[0])
+        return src[present[0]]
+
+    def cut_vocab(t, name):
+        if t.shape[0] < vocab_size:
+            raise ValueError(f"{name} has {t.shape[0]} rows, fewer than vocab_size={vocab_size}")
+        return t[:vocab_size]
+
+    hf = {"model.encoder.weight": cut_vocab(take("embedding.word_embeddings.weight"), "embedding.word_embeddings.weight")}
+    for i in range(config.num_hidden_layers):
+        for local, te, hf_name in _LAYER_MAP:
+            p = f"decoder.layers.{i}."
+            hf[f"model.transformer_encoder.{i}.{hf_name}"] = take(p + local, p + te if te else None)
+    hf["model.layer_norm.weight"] = take("decoder.final_layernorm.weight")
+    hf["decoder.weight"] = cut_vocab(take("output_layer.weight"), "output_layer.weight")
+    hf["decoder.bias"] = cut_vocab(take("output_layer.bias"), "output_layer.bias")
+
+    leftover = sorted(set(src) - used)
+    if leftover:
+        raise ValueError(
+            f"unexpected megatron-core keys {_abbrev(leftover)} (is num_hidden_layers={config.num_hidden_layers} right?)"
+        )
+    validate_hf_state_dict(hf, config, where="converted megatron-core state dict")
+    return hf
+
+
+def hf_to_mcore_state_dict(hf_sd: StateDict, config: NeoBERTConfig, padded_vocab_size: Optional[int] = None) -> StateDict:
+    """Published HF keys -> megatron-core local-spec names. Vocabulary rows are zero-padded to
+    `padded_vocab_size` (default: no padding)."""
+    if "decoder.weight" not in hf_sd or "decoder.bias" not in hf_sd:
+        raise KeyError("the HF state dict has no MLM head (decoder.weight / decoder.bias); megatron needs its output_layer")
+    validate_hf_state_dict(hf_sd, config)
+    padded = config.vocab_size if padded_vocab_size is None else padded_vocab_size
+    if padded < config.vocab_size:
+        raise ValueError(f"padded_vocab_size={padded} is smaller than vocab_size={config.vocab_size}")
+
+    def pad_vocab(t):
+        if padded == t.shape[0]:
+            return t
+        return torch.cat([t, t.new_zeros((padded - t.shape[0],) + tuple(t.shape[1:]))], dim=0)
+
+    out = {"embedding.word_embeddings.weight": pad_vocab(hf_sd["model.encoder.weight"])}
+    for i in range(config.num_hidden_layers):
+        for local, _, hf_name in _LAYER_MAP:
+            out[f"decoder.layers.{i}.{local}"] = hf_sd[f"model.transformer_encoder.{i}.{hf_name}"]
+    out["decoder.final_layernorm.weight"] = hf_sd["model.layer_norm.weight"]
+    out["output_layer.weight"] = pad_vocab(hf_sd["decoder.weight"])
+    out["output_layer.bias"] = pad_vocab(hf_sd["decoder.bias"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Writing a folder
+# --------------------------------------------------------------------------------------------------------
+
+
+def hf_config_dict(config: NeoBERTConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The config.json content: published fields, our additions, auto_map for trust_remote_code."""
+    d = config.to_diff_dict()
+    for name in OFFICIAL_CONFIG_FIELDS + EXTRA_CONFIG_FIELDS:
+        d[name] = getattr(config, name)
+    d.pop("dtype", None)  # transformers 5 spelling; "torch_dtype" is read by 4.x and 5.x alike
+    if d.get("rope_scaling") is None:
+        # Left out when unset: transformers 5's generic config (e.g. inside AutoTokenizer without
+        # trust_remote_code) treats a `rope_scaling` key as its own deprecated RoPE field and warns.
+        d.pop("rope_scaling", None)
+    d.update(
+        model_type="neobert",
+        architectures=["NeoBERTLMHead"],
+        auto_map=dict(AUTO_MAP),
+        torch_dtype=str(dtype).replace("torch.", ""),
+    )
+    return dict(sorted(d.items()))
+
+
+def _sentence_transformers_files(config: NeoBERTConfig) -> Dict[str, dict]:
+    versions = {}
+    for package in ("sentence_transformers", "transformers", "torch"):
+        try:
+            from importlib.metadata import version
+
+            versions[package if package != "torch" else "pytorch"] = version(package.replace("_", "-"))
+        except Exception:
+            pass
+    return {
+        "modules.json": [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ],
+        "sentence_bert_config.json": {"max_seq_length": config.max_length, "do_lower_case": False},
+        "1_Pooling/config.json": {
+            "word_embedding_dimension": config.hidden_size,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": True,  # the paper evaluates embeddings with mean pooling
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": False,
+            "include_prompt": True,
+        },
+        "config_sentence_transformers.json": {
+            "__version__": versions,
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    }
+
+
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+
+def _copy_tokenizer(tokenizer_path: PathLike, dst: Path, config: NeoBERTConfig) -> None:
+    src = Path(tokenizer_path)
+    if not src.is_dir():
+        raise FileNotFoundError(f"tokenizer_path {src} is not a folder")
+    found = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {src}")
+    if "tokenizer.json" in found:
+        from tokenizers import Tokenizer
+
+        n = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+        if n > config.vocab_size:
+            raise ValueError(f"tokenizer in {src} has {n} tokens but the model's vocab_size is {config.vocab_size}")
+    for name in found:
+        shutil.copyfile(src / name, dst / name)
+
+
+def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for k, v in state_dict.items():
+        t = v.detach().to(device="cpu", dtype=dtype).contiguous()
+        if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()  # a view into a larger (e.g. vocab-padded) tensor: store only its own rows
+        tensors[k] = t
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def write_hf_folder(
+    dst: PathLike,
+    hf_state_dict: StateDict,
+    config: NeoBERTConfig,
+    tokenizer_path: Optional[PathLike] = None,
+    dtype: torch.dtype = torch.float32,
+    overwrite: bool = False,
+) -> Path:
+    """Writes a `trust_remote_code` NeoBERT folder (config, weights, modeling code, tokenizer,
+    sentence-transformers mean-pooling config) atomically: built in a temporary sibling, renamed at the end."""
+    dst = Path(dst)
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"{dst} already exists; pass overwrite=True to replace it")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if "decoder.weight" not in hf_state_dict:
+        raise ValueError("the state dict has no MLM head (decoder.weight / decoder.bias); export expects NeoBERTLMHead")
+    validate_hf_state_dict(hf_state_dict, config)
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write_json(tmp / "config.json", hf_config_dict(config, dtype))
+        _save_safetensors(hf_state_dict, tmp / WEIGHTS_NAME, dtype)
+        shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+        if tokenizer_path is not None:
+            _copy_tokenizer(tokenizer_path, tmp, config)
+        for name, content in _sentence_transformers_files(config).items():
+            _write_json(tmp / name, content)
+
+        if dst.exists():
+            # os.replace cannot replace a non-empty folder: move the old one aside, swap, then delete it.
+            old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(dst, old)
+            os.replace(tmp, dst)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading a folder
+# --------------------------------------------------------------------------------------------------------
+
+
+def _load_weight_file(path: Path) -> StateDict:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(str(path), map_location="cpu", weights_only=True)
+
+
+def _load_sharded(src: Path, index_name: str) -> StateDict:
+    with open(src / index_name, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    state_dict = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (src / shard).is_file():
+            raise FileNotFoundError(f"shard {shard} listed in {src / index_name} is missing")
+        part = _load_weight_file(src / shard)
+        listed = {k for k, s in weight_map.items() if s == shard}
+        if set(part) != listed:
+            raise ValueError(f"shard {shard} holds keys {_abbrev(sorted(set(part) ^ listed))} not matching {index_name}")
+        state_dict.update(part)
+    return state_dict
+
+
+def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
+    """Loads a NeoBERT HF folder (ours or the published one) -> (state dict with published keys, config).
+
+    A checkpoint saved from the bare `NeoBERT` (keys without the `model.` prefix) is accepted and prefixed;
+    the MLM head is then absent from the result.
+    """
+    src = Path(src)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a folder")
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src} has no config.json: not a Hugging Face checkpoint folder")
+    with open(src / "config.json", encoding="utf-8") as f:
+        config_dict = json.load(f)
+    model_type = config_dict.get("model_type")
+    architectures = config_dict.get("architectures") or []
+    if model_type != "neobert" or any(not a.startswith("NeoBERT") for a in architectures):
+        raise ValueError(
+            f"{src / 'config.json'} describes model_type={model_type!r}, architectures={architectures}: "
+            f"not a NeoBERT checkpoint"
+        )
+    config = NeoBERTConfig.from_dict(config_dict)
+
+    if (src / WEIGHTS_NAME).is_file():
+        state_dict = _load_weight_file(src / WEIGHTS_NAME)
+    elif (src / WEIGHTS_INDEX_NAME).is_file():
+        state_dict = _load_sharded(src, WEIGHTS_INDEX_NAME)
+    elif (src / BIN_WEIGHTS_NAME).is_file():
+        state_dict = _load_weight_file(src / BIN_WEIGHTS_NAME)
+    elif (src / BIN_WEIGHTS_INDEX_NAME).is_file():
+        state_dict = _load_sharded(src, BIN_WEIGHTS_INDEX_NAME)
+    else:
+        raise FileNotFoundError(
+            f"{src} has no weights: looked for {WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME}, {BIN_WEIGHTS_NAME}, "
+            f"{BIN_WEIGHTS_INDEX_NAME}"
+        )
+
+    if "encoder.weight" in state_dict and not any(k.startswith("model.") for k in state_dict):
+        state_dict = {"model." + k: v for k, v in state_dict.items()}
+    validate_hf_state_dict(state_dict, config, where=str(src))
+    return state_dict, config
+
+
+__all__ = [
+    "AUTO_MAP",
+    "expected_hf_shapes",
+    "validate_hf_state_dict",
+    "neobert_config_from_dims",
+    "mcore_to_hf_state_dict",
+    "hf_to_mcore_state_dict",
+    "hf_config_dict",
+    "write_hf_folder",
+    "read_hf_folder",
+]
