@@ -11,6 +11,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
+from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.model_setup import build_model_chunks, unwrap
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
@@ -31,10 +32,6 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
-
-
-def model_sharded_state_dict(chunks):
-    return {f"model{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
 def setup(layout: Layout, arch: NeoBERTArch = TEST_ARCH, ddp: bool = True):
@@ -60,19 +57,20 @@ def read_full_state_dict(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
     """Load a distributed checkpoint of any layout into a TP=1/PP=1 model: its full state dict."""
     _, chunks = setup(Layout(), arch, ddp=False)
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir)
-    unwrap(chunks[0]).load_state_dict(state["model0"])
+    load_model_state(chunks, state)
     return {k: v.clone() for k, v in unwrap(chunks[0]).state_dict().items() if "_extra_state" not in k}
 
 
-def sgd_step(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_size: int):
-    """Load weights, run forward/backward over the global batch, step SGD with lr=1 (so the
-    update is the gradient), save. Returns the global mean MLM loss (on last-stage ranks)."""
+def gradient_step(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_size: int):
+    """Load weights, run forward/backward over the global batch, take one optimizer step whose
+    update is the gradient, save. Returns the global mean MLM loss (on last-stage ranks)."""
     config, chunks = setup(layout)
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_in)
-    for i, chunk in enumerate(chunks):
-        unwrap(chunk).load_state_dict(state[f"model{i}"])
+    load_model_state(chunks, state)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="sgd", lr=1.0, weight_decay=0.0, clip_grad=0.0,
+        # Adam's first step with eps = lr = 1e6 moves each weight by g * eps / (|g| + eps): the
+        # gradient to ~1e-7 relative (the distributed optimizer supports only Adam).
+        OptimizerConfig(optimizer="adam", lr=1e6, adam_eps=1e6, weight_decay=0.0, clip_grad=0.0,
                         use_distributed_optimizer=layout.distributed_optimizer), chunks)
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()

@@ -1,6 +1,7 @@
 """Set up torch.distributed and megatron-core's parallel state; run a function on N local ranks."""
 
 import os
+import pickle
 import queue
 import socket
 import time
@@ -62,7 +63,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
     torch.set_num_threads(1)  # N ranks share the machine's cores
     try:
         init_distributed(timeout_minutes=5)
-        results.put((rank, True, fn(*args, **kwargs)))
+        # Plain pickle bytes: torch's queue pickler would share tensors through memory that
+        # disappears when this process exits.
+        results.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
     except BaseException:  # report every failure to the parent, with its traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -105,4 +108,4 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, *
     if failures or missing:
         raise RuntimeError(f"{fn.__name__} failed on {world_size} ranks (no result from ranks "
                            f"{missing})\n" + "\n".join(failures))
-    return [outcomes[r][1] for r in range(world_size)]
+    return [pickle.loads(outcomes[r][1]) for r in range(world_size)]
