@@ -16,10 +16,10 @@ def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_proces
                 vp_stage: Optional[int] = None, transformer_impl: str = "auto",
                 vocab_size: Optional[int] = None):
     """A `NeoBERTModel` (one pipeline stage of it) for `arch` under the megatron-core `config`."""
-    from megatron_neobert.model.layer_specs import get_layer_spec
+    from megatron_neobert.model.layer_specs import get_block_spec
     from megatron_neobert.model.neobert_model import NeoBERTModel
 
-    return NeoBERTModel(config=config, transformer_layer_spec=get_layer_spec(transformer_impl),
+    return NeoBERTModel(config=config, block_spec=get_block_spec(config, transformer_impl, vp_stage),
                         vocab_size=vocab_size or arch.vocab_size,
                         max_sequence_length=arch.max_sequence_length, pre_process=pre_process,
                         post_process=post_process, position_embedding_type=arch.position_embedding_type,

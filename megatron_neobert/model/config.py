@@ -102,5 +102,10 @@ def transformer_config(arch: NeoBERTArch, **kwargs):
         # Loss is summed over masked tokens and divided once by their global count.
         calculate_per_token_loss=True,
     )
+    if kwargs.get("virtual_pipeline_model_parallel_size"):
+        # As Megatron-LM: interleaved stages use unbatched p2p, which puts the two directions on
+        # two process groups. Batched, a 2-stage pipeline sends activations and gradients to the
+        # same peer in an order its receives do not match.
+        defaults.update(overlap_p2p_comm=True, batch_p2p_comm=False)
     defaults.update(kwargs)
     return TransformerConfig(**defaults)

@@ -7,6 +7,7 @@ across a restart.
 
 import logging
 from functools import lru_cache
+from typing import Optional
 
 import torch
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
@@ -16,6 +17,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
@@ -115,8 +117,22 @@ def transformer_engine_layer_spec() -> ModuleSpec:
     )
 
 
-def get_layer_spec(transformer_impl: str = "auto") -> ModuleSpec:
-    """`transformer_impl`: "auto" (TE when it imports), "transformer_engine" or "local"."""
+def get_block_spec(config: TransformerConfig, transformer_impl: str = "auto",
+                   vp_stage: Optional[int] = None) -> TransformerBlockSubmodules:
+    """This pipeline stage's layers and final norm. Given a bare layer spec, megatron-core would
+    pick the final norm itself (apex's FusedLayerNorm when apex imports, which rejects RMSNorm)."""
+    num_layers = get_num_layers_to_build(config, vp_stage)
+    if use_transformer_engine(transformer_impl):
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        return TransformerBlockSubmodules(layer_specs=[transformer_engine_layer_spec()] * num_layers,
+                                          layer_norm=TENorm)
+    return TransformerBlockSubmodules(layer_specs=[local_layer_spec()] * num_layers, layer_norm=Norm)
+
+
+def use_transformer_engine(transformer_impl: str = "auto") -> bool:
+    """`transformer_impl`: "auto" (TE when it imports and a GPU is present), "transformer_engine"
+    or "local". Logs the choice."""
     if transformer_impl not in ("auto", "transformer_engine", "local"):
         raise ValueError(f"--transformer-impl must be auto, transformer_engine or local, "
                          f"not {transformer_impl!r}")
@@ -126,11 +142,11 @@ def get_layer_spec(transformer_impl: str = "auto") -> ModuleSpec:
         if not transformer_engine_available():
             raise RuntimeError("--transformer-impl transformer_engine: transformer_engine does not import")
         logger.info("Layer spec: Transformer Engine (fused norm+linear, TE fused attention)")
-        return transformer_engine_layer_spec()
+        return True
     from megatron_neobert.model.attention import flash_attn_varlen
 
     kernel = ("flash-attn varlen (packed) + PyTorch SDPA (padded)"
               if flash_attn_varlen() is not None and torch.cuda.is_available()
               else "PyTorch SDPA")
     logger.info("Layer spec: local megatron-core modules, attention through %s", kernel)
-    return local_layer_spec()
+    return False

@@ -21,8 +21,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import ModelType
-from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
@@ -38,7 +37,7 @@ def packed_seq_params_from_cu_seqlens(cu_seqlens: Tensor, max_seqlen: int) -> Pa
 class NeoBERTModel(LanguageModule):
     """A bidirectional pre-norm encoder with an MLM output layer, for TP/PP/VPP/SP training."""
 
-    def __init__(self, config: TransformerConfig, transformer_layer_spec: ModuleSpec,
+    def __init__(self, config: TransformerConfig, block_spec: TransformerBlockSubmodules,
                  vocab_size: int, max_sequence_length: int, pre_process: bool = True,
                  post_process: bool = True, position_embedding_type: str = "rope",
                  rotary_base: int = 10000, pg_collection=None, vp_stage: Optional[int] = None):
@@ -62,7 +61,7 @@ class NeoBERTModel(LanguageModule):
                 rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
                 use_cpu_initialization=config.use_cpu_initialization, cp_group=self.pg_collection.cp)
 
-        self.decoder = TransformerBlock(config=config, spec=transformer_layer_spec,
+        self.decoder = TransformerBlock(config=config, spec=block_spec,
                                         pre_process=pre_process, post_process=post_process,
                                         pg_collection=self.pg_collection, vp_stage=vp_stage)
         if post_process:

@@ -78,7 +78,9 @@ def enable_cpu_execution() -> bool:
         return False
     if _mode is not None:
         return True
-    torch.cuda.current_device = lambda: 0
+    # The device itself rather than an index: megatron-core passes it as `device=` also inside
+    # autograd backward functions, where the function mode below is not active.
+    torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda: None
     torch.cuda.memory_allocated = lambda *args, **kwargs: 0
