@@ -56,12 +56,14 @@ class PreprocessStats:
 _worker_tokenizer: Optional[MLMTokenizer] = None
 
 
-def _init_worker(tokenizer_type: str, tokenizer_model: str) -> None:
+def _init_worker(tokenizer: MLMTokenizer) -> None:
     # One thread per worker: parallelism comes from the processes, not from the Rust thread pool,
     # which would otherwise oversubscribe the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     global _worker_tokenizer
-    _worker_tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)
+    # Forked workers inherit the parent's loaded tokenizer (it has not encoded anything yet, so
+    # no Rust thread pool is copied); under spawn it arrives pickled and is rebuilt.
+    _worker_tokenizer = tokenizer
 
 
 def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype) -> List[List[numpy.ndarray]]:
@@ -131,7 +133,7 @@ def preprocess_data(
     os.makedirs(out_dir, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".preprocess-", dir=out_dir)
     pool = (multiprocessing.get_context("fork").Pool(
-        workers, initializer=_init_worker, initargs=(tokenizer_type, tokenizer_model))
+        workers, initializer=_init_worker, initargs=(tokenizer,))
         if workers > 1 else None)
     total = [count_records(p) for p in partitions]
     bar = tqdm(total=sum(total) if None not in total else None, unit="doc", disable=not progress,

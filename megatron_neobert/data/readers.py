@@ -80,8 +80,6 @@ def count_records(partition: str) -> Optional[int]:
             return pq.ParquetFile(partition).metadata.num_rows
         except Exception:
             return None
-    if _is_hf_dataset_dir(partition):
-        return None
     return None
 
 
@@ -170,7 +168,11 @@ def _iter_parquet(path: str, keys: Sequence[str], batch_rows: int = 1024) -> Ite
 
 
 def _iter_hf_dataset(path: str, keys: Sequence[str], batch_rows: int = 1024) -> Iterator[Record]:
-    import datasets
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataInputError(f"{path} is a saved Hugging Face dataset; reading it needs the "
+                             "'datasets' package (pip install datasets)") from err
     ds = datasets.load_from_disk(path)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
