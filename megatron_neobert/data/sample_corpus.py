@@ -178,6 +178,11 @@ def train_wordpiece(texts: List[str], out_dir: str, vocab_size: int = 8192,
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"trained vocabulary has {tok.get_vocab_size()} entries, "
                            f"wanted {vocab_size}: the corpus is too small")
+    # The trainer's id order varies from run to run (hash-map ties) though the entries do not;
+    # renumber them (specials, then sorted) so that the script reproduces the shipped files.
+    rest = sorted(set(tok.get_vocab()) - set(specials))
+    tok.model = models.WordPiece({t: i for i, t in enumerate(specials + rest)}, unk_token="[UNK]",
+                                 continuing_subword_prefix="##")
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
