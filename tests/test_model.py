@@ -1,0 +1,157 @@
+"""NeoBERTModel on one rank: the published shapes, packed == padded, RoPE, bidirectionality."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from megatron_neobert.model import PRESETS, build_model, get_arch, transformer_config
+from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
+
+SMALL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48, vocab_size=128)
+
+
+def small_model(preset="neobert-tiny", seed=0, **overrides):
+    arch = get_arch(preset, **{**SMALL, **overrides})
+    torch.manual_seed(seed)
+    model = build_model(arch, transformer_config(arch), transformer_impl="local")
+    return model.eval()
+
+
+def test_neobert_250m_matches_the_published_parameter_count_and_shapes(single_rank):
+    arch = get_arch("neobert-250m")
+    model = build_model(arch, transformer_config(arch, perform_initialization=False),
+                        transformer_impl="local", vocab_size=arch.vocab_size)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if "_extra_state" not in k}
+    head = sum(torch.Size(s).numel() for k, s in shapes.items() if k.startswith("output_layer."))
+    total = sum(torch.Size(s).numel() for s in shapes.values())
+    assert total - head == 221_665_536
+    assert total == 245_136_954
+    assert shapes["embedding.word_embeddings.weight"] == (30522, 768)
+    assert shapes["output_layer.weight"] == (30522, 768) and shapes["output_layer.bias"] == (30522,)
+    assert shapes["decoder.final_layernorm.weight"] == (768,)
+    per_layer = {
+        "input_layernorm.weight": (768,),
+        "self_attention.linear_qkv.weight": (2304, 768),
+        "self_attention.linear_proj.weight": (768, 768),
+        "pre_mlp_layernorm.weight": (768,),
+        "mlp.linear_fc1.weight": (4096, 768),
+        "mlp.linear_fc2.weight": (768, 2048),
+    }
+    for i in range(28):
+        assert {k.split(f"decoder.layers.{i}.")[1]: s for k, s in shapes.items()
+                if k.startswith(f"decoder.layers.{i}.")} == per_layer
+    assert len(shapes) == 3 + 1 + 28 * 6  # no biases anywhere but the MLM head
+
+
+def documents(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 128, (n,), generator=g) for n in (5, 9, 14)]
+
+
+def packed_logits(model, docs):
+    lengths = torch.tensor([0] + [len(d) for d in docs])
+    cu_seqlens = torch.cumsum(lengths, 0).to(torch.int32)
+    params = packed_seq_params_from_cu_seqlens(cu_seqlens, max(len(d) for d in docs))
+    with torch.no_grad():
+        logits = model(torch.cat(docs).unsqueeze(0), packed_seq_params=params)[0]
+    return list(torch.split(logits, [len(d) for d in docs]))
+
+
+def padded_logits(model, doc, length=16):
+    ids = torch.zeros(1, length, dtype=torch.long)
+    ids[0, :len(doc)] = doc
+    mask = torch.zeros(1, length, dtype=torch.bool)
+    mask[0, :len(doc)] = True
+    with torch.no_grad():
+        return model(ids, attention_mask=mask)[0, :len(doc)]
+
+
+def test_packed_documents_equal_each_document_alone_padded(single_rank):
+    model, docs = small_model(), documents()
+    for packed, doc in zip(packed_logits(model, docs), docs):
+        torch.testing.assert_close(packed, padded_logits(model, doc), rtol=1e-5, atol=1e-5)
+
+
+def test_changing_one_packed_document_leaves_the_others_unchanged(single_rank):
+    model, docs = small_model(), documents()
+    before = packed_logits(model, docs)
+    changed = [docs[0], torch.flip(docs[1], [0]) + 1, docs[2]]
+    after = packed_logits(model, changed)
+    torch.testing.assert_close(after[0], before[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(after[2], before[2], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[1], before[1])
+
+
+def test_attention_is_bidirectional(single_rank):
+    model = small_model()
+    ids = torch.randint(5, 128, (1, 12))
+    with torch.no_grad():
+        first = model(ids)[0, 0]
+        ids[0, -1] = (ids[0, -1] + 7) % 128
+        assert not torch.allclose(model(ids)[0, 0], first), "a later token must change token 0"
+
+
+def test_rope_matches_the_interleaved_complex_rotation(single_rank):
+    from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+    model = small_model()
+    seq, heads, dim = 10, 2, SMALL["hidden_size"] // SMALL["num_attention_heads"]
+    x = torch.randn(seq, 1, heads, dim)
+    rotated = apply_rotary_pos_emb(x, model.rotary_pos_emb(seq), config=model.config)
+
+    # Independent formula: pairs (2i, 2i+1) as complex numbers, times e^{i * pos * theta_i}.
+    theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * theta[None, :]
+    pairs = torch.view_as_complex(x.double().reshape(seq, 1, heads, dim // 2, 2).contiguous())
+    expected = torch.view_as_real(pairs * torch.polar(torch.ones_like(angles), angles)[:, None, None, :])
+    torch.testing.assert_close(rotated.double(), expected.reshape(seq, 1, heads, dim), rtol=1e-5, atol=1e-5)
+
+
+def test_mlm_loss_runs_only_on_labelled_positions(single_rank):
+    model = small_model()
+    ids = torch.randint(5, 128, (2, 8))
+    labels = torch.full((2, 8), -100)
+    labels[0, 3], labels[1, 6] = 17, 42
+    loss, correct = model(ids, labels=labels)
+    with torch.no_grad():
+        logits = model(ids)
+    expected = torch.nn.functional.cross_entropy(logits[[0, 1], [3, 6]], torch.tensor([17, 42]),
+                                                 reduction="none")
+    # [s, b] order: position 3 of row 0 comes before position 6 of row 1.
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    assert correct.tolist() == (logits[[0, 1], [3, 6]].argmax(-1) == torch.tensor([17, 42])).tolist()
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_builds_and_runs_reduced(single_rank, preset):
+    arch = PRESETS[preset]
+    model = small_model(preset)
+    assert model.position_embedding_type == arch.position_embedding_type
+    ids = torch.randint(5, 128, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False
+    logits = model(ids, attention_mask=mask)
+    assert logits.shape == (2, 8, 128) and torch.isfinite(logits).all()
+    has_bias = any(n.endswith("linear_qkv.bias") for n, _ in model.named_parameters())
+    assert has_bias == arch.add_bias_linear
+
+
+def test_ablation_m0_is_bert_like_and_m1_is_neobert_block():
+    m0, m1 = get_arch("ablation-m0"), get_arch("ablation-m1")
+    assert (m0.normalization, m0.activation, m0.position_embedding_type) == ("LayerNorm", "gelu", "learned_absolute")
+    assert (m1.normalization, m1.activation, m1.position_embedding_type) == ("RMSNorm", "swiglu", "rope")
+    assert dataclasses.replace(get_arch("ablation-m8"), max_sequence_length=4096) == get_arch("neobert-250m")
+    with pytest.raises(ValueError, match="unknown model preset"):
+        get_arch("neobert-huge")
+
+
+def test_layer_spec_selection_is_explicit():
+    from megatron_neobert.model.layer_specs import transformer_engine_available, use_transformer_engine
+
+    assert use_transformer_engine("local") is False
+    with pytest.raises(ValueError, match="--transformer-impl"):
+        use_transformer_engine("fast")
+    if not transformer_engine_available():
+        with pytest.raises(RuntimeError, match="transformer_engine does not import"):
+            use_transformer_engine("transformer_engine")
