@@ -82,10 +82,11 @@ class NeoBERTModel(LanguageModule):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, packed_seq_params: Optional[PackedSeqParams] = None,
-                position_ids: Optional[Tensor] = None):
+                position_ids: Optional[Tensor] = None, return_hidden_states: bool = False):
         """Returns hidden states on a non-last pipeline stage; on the last one the logits
         `[b, s, vocab/tp]` without labels, or `(per-token loss, per-token correct)` over the
-        labelled positions (in `[s, b]` order) with them."""
+        labelled positions (in `[s, b]` order) with them. `return_hidden_states` gives the
+        final-normed encoder output `[b, s, h]` instead (embeddings for inference)."""
         if packed_seq_params is not None and attention_mask is not None:
             raise ValueError("give either an attention_mask (padded) or packed_seq_params, not both")
         if self.position_embedding_type == "learned_absolute" and position_ids is None:
@@ -108,6 +109,8 @@ class NeoBERTModel(LanguageModule):
             # Back to the full sequence; each rank keeps its own slice's gradient on the way back.
             hidden = tensor_parallel.gather_from_sequence_parallel_region(
                 hidden, tensor_parallel_output_grad=False)
+        if return_hidden_states:
+            return hidden.transpose(0, 1)
         if labels is None:
             logits, _ = self.output_layer(hidden)
             return logits.transpose(0, 1).contiguous()

@@ -22,7 +22,9 @@ _mode = None
 def _is_cuda_device(device) -> bool:
     if device is None:
         return False
-    if isinstance(device, int):  # megatron passes torch.cuda.current_device() (an index)
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):  # a CUDA device index
         return True
     return torch.device(device).type == "cuda"
 
@@ -39,10 +41,9 @@ class _CudaToCpuMode(TorchFunctionMode):
             return func(*args).replace("torch.", "torch.cuda.", 1)
         if _is_cuda_device(kwargs.get("device")):
             kwargs["device"] = "cpu"
-        if func is torch.Tensor.to:
-            args = tuple("cpu" if (i > 0 and not isinstance(a, (torch.dtype, torch.Tensor))
-                                   and _is_cuda_device(a)) else a
-                         for i, a in enumerate(args))
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], (str, int, torch.device)) \
+                and _is_cuda_device(args[1]):  # tensor.to(device, ...)
+            args = (args[0], "cpu") + tuple(args[2:])
         return func(*args, **kwargs)
 
 
