@@ -20,7 +20,7 @@ _mode = None
 
 
 def _is_cuda_device(device) -> bool:
-    if device is None:
+    if device is None or isinstance(device, bool):  # Tensor.to(device, dtype, non_blocking): a bool is no index
         return False
     if isinstance(device, bool):
         return False

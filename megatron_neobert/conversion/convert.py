@@ -1,0 +1,445 @@
+"""Checkpoint conversion between megatron-core distributed checkpoints and Hugging Face folders.
+
+Megatron -> HF: the checkpoint's common state names the architecture ("args"/"arch"); a TP=1/PP=1
+model of it is built on this single process and the model tensors alone are loaded (a
+distributed checkpoint reshards on load, so any TP/PP/VPP layout works and optimizer state is
+never read). Its `state_dict()` is mapped to the published key names and written with
+`write_hf_folder`.
+
+HF -> Megatron: the HF weights go into a TP=1/PP=1 model here, which is saved as a staging
+distributed checkpoint; then TP x PP gloo (or NCCL) ranks build the target layout, load the
+staging checkpoint (megatron-core does the resharding, as the trainer's `--load` would) and save
+it again from that layout, with the trainer's common "args". Everything is written inside a
+temporary sibling of the target, renamed at the end.
+
+Both directions check everything they can (checkpoint layout, architecture, vocabulary, shards,
+preset) before writing anything.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+import torch
+
+from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_state_dict,
+                                                   mcore_to_hf_state_dict, neobert_config_from_dims,
+                                                   read_hf_folder, write_hf_folder)
+from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.training.checkpointing import (iteration_dir, resolve_checkpoint_dir,
+                                                     write_latest_marker)
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
+# Files an HF -> Megatron conversion downloads from the hub (weights in either format, config,
+# tokenizer); the published repo also holds remote code we do not need.
+_HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+                 "pytorch_model.bin.index.json", *TOKENIZER_FILES]
+
+
+class ConversionError(ValueError):
+    """The input cannot be converted; the message names what is wrong. Nothing was written."""
+
+
+@dataclass
+class ConversionSummary:
+    direction: str
+    path: str
+    tensors: int
+    parameters: int
+    dtype: str
+    bytes_on_disk: int
+    layout: str = ""
+
+    def __str__(self) -> str:
+        layout = f" ({self.layout})" if self.layout else ""
+        return (f"{self.direction}: wrote {self.path}{layout}: {self.tensors} tensors, "
+                f"{self.parameters:,} parameters, {self.dtype}, {self.bytes_on_disk / 2**20:.1f} MiB on disk")
+
+
+# --------------------------------------------------------------------------------------------------
+# Architecture <-> HF config
+# --------------------------------------------------------------------------------------------------
+
+
+def check_convertible(arch: NeoBERTArch) -> None:
+    """Only the NeoBERT block (RoPE, SwiGLU, RMSNorm, no biases) has an HF counterpart."""
+    wanted = dict(position_embedding_type="rope", activation="swiglu", normalization="RMSNorm",
+                  add_bias_linear=False)
+    wrong = {k: getattr(arch, k) for k, v in wanted.items() if getattr(arch, k) != v}
+    if wrong:
+        raise ConversionError(
+            f"this architecture has {wrong}; only NeoBERT's RoPE / SwiGLU / RMSNorm / bias-free blocks "
+            f"convert to the Hugging Face NeoBERT layout (BERT-like presets such as ablation-m0 do not)")
+
+
+def check_preset(arch: NeoBERTArch, model_preset: Optional[str], where: str) -> None:
+    """Raises naming every field of `arch` that differs from the preset (max length excepted:
+    the same weights are used at 1024 and 4096 tokens)."""
+    if model_preset is None:
+        return
+    try:
+        preset = get_arch(model_preset)
+    except ValueError as err:
+        raise ConversionError(str(err)) from None
+    diff = {f.name: (getattr(arch, f.name), getattr(preset, f.name)) for f in dataclasses.fields(arch)
+            if f.name != "max_sequence_length" and getattr(arch, f.name) != getattr(preset, f.name)}
+    if diff:
+        listed = ", ".join(f"{k}={mine} (preset: {theirs})" for k, (mine, theirs) in diff.items())
+        raise ConversionError(f"{where} does not match --model-preset {model_preset}: {listed}")
+
+
+def hf_config_for_arch(arch: NeoBERTArch) -> NeoBERTConfig:
+    check_convertible(arch)
+    return neobert_config_from_dims(
+        arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.ffn_hidden_size, arch.vocab_size,
+        arch.max_sequence_length, norm_eps=arch.norm_epsilon, rope_theta=float(arch.rotary_base),
+        embedding_init_range=arch.init_range, decoder_init_range=arch.init_range)
+
+
+def arch_for_hf_config(config: NeoBERTConfig) -> NeoBERTArch:
+    if config.rope_scaling is not None:
+        raise ConversionError(f"rope_scaling={config.rope_scaling} has no megatron-core counterpart here; "
+                              f"convert the unscaled model")
+    if float(config.rope_theta) != int(config.rope_theta):
+        raise ConversionError(f"rope_theta={config.rope_theta} is not an integer base")
+    if config.dim_head * config.num_attention_heads != config.hidden_size:
+        raise ConversionError("dim_head * num_attention_heads != hidden_size is not supported")
+    return NeoBERTArch(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                       config.ffn_hidden_size, config.vocab_size, config.max_length,
+                       norm_epsilon=config.norm_eps, rotary_base=int(config.rope_theta),
+                       init_range=config.embedding_init_range)
+
+
+def preset_name_of(arch: NeoBERTArch) -> Optional[str]:
+    return next((name for name, p in PRESETS.items() if p == arch), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a megatron-core checkpoint
+# --------------------------------------------------------------------------------------------------
+
+
+def read_checkpoint_args(load: PathLike) -> Tuple[str, dict]:
+    """(iteration folder, common "args") of a checkpoint root or iteration folder."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        ckpt_dir = resolve_checkpoint_dir(str(load))
+    except (FileNotFoundError, ValueError) as err:
+        raise ConversionError(str(err)) from None
+    with open(os.path.join(ckpt_dir, "metadata.json")) as f:
+        backend = json.load(f).get("sharded_backend")
+    if backend != "torch_dist":
+        raise ConversionError(f"{ckpt_dir}: sharded backend {backend!r} is not supported (torch_dist only)")
+    try:
+        common = dist_checkpointing.load_common_state_dict(ckpt_dir)
+    except Exception as err:  # a missing or unreadable common.pt
+        raise ConversionError(f"{ckpt_dir}: cannot read the common state: {err}") from None
+    args = common.get("args") if isinstance(common, dict) else None
+    if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
+        raise ConversionError(f"{ckpt_dir}: the common state has no args['arch']: not a megatron_neobert "
+                              f"checkpoint (expected the trainer's layout)")
+    return ckpt_dir, args
+
+
+def arch_from_args(args: dict, where: str) -> NeoBERTArch:
+    fields = {f.name for f in dataclasses.fields(NeoBERTArch)}
+    unknown = sorted(set(args["arch"]) - fields)
+    if unknown:
+        raise ConversionError(f"{where}: args['arch'] has unknown fields {unknown}")
+    try:
+        return NeoBERTArch(**args["arch"])
+    except TypeError as err:
+        raise ConversionError(f"{where}: args['arch'] is incomplete: {err}") from None
+
+
+def _model_config(arch: NeoBERTArch, dtype: torch.dtype, **parallel):
+    from megatron_neobert.model import transformer_config
+
+    # Every tensor is loaded right after: megatron's random initialisation would be wasted time.
+    return transformer_config(arch, params_dtype=dtype, pipeline_dtype=dtype, perform_initialization=False,
+                              **parallel)
+
+
+def _init_single_rank() -> None:
+    from megatron_neobert.parallel.launch import init_distributed, initialize_model_parallel
+
+    init_distributed()
+    if torch.distributed.get_world_size() != 1:
+        raise RuntimeError("run the converter as one process (not under torchrun): it spawns its own ranks")
+    initialize_model_parallel(1, 1)
+
+
+def build_single_rank_model(arch: NeoBERTArch, vocab_size: int, dtype: torch.dtype = torch.float32):
+    """The TP=1/PP=1 megatron-core model the conversions go through (local layer spec: its checkpoint
+    keys are the Transformer Engine spec's)."""
+    from megatron_neobert.model import build_model
+
+    return build_model(arch, _model_config(arch, dtype), transformer_impl="local", vocab_size=vocab_size)
+
+
+def _sharded_tensors(sharded_state_dict) -> Dict[str, object]:
+    """key -> ShardedTensor of a (factory-applied copy of a) sharded state dict."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    apply_factories(sharded_state_dict)
+    return {t.key: t for t in nested_values(sharded_state_dict) if isinstance(t, ShardedTensor)}
+
+
+def _check_tensors_and_shards(ckpt_dir: str, expected: Dict[str, object], arch: NeoBERTArch) -> torch.dtype:
+    """Compares the checkpoint's model tensors with those of the model built from its args, and checks
+    that every file holding them is there and long enough. Returns the stored dtype."""
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint import FileSystemReader
+
+    stored = dist_checkpointing.load_tensors_metadata(ckpt_dir)
+    model_prefixes = ("embedding.", "decoder.", "output_layer.")
+    missing = sorted(k for k in expected if k not in stored)
+    extra = sorted(k for k in stored if k.startswith(model_prefixes) and k not in expected)
+    shapes = sorted(f"{k}: {tuple(stored[k].global_shape)} in the checkpoint, {tuple(t.global_shape)} for "
+                    f"the model" for k, t in expected.items()
+                    if k in stored and tuple(stored[k].global_shape) != tuple(t.global_shape))
+    problems = [f"{what} {items[:4]}{' ...' if len(items) > 4 else ''}" for what, items in
+                (("missing tensors", missing), ("tensors not in the model", extra), ("wrong shapes", shapes))
+                if items]
+    if problems:
+        raise ConversionError(f"{ckpt_dir} does not hold the model its args describe ({arch}): "
+                              + "; ".join(problems))
+
+    reader = FileSystemReader(ckpt_dir)
+    needed = {}
+    for index, info in reader.read_metadata().storage_data.items():
+        if index.fqn in expected:
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        path = os.path.join(ckpt_dir, name)
+        if not os.path.isfile(path):
+            raise ConversionError(f"{ckpt_dir}: shard file {name} holding model tensors is missing")
+        if os.path.getsize(path) < end:
+            raise ConversionError(f"{ckpt_dir}: shard file {name} is truncated "
+                                  f"({os.path.getsize(path)} bytes, needs {end})")
+    return stored["embedding.word_embeddings.weight"].dtype
+
+
+def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
+    """Reads the model part of a checkpoint of any layout on this single process.
+
+    Returns (arch, args, full TP=1/PP=1 megatron-core state dict, padded vocabulary size, stored dtype).
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    ckpt_dir, args = read_checkpoint_args(load)
+    arch = arch_from_args(args, ckpt_dir)
+    check_convertible(arch)
+    check_preset(arch, model_preset, f"checkpoint {ckpt_dir} (arch {arch})")
+    padded = int(args.get("padded_vocab_size") or padded_vocab_size(arch.vocab_size))
+    if padded < arch.vocab_size:
+        raise ConversionError(f"{ckpt_dir}: args give padded_vocab_size={padded}, smaller than the "
+                              f"vocabulary ({arch.vocab_size})")
+
+    _init_single_rank()
+    model = build_single_rank_model(arch, padded)
+    stored_dtype = _check_tensors_and_shards(ckpt_dir, _sharded_tensors(model.sharded_state_dict()), arch)
+    if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
+        model = build_single_rank_model(arch, padded, stored_dtype)
+    # Only the model's tensors are requested: optimizer and RNG state stay on disk.
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
+                                    strict=StrictHandling.RAISE_UNEXPECTED)
+    model.load_state_dict(state["model"], strict=True)
+    state_dict = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    return arch, args, state_dict, padded, stored_dtype
+
+
+# --------------------------------------------------------------------------------------------------
+# Megatron -> HF
+# --------------------------------------------------------------------------------------------------
+
+
+def hf_state_dict_from_mcore(mcore_sd: Dict[str, torch.Tensor], arch: NeoBERTArch) -> Dict[str, torch.Tensor]:
+    """The published HF tensors of a TP=1/PP=1 megatron-core state dict (vocabulary padding cut)."""
+    return mcore_to_hf_state_dict(mcore_sd, hf_config_for_arch(arch))
+
+
+def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path) -> Optional[Path]:
+    """A local folder of tokenizer files: `tokenizer` (folder or hub name) or the checkpoint's own."""
+    if tokenizer is None:
+        name = args.get("tokenizer_model")
+        if args.get("tokenizer_type") == HF_TOKENIZER_TYPE and name and os.path.isdir(name):
+            return Path(name)
+        logger.warning("no --tokenizer and the checkpoint's tokenizer (%s %r) is not a local Hugging Face "
+                       "folder: the export has no tokenizer files", args.get("tokenizer_type"), name)
+        return None
+    if os.path.isdir(tokenizer):
+        return Path(tokenizer)
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    except Exception as err:
+        raise ConversionError(f"cannot load tokenizer {tokenizer!r}: {err}") from None
+    out = workdir / "tokenizer"
+    tok.save_pretrained(str(out))
+    return out
+
+
+def _cast(state_dict: Dict[str, torch.Tensor], dtype: torch.dtype, progress: bool, what: str):
+    from tqdm import tqdm
+
+    return {k: v.detach().to("cpu", dtype) for k, v in
+            tqdm(state_dict.items(), desc=what, unit="tensor", disable=not progress)}
+
+
+def _disk_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: Optional[str] = None,
+                model_preset: Optional[str] = None, overwrite: bool = False,
+                progress: bool = True) -> ConversionSummary:
+    """A megatron-core distributed checkpoint (any layout, optimizer state or not) -> HF folder."""
+    if dtype not in DTYPES:
+        raise ConversionError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    save = Path(save)
+    if save.exists() and not overwrite:
+        raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
+    arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
+    hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, arch), DTYPES[dtype], progress, "mcore -> HF")
+    with tempfile.TemporaryDirectory() as workdir:
+        tok = _resolve_tokenizer(tokenizer, args, Path(workdir))
+        write_hf_folder(save, hf_sd, hf_config_for_arch(arch), tokenizer_path=tok, dtype=DTYPES[dtype],
+                        overwrite=overwrite)
+    return ConversionSummary("mcore-to-hf", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
+                             dtype, _disk_size(save))
+
+
+# --------------------------------------------------------------------------------------------------
+# HF -> Megatron
+# --------------------------------------------------------------------------------------------------
+
+
+def _fetch_hf(load: str) -> Path:
+    """A local folder, or a hub name fetched with `snapshot_download` (cache first, network if allowed)."""
+    if os.path.exists(load):
+        return Path(load)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(load, allow_patterns=_HUB_PATTERNS))
+    except Exception as err:
+        raise ConversionError(f"{load!r} is neither a local folder nor a downloadable hub repository "
+                              f"({type(err).__name__}: {err})") from None
+
+
+def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: dict, dtype: torch.dtype,
+                       tp: int, pp: int) -> None:
+    """Run on each of the TP x PP ranks: build this rank's part, load the staging checkpoint (megatron-core
+    reshards), save it from this layout."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.parallel.launch import initialize_model_parallel
+    from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
+    from megatron_neobert.training.model_setup import build_model_chunks
+
+    arch = NeoBERTArch(**arch_fields)
+    initialize_model_parallel(tp, pp)
+    config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    chunks = build_model_chunks(arch, config, transformer_impl="local")
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
+    load_model_state(chunks, state)
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+    torch.distributed.barrier()
+    dist_checkpointing.save(dict(model_sharded_state_dict(chunks), **common), out_dir)
+
+
+def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int = 1,
+                pipeline_model_parallel_size: int = 1, dtype: str = "fp32", tokenizer: Optional[str] = None,
+                model_preset: Optional[str] = None, overwrite: bool = False, progress: bool = True,
+                make_vocab_size_divisible_by: int = 128) -> ConversionSummary:
+    """An HF NeoBERT folder or hub name -> a distributed checkpoint root in the trainer's layout
+    (`iter_0000000/`, marker, common args), written by TP x PP ranks."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.parallel.launch import run_on_ranks
+
+    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    if dtype not in DTYPES:
+        raise ConversionError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    save = Path(save)
+    if save.exists() and not overwrite:
+        raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
+    src = _fetch_hf(str(load))
+    try:
+        hf_sd, config = read_hf_folder(src)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise ConversionError(str(err)) from None
+    if "decoder.weight" not in hf_sd:
+        raise ConversionError(f"{src} has no MLM head (decoder.weight/bias): pre-training needs one")
+    arch = arch_for_hf_config(config)
+    check_preset(arch, model_preset, f"{src} (arch {arch})")
+    if arch.num_layers % pp or arch.num_attention_heads % tp or arch.ffn_hidden_size % tp:
+        raise ConversionError(f"TP={tp} x PP={pp} does not divide {arch.num_layers} layers, "
+                              f"{arch.num_attention_heads} heads and FFN width {arch.ffn_hidden_size}")
+    padded = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
+    if tokenizer is None and any((src / f).is_file() for f in TOKENIZER_FILES):
+        tokenizer = str(load) if not os.path.exists(str(load)) else str(src.resolve())
+    args = dict(arch=dataclasses.asdict(arch), padded_vocab_size=padded,
+                make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
+                model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp, params_dtype=dtype, converted_from=str(load))
+
+    save.parent.mkdir(parents=True, exist_ok=True)
+    tmp = save.parent / f".{save.name}.tmp-{uuid.uuid4().hex[:8]}"
+    stage = tmp / "stage-tp1"
+    try:
+        # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
+        _init_single_rank()
+        model = build_single_rank_model(arch, padded, DTYPES[dtype])
+        mcore_sd = hf_to_mcore_state_dict(hf_sd, config, padded_vocab_size=padded)
+        params = dict(model.state_dict())
+        unexpected = sorted(set(mcore_sd) - set(params))
+        if unexpected:
+            raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
+        from tqdm import tqdm
+
+        with torch.no_grad():
+            for name, value in tqdm(mcore_sd.items(), desc="HF -> mcore", unit="tensor", disable=not progress):
+                params[name].copy_(value)
+        stage.mkdir(parents=True)
+        dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
+        del model, params, mcore_sd
+
+        # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
+        common = {"args": args, "iteration": 0}
+        run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
+                     dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
+        shutil.rmtree(stage)
+        write_latest_marker(str(tmp), 0)
+        if save.exists():
+            old = save.parent / f".{save.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(save, old)
+            os.replace(tmp, save)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            os.replace(tmp, save)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConversionSummary("hf-to-mcore", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
+                             dtype, _disk_size(save),
+                             layout=f"TP={tp} x PP={pp}, vocabulary padded to {padded}, iteration 0")

@@ -1,0 +1,349 @@
+"""Checkpoint conversion: HF (published layout) <-> megatron-core distributed checkpoints at TP x PP.
+
+Megatron runs on gloo CPU ranks; the HF side is our remote-code model loaded through the Auto
+classes, offline. Tiny dimensions throughout, except the 250M key/shape check (on the meta device).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from megatron.core import dist_checkpointing
+from safetensors.torch import load_file, save_file
+
+from convert_cases import load_and_forward, train_and_save
+from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
+                                                 hf_state_dict_from_mcore, hf_to_mcore, mcore_to_hf)
+from megatron_neobert.conversion.hf_format import AUTO_MAP, hf_config_dict, read_hf_folder
+from megatron_neobert.model import NeoBERTArch, get_arch
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+from parallel_cases import Layout
+from test_hf_format import VOCAB, random_hf_state_dict, tiny_config, tokenizer_dir  # noqa: F401 (fixture)
+from tools.convert_checkpoint import main as cli
+
+SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep",
+             "a model reads long text with rotary positions", "red birds sing"]
+TP2PP2 = Layout(tp=2, pp=2)
+
+
+def official_folder(path, config, state_dict, tokenizer=None):
+    """A folder as published on the hub: config.json with the official fields, official key names."""
+    path.mkdir(parents=True)
+    fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "dim_head",
+              "vocab_size", "pad_token_id", "norm_eps", "max_length", "embedding_init_range",
+              "decoder_init_range", "classifier_init_range")
+    cfg = {f: getattr(config, f) for f in fields}
+    cfg.update(model_type="neobert", architectures=["NeoBERTLMHead"], auto_map=AUTO_MAP, torch_dtype="float32",
+               rope=True, kwargs={"classifier_dropout": 0.1})  # published quirks
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file(state_dict, str(path / "model.safetensors"), metadata={"format": "pt"})
+    for name in (os.listdir(tokenizer) if tokenizer else []):
+        shutil.copy(os.path.join(tokenizer, name), path / name)
+    return path
+
+
+def padded_batch(tokenizer_path, micro_batch_size=2):
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(str(tokenizer_path))(SENTENCES, padding=True, return_tensors="pt")
+    assert not enc["attention_mask"].all()  # the batch really has padding
+    tokens, mask = enc["input_ids"], enc["attention_mask"].bool()
+    micro = [dict(tokens=tokens[i:i + micro_batch_size], attention_mask=mask[i:i + micro_batch_size])
+             for i in range(0, len(SENTENCES), micro_batch_size)]
+    return enc, micro
+
+
+def hf_mlm_logits(folder, enc):
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(str(folder), trust_remote_code=True).eval()
+    with torch.no_grad():
+        return model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+
+
+def last_stage(results):
+    logits = [r for r in results if r is not None]
+    assert len(logits) == 2  # TP=2 ranks of the last stage, both with the full (gathered) logits
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+    return logits[0]
+
+
+def leftovers(parent, keep):
+    return sorted(p.name for p in parent.iterdir() if p.name not in keep)
+
+
+# ------------------------------------------------------------------------------------------------
+# HF (official layout) -> Megatron TP=2 x PP=2 -> HF
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def config():
+    return tiny_config(num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module")
+def hf_weights(config):
+    return random_hf_state_dict(config, seed=3)
+
+
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory, config, hf_weights, tokenizer_dir):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("round_trip")
+    src = official_folder(tmp / "official", config, hf_weights, tokenizer_dir)
+    summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    export = mcore_to_hf(tmp / "mcore", tmp / "hf")
+    return tmp, summary, export
+
+
+def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
+    tmp, summary, _ = round_trip
+    root = tmp / "mcore"
+    assert read_latest_iteration(str(root)) == 0
+    assert sorted(os.listdir(root)) == ["iter_0000000", "latest_checkpointed_iteration.txt"]
+    ckpt = iteration_dir(str(root), 0)
+    # torch_dist writes one __<rank>_<n>.distcp set per saving rank: 4 ranks wrote it
+    assert {name.split("_")[2] for name in os.listdir(ckpt) if name.endswith(".distcp")} == {"0", "1", "2", "3"}
+    common = dist_checkpointing.load_common_state_dict(ckpt)
+    args = common["args"]
+    assert common["iteration"] == 0
+    assert args["arch"] == dict(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
+                                vocab_size=len(VOCAB), max_sequence_length=64, normalization="RMSNorm",
+                                activation="swiglu", position_embedding_type="rope", add_bias_linear=False,
+                                norm_epsilon=1e-5, rotary_base=10000, init_range=0.02)
+    assert args["padded_vocab_size"] == 256  # 182 padded to a multiple of 128 x TP=2
+    assert args["tokenizer_type"] == "HuggingFaceTokenizer"
+    assert args["tokenizer_model"] == str((tmp / "official").resolve())
+    assert args["model_preset"] is None  # tiny test dims are no preset
+    meta = dist_checkpointing.load_tensors_metadata(ckpt)
+    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (256, 32)
+    assert not any(k.startswith("optimizer") for k in meta)
+    assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
+
+
+def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
+    tmp, _, export = round_trip
+    back = load_file(str(tmp / "hf" / "model.safetensors"))
+    assert set(back) == set(hf_weights)
+    for k, v in hf_weights.items():
+        assert back[k].dtype == torch.float32 and torch.equal(back[k], v), k
+    written = json.loads((tmp / "hf" / "config.json").read_text())
+    for field in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "dim_head",
+                  "vocab_size", "norm_eps", "max_length"):
+        assert written[field] == getattr(config, field), field
+    assert written["auto_map"] == AUTO_MAP and written["architectures"] == ["NeoBERTLMHead"]
+    assert export.tensors == 28 and export.dtype == "fp32"
+    assert export.bytes_on_disk == sum(p.stat().st_size for p in (tmp / "hf").rglob("*") if p.is_file())
+    # the tokenizer named in the checkpoint args came along
+    assert (tmp / "hf" / "tokenizer.json").read_bytes() == (tmp / "official" / "tokenizer.json").read_bytes()
+    assert leftovers(tmp, {"official", "mcore", "hf"}) == []
+
+
+def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip, tokenizer_dir):  # noqa: F811
+    tmp, _, _ = round_trip
+    enc, micro = padded_batch(tokenizer_dir)
+    megatron = last_stage(run_on_ranks(load_and_forward, 4, str(tmp / "mcore"), TP2PP2, micro))
+    hf = hf_mlm_logits(tmp / "hf", enc)
+    assert megatron.shape == hf.shape[:2] + (256,)
+    assert hf.abs().max() > 1.0  # random weights of scale 0.2: logits far from uniform
+    # Real tokens only: what a padded query position computes is each implementation's own business.
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(megatron[..., :len(VOCAB)][real], hf[real], rtol=1e-4, atol=1e-4)
+
+
+def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round_trip, hf_weights):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    folder = str(round_trip[0] / "hf")
+    base = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    assert type(base).__name__ == "NeoBERT" and torch.equal(base.encoder.weight, hf_weights["model.encoder.weight"])
+    mlm = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True)
+    assert torch.equal(mlm.decoder.bias, hf_weights["decoder.bias"])
+    clf = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=2)
+    assert torch.equal(clf.model.transformer_encoder[3].wo.weight,
+                       hf_weights["model.transformer_encoder.3.wo.weight"])
+
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
+    together = st.encode(SENTENCES, batch_size=len(SENTENCES), convert_to_tensor=True)
+    alone = torch.stack([st.encode([s], convert_to_tensor=True)[0] for s in SENTENCES])
+    assert together.shape == (len(SENTENCES), 32) and together.std() > 0
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# A checkpoint trained a few steps (with optimizer state, VPP) -> HF
+# ------------------------------------------------------------------------------------------------
+
+
+def test_trained_vpp_checkpoint_with_optimizer_state_exports_equal_logits(tmp_path, config, tokenizer_dir):  # noqa: F811
+    arch = NeoBERTArch(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
+                       vocab_size=len(VOCAB), max_sequence_length=64)
+    layout = Layout(tp=2, pp=2, vpp=2)
+    g = torch.Generator().manual_seed(0)
+    train = []
+    for _ in range(2):
+        tokens = torch.randint(5, len(VOCAB), (2, 12), generator=g)
+        labels = torch.where(torch.rand(2, 12, generator=g) < 0.3, tokens, -100)
+        train.append(dict(tokens=tokens, labels=labels, attention_mask=torch.ones(2, 12, dtype=torch.bool)))
+    args = dict(arch=dataclasses.asdict(arch), padded_vocab_size=256, tokenizer_type="HuggingFaceTokenizer",
+                tokenizer_model=str(tokenizer_dir), model_preset=None)
+    enc, micro = padded_batch(tokenizer_dir)
+    root = tmp_path / "run"
+    megatron = last_stage(run_on_ranks(train_and_save, 4, str(root), layout, arch, train, 3, args, micro))
+    ckpt = iteration_dir(str(root), 3)
+    assert any(k.startswith("optimizer") for k in dist_checkpointing.load_tensors_metadata(ckpt))
+
+    export = mcore_to_hf(root, tmp_path / "hf", model_preset=None)
+    hf = hf_mlm_logits(tmp_path / "hf", enc)
+    assert export.tensors == 28
+    # trained: the head is no longer the uniform(-0.02, 0.02) init with a zero bias
+    assert load_file(str(tmp_path / "hf" / "model.safetensors"))["decoder.bias"].abs().max() > 0.01
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(megatron[..., :len(VOCAB)][real], hf[real], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The 250M preset: the official 172 keys and shapes
+# ------------------------------------------------------------------------------------------------
+
+
+def official_250m_shapes():
+    """Spec section 2, written out independently of hf_format.expected_hf_shapes."""
+    shapes = {"model.encoder.weight": (30522, 768), "model.layer_norm.weight": (768,),
+              "decoder.weight": (30522, 768), "decoder.bias": (30522,)}
+    for i in range(28):
+        p = f"model.transformer_encoder.{i}."
+        shapes.update({p + "attention_norm.weight": (768,), p + "qkv.weight": (2304, 768),
+                       p + "wo.weight": (768, 768), p + "ffn_norm.weight": (768,),
+                       p + "ffn.w12.weight": (4096, 768), p + "ffn.w3.weight": (768, 2048)})
+    return shapes
+
+
+def test_250m_preset_converts_to_the_official_keys_and_shapes(single_rank):
+    arch = get_arch("neobert-250m")
+    with torch.device("meta"):  # the real megatron-core model and mapping, without 1 GB of weights
+        model = build_single_rank_model(arch, vocab_size=30592)  # 30522 padded to a multiple of 128
+    hf = hf_state_dict_from_mcore(model.state_dict(), arch)
+    assert len(hf) == 172
+    assert {k: tuple(v.shape) for k, v in hf.items()} == official_250m_shapes()
+    assert sum(v.numel() for v in hf.values()) == 245_136_954
+    assert sum(v.numel() for k, v in hf.items() if not k.startswith("decoder.")) == 221_665_536
+    cfg = hf_config_dict(hf_config_for_arch(arch))
+    assert (cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["dim_head"]) == (3072, 28, 768, 64)
+    assert (cfg["vocab_size"], cfg["max_length"], cfg["norm_eps"], cfg["model_type"]) == (30522, 4096, 1e-5, "neobert")
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: a clear error, nothing written
+# ------------------------------------------------------------------------------------------------
+
+
+def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
+    """A copy of the round-trip checkpoint whose common args are changed."""
+    dst = tmp_path / "tampered"
+    shutil.copytree(round_trip[0] / "mcore", dst)
+    common_file = dst / "iter_0000000" / "common.pt"
+    common = torch.load(common_file, weights_only=False)
+    for key, value in arg_changes.items():
+        if key in common["args"]["arch"]:
+            common["args"]["arch"][key] = value
+        else:
+            common["args"][key] = value
+    torch.save(common, common_file)
+    return dst
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty folder", "not a megatron-core distributed checkpoint"),
+    ("hf folder", "not a megatron-core distributed checkpoint"),
+    ("missing shard", r"shard file __1_0.distcp holding model tensors is missing"),
+    ("other architecture", r"does not hold the model its args describe.*wrong shapes "
+                           r"\['decoder.final_layernorm.weight|wrong shapes \['decoder.layers.mlp"),
+    ("other vocabulary", r"wrong shapes \['embedding.word_embeddings.weight: \(256, 32\) in the checkpoint, "
+                         r"\(384, 32\)"),
+    ("vocab beyond padding", "padded_vocab_size=256, smaller than the vocabulary"),
+    ("bert-like m0", "only NeoBERT's RoPE / SwiGLU / RMSNorm"),
+    ("preset mismatch", r"does not match --model-preset neobert-tiny: hidden_size=32 \(preset: 128\), "
+                        r"ffn_hidden_size=48 \(preset: 344\), vocab_size=182 \(preset: 8192\)$"),
+    ("no args", "no args\\['arch'\\]"),
+])
+def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
+    preset = None
+    if case == "empty folder":
+        src = tmp_path / "empty"
+        src.mkdir()
+    elif case == "hf folder":
+        src = round_trip[0] / "hf"
+    elif case == "missing shard":
+        src = tmp_path / "partial"
+        shutil.copytree(round_trip[0] / "mcore", src)
+        os.remove(src / "iter_0000000" / "__1_0.distcp")
+    elif case == "other architecture":
+        src = tampered_checkpoint(round_trip, tmp_path, num_layers=2)
+    elif case == "other vocabulary":
+        src = tampered_checkpoint(round_trip, tmp_path, padded_vocab_size=384, vocab_size=300)
+    elif case == "vocab beyond padding":
+        src = tampered_checkpoint(round_trip, tmp_path, vocab_size=300)
+    elif case == "bert-like m0":
+        src = tampered_checkpoint(round_trip, tmp_path, **dataclasses.asdict(get_arch("ablation-m0")))
+    elif case == "preset mismatch":
+        src, preset = round_trip[0] / "mcore", "neobert-tiny"
+    elif case == "no args":
+        src = tampered_checkpoint(round_trip, tmp_path)
+        common = torch.load(src / "iter_0000000" / "common.pt", weights_only=False)
+        del common["args"]
+        torch.save(common, src / "iter_0000000" / "common.pt")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ConversionError, match=message):
+        mcore_to_hf(src, tmp_path / "out", model_preset=preset)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporary folder left
+
+
+def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
+    with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
+        hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
+    with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=32"):
+        hf_to_mcore(round_trip[0] / "official", tmp_path / "b", model_preset="neobert-250m")
+    with pytest.raises(ConversionError, match="does not divide 4 layers"):
+        hf_to_mcore(round_trip[0] / "official", tmp_path / "c", pipeline_model_parallel_size=3)
+    bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(len(VOCAB) + 5, 32)})
+    with pytest.raises(ConversionError, match="vocab size mismatch"):
+        hf_to_mcore(official_folder(tmp_path / "vocab", config, bad), tmp_path / "d")
+    with pytest.raises(ConversionError, match="neither a local folder nor a downloadable hub repository"):
+        hf_to_mcore("chandar-lab/NeoBERT-not-cached", tmp_path / "e")  # offline in tests
+    assert sorted(os.listdir(tmp_path)) == ["vocab"]
+
+
+def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
+    dst = tmp_path / "hf"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        mcore_to_hf(round_trip[0] / "mcore", dst)
+    assert os.listdir(dst) == ["keep.txt"]
+    mcore_to_hf(round_trip[0] / "mcore", dst, overwrite=True, dtype="bf16")
+    sd, _ = read_hf_folder(dst)
+    assert not (dst / "keep.txt").exists() and sd["decoder.weight"].dtype == torch.bfloat16
+    with pytest.raises(FileExistsError):
+        hf_to_mcore(round_trip[0] / "official", round_trip[0] / "mcore")
+
+
+def test_cli(round_trip, tmp_path, capsys, hf_weights):
+    out = tmp_path / "bf16"
+    assert cli(["--direction", "mcore-to-hf", "--load", str(round_trip[0] / "mcore"), "--save", str(out),
+                "--dtype", "bf16", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "mcore-to-hf: wrote" in printed and "28 tensors" in printed and "bf16" in printed
+    sd, _ = read_hf_folder(out)
+    assert torch.equal(sd["decoder.weight"], hf_weights["decoder.weight"].to(torch.bfloat16))
+
+    assert cli(["--direction", "mcore-to-hf", "--load", str(tmp_path / "nowhere"), "--save",
+                str(tmp_path / "x")]) == 1
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit):  # a layout only makes sense for the Megatron target
+        cli(["--direction", "mcore-to-hf", "--load", "a", "--save", "b", "--tensor-model-parallel-size", "2"])
