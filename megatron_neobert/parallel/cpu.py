@@ -22,8 +22,6 @@ _mode = None
 def _is_cuda_device(device) -> bool:
     if device is None or isinstance(device, bool):  # Tensor.to(device, dtype, non_blocking): a bool is no index
         return False
-    if isinstance(device, bool):
-        return False
     if isinstance(device, int):  # a CUDA device index
         return True
     return torch.device(device).type == "cuda"
