@@ -55,17 +55,23 @@ def make_tokenizer(dst, model_max_length: int = 64) -> Path:
     return dst
 
 
-def random_mlm_state_dict(config: NeoBERTConfig, seed: int = 0) -> dict:
-    """Published-layout weights of a freshly initialised NeoBERTLMHead (the model's own init, seeded)."""
+def random_mlm_state_dict(config: NeoBERTConfig, seed: int = 0, scale: float = None) -> dict:
+    """Published-layout weights: a freshly initialised NeoBERTLMHead (the model's own init, seeded), or with
+    `scale`, N(0, scale) weights around unit norm gains, large enough that attention depends on positions."""
     torch.manual_seed(seed)
-    return {k: v.detach().clone() for k, v in NeoBERTLMHead(config).state_dict().items()}
+    sd = {k: v.detach().clone() for k, v in NeoBERTLMHead(config).state_dict().items()}
+    if scale is not None:
+        g = torch.Generator().manual_seed(seed)
+        sd = {k: torch.randn(v.shape, generator=g) * scale + (1.0 if k.endswith("norm.weight") else 0.0)
+              for k, v in sd.items()}
+    return sd
 
 
-def make_neobert_folder(dst, seed: int = 0, state_dict=None, **config_overrides) -> Path:
+def make_neobert_folder(dst, seed: int = 0, state_dict=None, scale: float = None, **config_overrides) -> Path:
     """An exported NeoBERT folder (config with auto_map, weights, modeling code, tokenizer) at `dst`."""
     dst = Path(dst)
     config = tiny_config(**config_overrides)
     if state_dict is None:
-        state_dict = random_mlm_state_dict(config, seed)
+        state_dict = random_mlm_state_dict(config, seed, scale)
     tokenizer_dir = make_tokenizer(dst.parent / f".{dst.name}-tokenizer", model_max_length=config.max_length)
     return write_hf_folder(dst, state_dict, config, tokenizer_path=tokenizer_dir)
