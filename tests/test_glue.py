@@ -250,6 +250,7 @@ def test_mnli_transfer_and_resume(model_dir, glue_dir, tmp_path, monkeypatch):
     mnli = [r for r in summary["runs"] if r["task"] == "MNLI"]
     best = max(mnli, key=lambda r: r["score"])
     assert best_mnli_checkpoint(out) == best["checkpoint"]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [best["key"]]  # the others were pruned
     assert all(r["init_checkpoint"] == best["checkpoint"] for r in summary["runs"] if r["task"] == "RTE")
     assert summary["best"]["MNLI"]["key"] == best["key"] and summary["average"] is None
     table = (out / "results.md").read_text()

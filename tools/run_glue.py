@@ -37,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--preset", help="JSON of best settings per task (an earlier grid's preset.json)")
     p.add_argument("--no_transfer", action="store_true", help="start RTE, STS-B, MRPC, QNLI from the model")
     p.add_argument("--mnli_checkpoint", help="transfer source instead of the best MNLI run in output_dir")
+    p.add_argument("--keep_mnli_checkpoints", action="store_true", help="keep every MNLI run's best weights")
     p.add_argument("--devices", nargs="+", help="default: every GPU, else the CPU")
     defaults = Protocol()
     p.add_argument("--epochs", type=int, default=defaults.epochs)
@@ -64,7 +65,8 @@ def main(argv=None):
                         warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
                         max_train_examples=args.max_train_examples)
     summary = run_glue(args.model, args.output_dir, specs, protocol, args.data_dir, args.dataset_name,
-                       args.devices, args.mnli_checkpoint, progress=not args.no_progress)
+                       args.devices, args.mnli_checkpoint, args.keep_mnli_checkpoints,
+                       progress=not args.no_progress)
     print((Path(args.output_dir) / "results.md").read_text(encoding="utf-8"))
     return summary
 

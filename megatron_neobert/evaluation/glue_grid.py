@@ -101,6 +101,15 @@ def best_mnli_checkpoint(output_dir) -> Optional[str]:
     return max(runs, key=lambda r: r["score"])["checkpoint"] if runs else None
 
 
+def _prune_mnli_checkpoints(output_dir) -> None:
+    import shutil
+
+    best = best_mnli_checkpoint(output_dir)
+    for r in load_records(output_dir):
+        if r["task"] == "MNLI" and r.get("checkpoint") and r["checkpoint"] != best and Path(r["checkpoint"]).is_dir():
+            shutil.rmtree(r["checkpoint"])
+
+
 def report(output_dir) -> dict:
     """results.json (all runs, best per task, average), results.md (beside the paper) and preset.json."""
     records = load_records(output_dir)
@@ -197,12 +206,14 @@ def run_glue(
     dataset_name: str = HF_DATASET,
     devices: Optional[Sequence[str]] = None,
     mnli_checkpoint=None,
+    keep_mnli_checkpoints: bool = False,
     progress: bool = True,
 ) -> dict:
     """Runs the `specs` not finished yet, then writes the report (see the module docstring).
 
     Runs from the pretrained model (MNLI among them) go first; runs with `init == "mnli"` then start from
-    `mnli_checkpoint`, or else from the best MNLI checkpoint stored in `output_dir`.
+    `mnli_checkpoint`, or else from the best MNLI checkpoint stored in `output_dir`. Only that best MNLI
+    checkpoint is kept unless `keep_mnli_checkpoints` (a full grid would otherwise store 60 copies of the model).
     """
     output_dir = Path(output_dir)
     model_key = str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path)
@@ -227,6 +238,8 @@ def run_glue(
                 "record_path": output_dir / "runs" / f"{spec.key}.json"}
 
     errors = _execute([job(s) for s in pending if s.init != "mnli"], devices, progress)
+    if not keep_mnli_checkpoints:
+        _prune_mnli_checkpoints(output_dir)
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer:
         source = mnli_checkpoint or best_mnli_checkpoint(output_dir)
