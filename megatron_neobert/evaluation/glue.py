@@ -1,0 +1,291 @@
+"""GLUE fine-tuning with the NeoBERT paper's protocol (spec section 4).
+
+One run = one task and one (batch size, learning rate, weight decay, seed): 10 epochs, dev evaluation every
+min(500, steps_per_epoch // 10) steps, early stop after 15 evaluations without improvement, the best dev
+score is the run's result. RTE, STS-B, MRPC and QNLI start from the best MNLI checkpoint. A grid is many
+independent runs, each one stored as `{output_dir}/runs/{key}.json` when it finishes, so an interrupted grid
+resumes where it stopped; see `run_glue`.
+"""
+
+import logging
+import math
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from .glue_data import HF_DATASET, GlueTask, get_task, load_split
+from .glue_metrics import task_metrics
+
+logger = logging.getLogger(__name__)
+
+PAPER_GRID = {
+    "batch_size": (2, 4, 8, 16, 32),
+    "learning_rate": (5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5),
+    "weight_decay": (1e-2, 1e-5),
+}
+
+
+@dataclass
+class Protocol:
+    """Everything shared by the runs of a grid. Defaults are the paper's where it gives them."""
+
+    epochs: int = 10
+    max_eval_interval: int = 500  # evaluate every min(500, steps_per_epoch // 10) steps
+    patience: int = 15  # evaluations without improvement before stopping
+    max_length: int = 128  # not given in the spec; GLUE sentences rarely exceed it
+    warmup_ratio: float = 0.1  # not given in the spec: linear warmup then linear decay
+    max_grad_norm: float = 1.0
+    eval_batch_size: int = 64
+    max_train_examples: Optional[int] = None  # for smoke tests on a slice of the training set
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    batch_size: int
+    learning_rate: float
+    weight_decay: float
+    seed: int = 0
+    init: str = "pretrained"  # or "mnli": the run starts from the best MNLI checkpoint
+
+    @property
+    def key(self) -> str:
+        return (f"{self.task}_bs{self.batch_size}_lr{self.learning_rate:g}_wd{self.weight_decay:g}"
+                f"_seed{self.seed}_{self.init}")
+
+
+def eval_interval(steps_per_epoch: int, max_interval: int = 500) -> int:
+    """min(500, steps_per_epoch // 10), at least every step for tiny training sets."""
+    return max(1, min(max_interval, steps_per_epoch // 10))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Model loading
+# --------------------------------------------------------------------------------------------------------
+
+
+def load_classifier(folder, task: GlueTask, seed: int = 0):
+    """AutoModelForSequenceClassification for `task` from a NeoBERT folder (ours, the published one, or a
+    fine-tuned checkpoint). A classifier layer trained for another label space (MNLI -> RTE) is re-initialised;
+    the encoder and the dense layer of the head are kept."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    folder = str(folder)
+    try:
+        source = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    except Exception as e:
+        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: {e}") from e
+    auto_map = getattr(source, "auto_map", None) or {}
+    if source.model_type != "neobert" or "AutoModelForSequenceClassification" not in auto_map:
+        raise ValueError(
+            f"{folder} is not NeoBERT-compatible: model_type={source.model_type!r}, auto_map has "
+            f"{sorted(auto_map)}; expected model_type 'neobert' with an AutoModelForSequenceClassification entry"
+        )
+    labels = task.labels or ("score",)
+    id2label = dict(enumerate(labels))
+    torch.manual_seed(seed)  # new head weights depend on the run's seed only
+    model = AutoModelForSequenceClassification.from_pretrained(
+        folder, trust_remote_code=True, num_labels=len(labels), id2label=id2label,
+        label2id={v: k for k, v in id2label.items()},
+        problem_type="regression" if task.is_regression else "single_label_classification",
+        ignore_mismatched_sizes=True,  # MNLI's 3-way classifier into a 2-way or regression head
+    )
+    trained_for = [source.id2label[i] for i in sorted(source.id2label)] if source.id2label else []
+    head_was_trained = source.architectures and "NeoBERTForSequenceClassification" in source.architectures
+    if head_was_trained and tuple(trained_for) != tuple(labels):
+        # Same shape but other labels (or a shape mismatch already re-drawn by transformers): re-draw it with
+        # the published classifier initialisation so the new task never inherits MNLI's label meaning.
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, model.config.classifier_init_range)
+            model.classifier.bias.zero_()
+    return model
+
+
+def _save_checkpoint(model, tokenizer, state_dict, dst: Path) -> None:
+    """Writes the best weights as a loadable folder, atomically (temporary sibling, then rename)."""
+    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state_dict)
+    try:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if dst.exists():
+            raise FileExistsError(f"checkpoint {dst} already exists; refusing to overwrite it")
+        os.replace(tmp, dst)
+    finally:
+        model.load_state_dict(current)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------------------
+
+
+class _Encoded:
+    """Token ids of one split, padded per batch."""
+
+    def __init__(self, tokenizer, split, max_length: int, regression: bool):
+        enc = tokenizer(split.text_a, split.text_b, truncation=True, max_length=max_length)
+        self.input_ids = enc["input_ids"]
+        self.labels = torch.tensor(split.labels, dtype=torch.float32 if regression else torch.long)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def __len__(self):
+        return len(self.input_ids)
+
+    def batch(self, indices, device):
+        rows = [self.input_ids[i] for i in indices]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r)
+            mask[j, : len(r)] = 1
+        return ids.to(device), mask.to(device), self.labels[list(indices)].to(device)
+
+
+def _autocast(device: torch.device):
+    # bf16 autocast on GPU, as the paper trains; fp32 on CPU.
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+@torch.no_grad()
+def evaluate(model, task: GlueTask, dev: Dict[str, _Encoded], batch_size: int, device) -> Dict[str, float]:
+    was_training = model.training
+    model.eval()
+    preds, labels = {}, {}
+    for split, data in dev.items():
+        out = []
+        for start in range(0, len(data), batch_size):
+            ids, mask, _ = data.batch(range(start, min(start + batch_size, len(data))), device)
+            with _autocast(device):
+                logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            out.append(logits.squeeze(-1) if task.is_regression else logits.argmax(-1))
+        preds[split], labels[split] = torch.cat(out).cpu().numpy(), data.labels.numpy()
+    model.train(was_training)
+    return task_metrics(task, preds, labels)
+
+
+def _optimizer(model, spec: RunSpec):
+    # No weight decay on biases and RMSNorm gains (1-D tensors), as usual for BERT fine-tuning.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=spec.learning_rate)
+
+
+def fine_tune(
+    model_path,
+    spec: RunSpec,
+    protocol: Protocol = Protocol(),
+    data_dir=None,
+    dataset_name: str = HF_DATASET,
+    init_path=None,
+    checkpoint_dir=None,
+    device="cpu",
+    progress: bool = True,
+    on_train_start: Optional[Callable] = None,
+) -> dict:
+    """Fine-tunes `model_path` (or `init_path`, e.g. an MNLI checkpoint) on one task; returns the run record.
+
+    The tokenizer always comes from `model_path`. `checkpoint_dir`, when given, receives the weights of the
+    best evaluation. `on_train_start(model)` is called once the model is loaded and on `device`.
+    """
+    from transformers import AutoTokenizer
+
+    task, device = get_task(spec.task), torch.device(device)
+    started = time.time()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=True)
+    train_split = load_split(task, "train", data_dir, dataset_name)
+    if protocol.max_train_examples:
+        n = protocol.max_train_examples
+        train_split.text_a = train_split.text_a[:n]
+        train_split.text_b = train_split.text_b[:n] if train_split.text_b else None
+        train_split.labels = train_split.labels[:n]
+    train = _Encoded(tokenizer, train_split, protocol.max_length, task.is_regression)
+    dev = {s: _Encoded(tokenizer, load_split(task, s, data_dir, dataset_name), protocol.max_length,
+                       task.is_regression) for s in task.dev_splits}
+
+    model = load_classifier(init_path or model_path, task, seed=spec.seed).to(device)
+    model.train()
+    if on_train_start is not None:
+        on_train_start(model)
+
+    steps_per_epoch = math.ceil(len(train) / spec.batch_size)
+    every = eval_interval(steps_per_epoch, protocol.max_eval_interval)
+    total = protocol.epochs * steps_per_epoch
+    warmup = int(protocol.warmup_ratio * total)
+    optimizer = _optimizer(model, spec)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+
+    generator = torch.Generator().manual_seed(spec.seed)
+    history, best, best_state, bad, step = [], None, None, 0, 0
+    stopped_early = False
+    bar = tqdm(total=total, desc=spec.key, disable=not progress, leave=False)
+    for _ in range(protocol.epochs):
+        order = torch.randperm(len(train), generator=generator).tolist()
+        for start in range(0, len(order), spec.batch_size):
+            ids, mask, labels = train.batch(order[start: start + spec.batch_size], device)
+            with _autocast(device):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            if protocol.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), protocol.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            if step % every == 0 or step == total:
+                metrics = evaluate(model, task, dev, protocol.eval_batch_size, device)
+                history.append({"step": step, "loss": loss.item(), **metrics})
+                if best is None or metrics["score"] > best["score"]:
+                    best, bad = {"step": step, **metrics}, 0
+                    if checkpoint_dir is not None:
+                        best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+                else:
+                    bad += 1
+                bar.set_postfix(score=f"{metrics['score']:.4f}", best=f"{best['score']:.4f}")
+                if bad >= protocol.patience:
+                    stopped_early = True
+                    break
+        if stopped_early:
+            break
+    bar.close()
+
+    checkpoint = None
+    if checkpoint_dir is not None and best_state is not None:
+        checkpoint = Path(checkpoint_dir)
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        _save_checkpoint(model, tokenizer, best_state, checkpoint)
+    return {
+        "key": spec.key,
+        **asdict(spec),
+        "model": str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path),
+        "init_checkpoint": str(init_path) if init_path else None,
+        "score": best["score"],
+        "metrics": {k: v for k, v in best.items() if k != "step"},
+        "best_step": best["step"],
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "eval_every": every,
+        "stopped_early": stopped_early,
+        "history": history,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "train_examples": len(train),
+        "protocol": asdict(protocol),
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+__all__ = ["PAPER_GRID", "Protocol", "RunSpec", "eval_interval", "load_classifier", "evaluate", "fine_tune"]
