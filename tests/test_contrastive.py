@@ -61,7 +61,7 @@ def test_grad_cache_equals_uncached_gradients(model_dir, chunk_size):
     assert ref.keys() == gc.keys()
     for name in ref:
         assert ref[name].abs().max() > 0 or name.endswith("encoder.weight"), name
-        torch.testing.assert_close(gc[name], ref[name], atol=1e-6, rtol=1e-4, msg=name)
+        torch.testing.assert_close(gc[name], ref[name], atol=1e-6, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_mixture_follows_n_to_the_alpha():
