@@ -171,3 +171,13 @@ def test_summary_groups_by_type():
     assert s["by_type"]["STS"] == {"n_tasks": 2, "ours": pytest.approx(60.0), "paper": 74.8}
     assert list(s["by_type"]) == ["Clustering", "STS"]  # the paper's order of task types
     assert s["average"]["ours"] == pytest.approx(140 / 3) and s["average"]["n_tasks"] == 3
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_embeddings_match_float32(model_dir, dtype):
+    texts = ["qw1 qw2", "pw3 the dog with a cat"]
+    full = NeoBERTEncoder(model_dir, dtype="float32").embed(texts)
+    half = NeoBERTEncoder(model_dir, dtype=dtype).embed(texts)
+    assert half.dtype == torch.float32 and F.cosine_similarity(half, full).min() > 0.999
+    with pytest.raises(ValueError, match="dtype 'int8'"):
+        NeoBERTEncoder(model_dir, dtype="int8")

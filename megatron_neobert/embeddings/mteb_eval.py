@@ -78,8 +78,6 @@ class NeoBERTEncoder:
 
     def __init__(self, model_dir, dtype: str = "float16", device: Optional[str] = None, batch_size: int = 64,
                  max_length: Optional[int] = None, use_instructions: bool = True, name: Optional[str] = None):
-        from mteb.models.abs_encoder import AbsEncoder  # noqa: F401  (fail early without mteb)
-
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
