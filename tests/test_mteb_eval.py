@@ -1,0 +1,183 @@
+"""MTEB evaluation on local tasks (no download): scores, instructions, cache keys, summary, errors."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("mteb")
+
+from datasets import Dataset, DatasetDict  # noqa: E402
+from mteb.abstasks.retrieval import AbsTaskRetrieval  # noqa: E402
+from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData  # noqa: E402
+from mteb.abstasks.sts import AbsTaskSTS  # noqa: E402
+from mteb.abstasks.task_metadata import TaskMetadata  # noqa: E402
+
+from embed_fixtures import load_tool, make_model_folder, make_tokenizer, one_torch_thread, topic_pairs  # noqa: E402,F401
+from megatron_neobert.embeddings.instructions import format_query, load_instructions  # noqa: E402
+from megatron_neobert.embeddings.mteb_eval import (NeoBERTEncoder, checkpoint_revision, resolve_tasks,  # noqa: E402
+                                                   run_mteb, summarize)
+
+PAIRS = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
+LOCAL = dict(description="Local test task.", reference=None, dataset={"path": "local/none", "revision": "1"},
+             category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], date=None, dialect=[], domains=[],
+             task_subtypes=[], license="cc-by-4.0", annotations_creators="derived", modalities=["text"],
+             sample_creation="found", bibtex_citation="")
+RETRIEVAL_INSTRUCTION = "Given a question, retrieve relevant documents that best answer the question."
+
+
+class LocalRetrieval(AbsTaskRetrieval):
+    # Named like an MTEB task so that the paper's per-task instruction applies.
+    metadata = TaskMetadata(type="Retrieval", name="NFCorpus", main_score="ndcg_at_10", **LOCAL)
+
+    def load_data(self, **kwargs):
+        q, p = topic_pairs(PAIRS)
+        self.dataset = {"default": {"test": RetrievalSplitData(
+            queries=Dataset.from_list([{"id": f"q{i}", "text": t} for i, t in enumerate(q)]),
+            corpus=Dataset.from_list([{"id": f"d{i}", "text": t, "title": ""} for i, t in enumerate(p)]),
+            relevant_docs={f"q{i}": {f"d{i}": 1} for i in range(len(q))}, top_ranked=None)}}
+        self.data_loaded = True
+
+
+class LocalSTS(AbsTaskSTS):
+    metadata = TaskMetadata(type="STS", name="LocalTopicSTS", main_score="cosine_spearman", **LOCAL)
+    min_score, max_score = 0, 1
+
+    def load_data(self, **kwargs):
+        self.dataset = DatasetDict({"test": Dataset.from_dict(
+            {"sentence1": ["qw1 qw2", "qw3", "pw4 pw5", "red car"], "sentence2": ["pw1 pw2", "qw3 qw4", "pw4", "the dog"],
+             "score": [1.0, 0.5, 0.2, 0.0]})})
+        self.data_loaded = True
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tok):
+    return make_model_folder(tmp_path_factory.mktemp("mteb") / "neobert", tokenizer_dir=tok)
+
+
+def expected_ndcg_at_10(encoder):
+    """ndcg@10 with one relevant document per query: mean of 1 / log2(1 + rank of that document)."""
+    q, p = topic_pairs(PAIRS)
+    qe = F.normalize(encoder.embed([format_query(RETRIEVAL_INSTRUCTION, t) for t in q]), dim=-1)
+    de = F.normalize(encoder.embed(p), dim=-1)
+    sims = qe @ de.T
+    ranks = [(sims[i] > sims[i, i]).sum().item() + 1 for i in range(len(q))]
+    return sum(1 / math.log2(1 + r) for r in ranks) / len(q)
+
+
+def test_local_tasks_scores_summary_and_tool(model_dir, tmp_path):
+    summary = load_tool("run_mteb").main(["--model", str(model_dir), "--output", str(tmp_path / "res"),
+                                          "--dtype", "float32", "--batch-size", "4"],
+                                         tasks=[LocalRetrieval(), LocalSTS()])
+    encoder = NeoBERTEncoder(model_dir, dtype="float32")
+    assert summary["tasks"]["NFCorpus"]["main_score"] == pytest.approx(100 * expected_ndcg_at_10(encoder), abs=1e-3)
+    assert summary["tasks"]["LocalTopicSTS"]["type"] == "STS"
+    assert set(summary["by_type"]) == {"Retrieval", "STS"}
+    assert summary["by_type"]["Retrieval"]["paper"] == 31.6 and summary["average"]["paper"] == 51.3
+    assert summary["average"]["ours"] == pytest.approx(
+        (summary["tasks"]["NFCorpus"]["main_score"] + summary["tasks"]["LocalTopicSTS"]["main_score"]) / 2)
+    assert json.loads((tmp_path / "res" / "summary.json").read_text()) == summary
+    md = (tmp_path / "res" / "summary.md").read_text()
+    assert "| Retrieval | 1 |" in md and "31.60" in md and summary["model"]["revision"] in md
+    rev = summary["model"]["revision"]
+    assert (tmp_path / "res" / "mteb_cache" / "results" / "megatron_neobert__neobert" / rev / "NFCorpus.json").is_file()
+
+
+class _Meta:
+    def __init__(self, name, type):
+        self.name, self.type = name, type
+
+
+def test_instructions_on_queries_and_symmetric_tasks_only(model_dir, monkeypatch):
+    encoder = NeoBERTEncoder(model_dir, dtype="float32")
+    seen = []
+    monkeypatch.setattr(encoder, "embed", lambda texts: seen.append(list(texts)) or torch.zeros(len(texts), 32))
+    batches = [{"text": ["qw1 qw2"]}]
+    from mteb.types import PromptType
+
+    kw = dict(hf_split="test", hf_subset="default")
+    encoder.encode(batches, task_metadata=_Meta("NFCorpus", "Retrieval"), prompt_type=PromptType.query, **kw)
+    encoder.encode(batches, task_metadata=_Meta("NFCorpus", "Retrieval"), prompt_type=PromptType.document, **kw)
+    encoder.encode(batches, task_metadata=_Meta("Banking77Classification", "Classification"), **kw)
+    encoder.encode(batches, task_metadata=_Meta("CQADupstackGamingRetrieval", "Retrieval"),
+                   prompt_type=PromptType.query, **kw)
+    assert seen[0] == [f"Instruct: {RETRIEVAL_INSTRUCTION}\nQuery: qw1 qw2"]
+    assert seen[1] == ["qw1 qw2"]
+    assert seen[2] == ["Instruct: Given a online banking query, find the corresponding intents.\nQuery: qw1 qw2"]
+    assert "Stackexchange" in seen[3][0]
+
+
+def test_revision_is_unique_per_checkpoint_and_cache_is_not_shared(tmp_path, tok):
+    folder = tmp_path / "ckpt"
+    make_model_folder(folder, seed=0, tokenizer_dir=tok)
+    first = NeoBERTEncoder(folder, dtype="float32")
+    s1 = run_mteb(first, [LocalRetrieval()], tmp_path / "out1", cache_dir=tmp_path / "cache")
+    # same path, same name, new weights: a new revision, so mteb runs the model instead of serving cached scores
+    from megatron_neobert.conversion.hf_format import read_hf_folder, write_hf_folder
+
+    sd, cfg = read_hf_folder(folder)
+    sd = {k: v + 0.05 * torch.randn_like(v) for k, v in sd.items()}
+    write_hf_folder(folder, sd, cfg, tokenizer_path=tok, overwrite=True)
+    second = NeoBERTEncoder(folder, dtype="float32")
+    assert second.mteb_model_meta.name == first.mteb_model_meta.name
+    assert second.mteb_model_meta.revision != first.mteb_model_meta.revision
+    s2 = run_mteb(second, [LocalRetrieval()], tmp_path / "out2", cache_dir=tmp_path / "cache")
+    assert s2["tasks"]["NFCorpus"]["main_score"] == pytest.approx(100 * expected_ndcg_at_10(second), abs=1e-3)
+    assert s2["tasks"]["NFCorpus"]["main_score"] != s1["tasks"]["NFCorpus"]["main_score"]
+
+    # the same checkpoint again is served from the cache without running the model
+    again = NeoBERTEncoder(folder, dtype="float32")
+    again.embed = lambda texts: pytest.fail("the cached result should have been used")
+    s3 = run_mteb(again, [LocalRetrieval()], tmp_path / "out3", cache_dir=tmp_path / "cache")
+    assert s3["tasks"] == s2["tasks"]
+    # dtype and instructions are part of the revision too
+    assert NeoBERTEncoder(folder, dtype="bf16").mteb_model_meta.revision != again.mteb_model_meta.revision
+    assert NeoBERTEncoder(folder, dtype="float32", use_instructions=False).mteb_model_meta.revision != \
+        again.mteb_model_meta.revision
+    with pytest.raises(FileNotFoundError, match="no weight files"):
+        checkpoint_revision(tmp_path / "out1")
+
+
+def test_task_names_and_paper_instructions():
+    tasks = resolve_tasks(["MTEB(eng, v1)", "STS12"])
+    assert len(tasks) == 56  # STS12 is already in the benchmark
+    known = {k.lower() for k in load_instructions()["mteb"]}
+    prefixes = tuple(p.lower() for p in load_instructions()["mteb_prefixes"])
+    missing = [t.metadata.name for t in tasks if t.metadata.name.lower() not in known
+               and not t.metadata.name.lower().startswith(prefixes)]
+    assert not missing, f"MTEB(eng, v1) tasks without a paper-style instruction: {missing}"
+    with pytest.raises(ValueError, match=r"unknown MTEB task or benchmark name\(s\): 'NoSuchTask', 'MTEB\(xx\)'"):
+        resolve_tasks(["STS12", "NoSuchTask", "MTEB(xx)"])
+    with pytest.raises(ValueError, match="NoSuchTask"):
+        load_tool("run_mteb").main(["--model", "unused", "--output", "unused", "--tasks", "NoSuchTask"])
+
+
+def test_summary_groups_by_type():
+    class R:
+        def __init__(self, name, score):
+            self.task_name, self.score = name, score
+
+        def get_score(self):
+            return self.score
+
+    s = summarize([R("A", 0.5), R("B", 0.7), R("C", 0.2)], {"A": "STS", "B": "STS", "C": "Clustering"})
+    assert s["by_type"]["STS"] == {"n_tasks": 2, "ours": pytest.approx(60.0), "paper": 74.8}
+    assert list(s["by_type"]) == ["Clustering", "STS"]  # the paper's order of task types
+    assert s["average"]["ours"] == pytest.approx(140 / 3) and s["average"]["n_tasks"] == 3
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_embeddings_match_float32(model_dir, dtype):
+    texts = ["qw1 qw2", "pw3 the dog with a cat"]
+    full = NeoBERTEncoder(model_dir, dtype="float32").embed(texts)
+    half = NeoBERTEncoder(model_dir, dtype=dtype).embed(texts)
+    assert half.dtype == torch.float32 and F.cosine_similarity(half, full).min() > 0.999
+    with pytest.raises(ValueError, match="dtype 'int8'"):
+        NeoBERTEncoder(model_dir, dtype="int8")

@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""Unified contrastive fine-tuning of an exported NeoBERT folder into a sentence-transformers embedding model.
+
+    python tools/finetune_contrastive.py --model neobert-hf --output neobert-embed \
+        --dataset msmarco=data/msmarco.jsonl --dataset allnli=sentence-transformers/all-nli:triplet \
+        --steps 2000 --batch-size 128 --chunk-size 32
+
+Each --dataset is [NAME=]SOURCE, SOURCE a .jsonl/.parquet file or a hub dataset (owner/name[:config]); NAME picks
+the paper's instruction from megatron_neobert/assets/instructions.json unless --instruction NAME=TEXT overrides it.
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec  # noqa: E402
+from megatron_neobert.embeddings.finetune import ContrastiveConfig, finetune_contrastive  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
+    p.add_argument("--output", required=True, help="folder to write (replaced atomically)")
+    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE")
+    p.add_argument("--instruction", action="append", default=[], metavar="NAME=TEXT",
+                   help="instruction for dataset NAME (an empty TEXT means none)")
+    p.add_argument("--split", default="train", help="split of hub datasets")
+    p.add_argument("--max-negatives", type=int, default=None, help="hard negatives kept per query (default: all)")
+    p.add_argument("--checkpoint-dir", default=None, help="default: <output>-checkpoints")
+    p.add_argument("--device", default=None)
+    defaults = ContrastiveConfig()
+    for name, value in vars(defaults).items():
+        if name == "bf16":
+            p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                           help="bf16 autocast (default: on CUDA)")
+        else:
+            p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    instructions = {}
+    for item in args.instruction:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--instruction {item!r} must be NAME=TEXT")
+        instructions[name.lower()] = text
+    datasets = []
+    for spec in args.dataset:
+        name, source = parse_dataset_spec(spec)
+        ds = load_pair_dataset(source, name=name, split=args.split, max_negatives=args.max_negatives)
+        if ds.name.lower() in instructions:
+            ds.instruction = instructions[ds.name.lower()] or None
+        logging.info("dataset %s: %d pairs from %s; instruction: %r", ds.name, len(ds), ds.source, ds.instruction)
+        datasets.append(ds)
+    config = ContrastiveConfig(**{k: getattr(args, k) for k in vars(ContrastiveConfig())})
+    out = finetune_contrastive(args.model, datasets, args.output, config, device=args.device,
+                               checkpoint_dir=args.checkpoint_dir)
+    logging.info("wrote %s", out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
