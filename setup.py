@@ -22,14 +22,17 @@ setup(
         "transformers>=4.48",
         "sentencepiece",
         "pyarrow",
+        "zstandard",
         "einops",
     ],
     extras_require={
         # GPU-only extras (transformer-engine, flash-attn, apex, DALI) come with the NGC container and are
         # imported lazily; apex is never listed because the registry package of that name is unrelated.
         "eval": ["scipy", "scikit-learn", "matplotlib", "datasets", "sentence-transformers", "mteb>=2"],
+        # The optional DALI loader; its CPU-only pipelines also run (and are tested) without a GPU.
+        "dali": ["nvidia-dali-cuda120"],
         "test": ["pytest", "pytest-xdist", "scipy", "scikit-learn", "matplotlib", "datasets",
-                 "sentence-transformers", "mteb>=2", "zstandard"],
+                 "sentence-transformers", "mteb>=2", "zstandard", "nvidia-dali-cuda120"],
     },
     entry_points={"console_scripts": []},
 )

@@ -1,0 +1,118 @@
+"""Batches for the trainer: collation, a resumable data-parallel sampler, torch or DALI loaders."""
+
+import logging
+from typing import Dict, Iterator, List
+
+import numpy
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def collate_mlm_batch(samples: List[Dict]) -> Dict:
+    """Stack MLM samples into a batch.
+
+    ``tokens``/``labels`` (and ``attention_mask``) become ``[B, S]``. Packed samples' cu_seqlens
+    are offset by ``i * S`` and joined into one int32 ``cu_seqlens`` over the flattened ``B*S``
+    tokens (the model reads packed batches as ``[1, B*S]``), with ``max_seqlen`` (a python int).
+    A blend's ``dataset_id`` becomes an int64 ``[B]`` tensor.
+    """
+    batch = {"tokens": torch.stack([s["tokens"] for s in samples]),
+             "labels": torch.stack([s["labels"] for s in samples])}
+    if "attention_mask" in samples[0]:
+        batch["attention_mask"] = torch.stack([s["attention_mask"] for s in samples])
+    if "cu_seqlens" in samples[0]:
+        seq = batch["tokens"].shape[1]
+        parts = [s["cu_seqlens"][:-1] + i * seq for i, s in enumerate(samples)]
+        parts.append(torch.tensor([len(samples) * seq], dtype=torch.int32))
+        cu = torch.cat(parts).to(torch.int32)
+        batch["cu_seqlens"] = cu
+        batch["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
+    if "dataset_id" in samples[0]:
+        batch["dataset_id"] = torch.as_tensor(numpy.array([int(s["dataset_id"]) for s in samples]),
+                                              dtype=torch.int64)
+    return batch
+
+
+class MLMPretrainingSampler:
+    """Megatron-LM's ``MegatronPretrainingSampler``: a single ordered pass, resumable.
+
+    Global batch k covers samples ``[consumed + k*M*D, consumed + (k+1)*M*D)`` (M micro batch,
+    D data-parallel size); rank r takes the r-th slice of M. Randomness lives in the dataset
+    (shuffled layouts), so the order is a pure function of the dataset and ``consumed_samples``.
+    """
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 data_parallel_rank: int = 0, data_parallel_size: int = 1,
+                 drop_last: bool = True) -> None:
+        if total_samples <= 0:
+            raise ValueError(f"no sample to load: total_samples = {total_samples}")
+        if consumed_samples >= total_samples:
+            raise ValueError(f"consumed_samples {consumed_samples} >= dataset size "
+                             f"{total_samples}: build the dataset with more samples")
+        if micro_batch_size <= 0 or not 0 <= data_parallel_rank < data_parallel_size:
+            raise ValueError(f"bad micro_batch_size {micro_batch_size} or data-parallel rank "
+                             f"{data_parallel_rank} of {data_parallel_size}")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.data_parallel_size = data_parallel_size
+        self.drop_last = drop_last
+        self._global = micro_batch_size * data_parallel_size
+
+    def __len__(self) -> int:
+        left = self.total_samples - self.consumed_samples
+        if self.drop_last:
+            return left // self._global
+        return (left + self._global - 1) // self._global
+
+    def batch_indices(self, k: int) -> List[int]:
+        """This rank's sample indices in the k-th global batch from ``consumed_samples``."""
+        start = self.consumed_samples + k * self._global + self.data_parallel_rank * self.micro_batch_size
+        return list(range(start, min(start + self.micro_batch_size, self.total_samples)))
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for k in range(len(self)):
+            indices = self.batch_indices(k)
+            if indices:
+                yield indices
+
+
+def build_data_loader(dataset, micro_batch_size: int, consumed_samples: int = 0,
+                      data_parallel_rank: int = 0, data_parallel_size: int = 1,
+                      num_workers: int = 2, loader: str = "torch", drop_last: bool = True,
+                      pin_memory: bool = True, device_id=None, prefetch_batches: int = 2):
+    """An iterable of collated batches (see ``collate_mlm_batch``) for one data-parallel rank.
+
+    Args:
+        dataset: an ``MLMDataset`` or megatron-core ``BlendedDataset`` of them (or None: returns
+            None, as on ranks that do not build data).
+        micro_batch_size: samples per batch on this rank.
+        consumed_samples: global samples already trained on (from the checkpoint); the loader
+            starts right after them, so a resumed run sees the batches it would have seen.
+        data_parallel_rank, data_parallel_size: the rank's slice of each global batch.
+        num_workers: torch DataLoader workers, or DALI's parallel Python workers (0 = inline).
+        loader: "torch" (default) or "dali" (batches prefetched by a DALI pipeline; on the GPU
+            ``device_id`` unless None, which keeps DALI on the CPU).
+        drop_last: drop a final incomplete global batch.
+        pin_memory: pin host batches (torch loader, when CUDA is available).
+        prefetch_batches: batches prepared ahead (torch prefetch_factor per worker / DALI queue).
+    """
+    if dataset is None:
+        return None
+    sampler = MLMPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
+                                    data_parallel_rank, data_parallel_size, drop_last)
+    if loader == "torch":
+        logger.info("data loader: torch DataLoader, %d workers, from sample %d",
+                    num_workers, consumed_samples)
+        return torch.utils.data.DataLoader(
+            dataset, batch_sampler=sampler, num_workers=num_workers,
+            collate_fn=collate_mlm_batch, pin_memory=pin_memory and torch.cuda.is_available(),
+            persistent_workers=num_workers > 0,
+            prefetch_factor=prefetch_batches if num_workers > 0 else None)
+    if loader == "dali":
+        from megatron_neobert.data.dali_loader import DALIMLMLoader
+        return DALIMLMLoader(dataset, sampler, device_id=device_id, num_workers=num_workers,
+                             prefetch_batches=prefetch_batches)
+    raise ValueError(f"unknown loader {loader!r}; expected 'torch' or 'dali'")

@@ -1,0 +1,263 @@
+"""NeoBERT's masked-language-model dataset on megatron-core's dataset machinery.
+
+``MLMDataset`` is a ``MegatronDataset`` over an ``IndexedDataset`` of whole documents, split into
+train/valid/test by document and blended by ``BlendedMegatronDatasetBuilder``. Each epoch shuffles
+the split's documents and lays them out (``packing.py``): *packed* samples of exactly
+``seq_length`` tokens with ``cu_seqlens`` per document piece, or *padded* samples of one document
+chunk each. The layout is computed once, cached as ``.npy`` files (rank 0 first when distributed)
+and memory-mapped.
+
+Masking happens when a sample is read, from a generator seeded by (seed, dataset, index): sample i
+is a pure function of its index, so tensor-parallel ranks agree and a resumed run sees exactly the
+samples it would have seen.
+"""
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+from unittest import mock
+
+import numpy
+import torch
+from megatron.core.datasets.blended_dataset import BlendedDataset
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.datasets.megatron_dataset import MegatronDataset
+from megatron.core.datasets.utils import Split
+
+from megatron_neobert.data.indexed import open_indexed
+from megatron_neobert.data.length_subset import document_lengths
+from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
+
+logger = logging.getLogger(__name__)
+
+MASK_SCHEMES = ("mask", "80/10/10")
+IGNORE_INDEX = -100
+
+
+@dataclass
+class MLMDatasetConfig(BlendedMegatronDatasetConfig):
+    """megatron-core dataset config plus the MLM settings.
+
+    ``sequence_length`` (alias ``seq_length``) is the sample length including [CLS]/[SEP];
+    ``tokenizer`` is a ``megatron_neobert.data.tokenizer.MLMTokenizer``.
+    """
+
+    mask_rate: float = 0.20
+    """Probability that a non-special token is selected for prediction (NeoBERT: 20%)."""
+
+    mask_scheme: str = "mask"
+    """'mask': every selected token becomes [MASK] (NeoBERT); '80/10/10': BERT's replacement."""
+
+    packed: bool = True
+    """Packed samples with cu_seqlens (default) or one padded document chunk per sample."""
+
+    @property
+    def seq_length(self) -> int:
+        return self.sequence_length
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer is None:
+            raise ValueError("MLMDatasetConfig needs a tokenizer (data.tokenizer.build_tokenizer)")
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
+        if self.mask_scheme not in MASK_SCHEMES:
+            raise ValueError(f"mask_scheme must be one of {MASK_SCHEMES}, got {self.mask_scheme!r}")
+        if self.sequence_length < 8:
+            raise ValueError(f"sequence_length must be >= 8, got {self.sequence_length}")
+
+
+class MLMDataset(MegatronDataset):
+    """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
+    ``attention_mask`` (bool [S], padded)."""
+
+    def __init__(self, indexed_dataset: IndexedDataset, dataset_path: Optional[str],
+                 indexed_indices: numpy.ndarray, num_samples: Optional[int], index_split: Split,
+                 config: MLMDatasetConfig) -> None:
+        super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples,
+                         index_split, config)
+        tok = config.tokenizer
+        self._doc_lengths = document_lengths(indexed_dataset)
+        self._doc_first_sequence = indexed_dataset.document_indices[:-1]
+        self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
+        self._special[list(tok.special_ids)] = True
+        self._random_ids = numpy.flatnonzero(~self._special[:tok.vocab_size])
+        # Distinct mask streams per dataset and split, fixed by the config hash (not by paths
+        # alone), so blends do not mask two datasets' sample i identically.
+        self._stream = int(self.unique_description_hash[:8], 16)
+        self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
+            self._build_layout())
+
+    # ---- megatron-core hooks ---------------------------------------------------------------
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:
+        # Split by document, as BERT does: a document never spans two splits.
+        return low_level_dataset.document_indices.shape[0] - 1
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: MLMDatasetConfig) -> IndexedDataset:
+        return open_indexed(dataset_path, mmap=config.mmap_bin_files)
+
+    @staticmethod
+    def _key_config_attributes() -> List[str]:
+        # Masking settings are applied on read and do not change the cached layout.
+        return MegatronDataset._key_config_attributes() + ["packed"]
+
+    def __len__(self) -> int:
+        return int(self.shuffle_index.shape[0])
+
+    # ---- samples ---------------------------------------------------------------------------
+    def __getitem__(self, idx: int) -> Dict[str, torch.Tensor]:
+        cfg, tok = self.config, self.config.tokenizer
+        j = int(self.shuffle_index[idx])
+        lo, hi = int(self.sample_ptr[j]), int(self.sample_ptr[j + 1])
+        parts, seqlens = [], []
+        for p in range(lo, hi):
+            doc, length = int(self.piece_doc[p]), int(self.piece_len[p])
+            if doc == PAD_PIECE:
+                parts.append(numpy.full(length, tok.pad_id, numpy.int64))
+                seqlens.append(length)
+                continue
+            # The sequences of one document are contiguous in the .bin, so one read from the
+            # first sequence covers documents written as several sequences (split sentences).
+            body = self.dataset.get(int(self._doc_first_sequence[doc]),
+                                    int(self.piece_start[p]), length)
+            parts += [[tok.cls_id], body, [tok.sep_id]]
+            seqlens.append(length + 2)
+        tokens = numpy.concatenate(parts).astype(numpy.int64)
+        sample = {}
+        if cfg.packed:
+            sample["cu_seqlens"] = torch.from_numpy(
+                numpy.concatenate([[0], numpy.cumsum(seqlens)]).astype(numpy.int32))
+        else:
+            real = tokens.shape[0]
+            tokens = numpy.concatenate(
+                [tokens, numpy.full(cfg.sequence_length - real, tok.pad_id, numpy.int64)])
+            mask = numpy.zeros(cfg.sequence_length, bool)
+            mask[:real] = True
+            sample["attention_mask"] = torch.from_numpy(mask)
+        assert tokens.shape[0] == cfg.sequence_length
+        tokens, labels = self._mask(tokens, idx)
+        return {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels), **sample}
+
+    def _mask(self, tokens: numpy.ndarray, idx: int) -> Tuple[numpy.ndarray, numpy.ndarray]:
+        cfg, tok = self.config, self.config.tokenizer
+        rng = numpy.random.default_rng([cfg.random_seed, self._stream, int(idx)])
+        candidates = ~self._special[tokens]  # never [CLS] [SEP] [PAD] [UNK] [MASK]
+        selected = (rng.random(tokens.shape[0]) < cfg.mask_rate) & candidates
+        labels = numpy.full_like(tokens, IGNORE_INDEX)
+        labels[selected] = tokens[selected]
+        tokens = tokens.copy()
+        if cfg.mask_scheme == "mask":
+            tokens[selected] = tok.mask_id
+        else:  # BERT: 80% [MASK], 10% a random non-special token, 10% unchanged
+            draw = rng.random(tokens.shape[0])
+            tokens[selected & (draw < 0.8)] = tok.mask_id
+            randomize = selected & (draw >= 0.8) & (draw < 0.9)
+            tokens[randomize] = self._random_ids[
+                rng.integers(0, self._random_ids.shape[0], int(randomize.sum()))]
+        return tokens, labels
+
+    # ---- layout and its cache --------------------------------------------------------------
+    def _build_layout(self):
+        names = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
+        cache = self.config.path_to_cache
+        if cache is None and self.dataset_path is not None:
+            cache = os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
+                                 f"{type(self).__name__}_indices")
+        base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
+        paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in names}
+        description = os.path.join(cache, f"{base}-description.txt")
+        hit = all(os.path.isfile(p) for p in [description, *paths.values()])
+        is_rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if hit or not is_rank0:
+            # Non-zero ranks reach this after the builder's barrier, when rank 0 has written.
+            logger.info("load the %s %s layout from %s", type(self).__name__,
+                        self.index_split.name, cache)
+            return tuple(numpy.load(paths[name], mmap_mode="r") for name in names)
+        start = time.time()
+        arrays = self._compute_layout()
+        os.makedirs(cache, exist_ok=True)
+        for name, array in zip(names, arrays):
+            tmp = paths[name] + f".tmp{os.getpid()}.npy"
+            numpy.save(tmp, array)
+            os.replace(tmp, paths[name])  # readers never see half a file
+        with open(description + f".tmp{os.getpid()}", "w") as f:
+            f.write(self.unique_description)
+        os.replace(description + f".tmp{os.getpid()}", description)
+        logger.info("built the %s %s layout: %d samples in %.1f s (cached in %s)",
+                    type(self).__name__, self.index_split.name, len(arrays[-1]),
+                    time.time() - start, cache)
+        return arrays
+
+    def _compute_layout(self):
+        """Lay out as many epochs as ``num_samples`` needs (one when None)."""
+        docs = numpy.asarray(self.indices, numpy.int64)
+        if docs.size == 0 or self._doc_lengths[docs].sum() == 0:
+            raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
+                             "tokens; give it a larger share in --split or more data")
+        layouts, shuffles, total, epoch = [], [], 0, 0
+        while True:
+            rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
+            order = docs[rng.permutation(docs.size)]
+            lay = (pack_documents if self.config.packed else chunk_documents)(
+                self._doc_lengths[order], self.config.sequence_length)
+            # Positions in the epoch order -> document ids of the indexed dataset.
+            lay = lay._replace(piece_doc=numpy.where(lay.piece_doc == PAD_PIECE, PAD_PIECE,
+                                                     order[numpy.maximum(lay.piece_doc, 0)]))
+            n = lay.sample_ptr.shape[0] - 1
+            # Shuffle samples within the epoch so one long document's chunks spread over batches.
+            shuffles.append(total + rng.permutation(n))
+            layouts.append(lay)
+            total += n
+            epoch += 1
+            if self.num_samples is None or total >= self.num_samples:
+                break
+        pieces = numpy.cumsum([0] + [lay.piece_doc.shape[0] for lay in layouts])
+        sample_ptr = numpy.concatenate(
+            [layouts[0].sample_ptr[:1]] + [lay.sample_ptr[1:] + off
+                                           for lay, off in zip(layouts, pieces)])
+        cat = lambda field: numpy.concatenate([getattr(lay, field) for lay in layouts])
+        return (sample_ptr, cat("piece_doc"), cat("piece_start"), cat("piece_len"),
+                numpy.concatenate(shuffles))
+
+
+class _BlendedDataset(BlendedDataset):
+    def _build_indices(self):
+        # megatron-core 0.16 calls torch.distributed.get_rank() on a cache miss even in a single
+        # process without a process group, which raises; answer 0 there (that process is rank 0).
+        if torch.distributed.is_initialized() or not self.config.path_to_cache:
+            return super()._build_indices()
+        with mock.patch.object(torch.distributed, "get_rank", return_value=0):
+            return super()._build_indices()
+
+
+class _Builder(BlendedMegatronDatasetBuilder):
+    @staticmethod
+    def build_generic_dataset(cls, is_built_on_rank, synchronize_ranks, *args):
+        if cls is BlendedDataset:
+            cls = _BlendedDataset
+        return BlendedMegatronDatasetBuilder.build_generic_dataset(
+            cls, is_built_on_rank, synchronize_ranks, *args)
+
+
+def build_mlm_datasets(config: MLMDatasetConfig,
+                       train_valid_test_num_samples: List[Optional[int]],
+                       is_built_on_rank: Optional[Callable[[], bool]] = None):
+    """Build (train, valid, test) through megatron-core's ``BlendedMegatronDatasetBuilder``.
+
+    ``train_valid_test_num_samples``: samples wanted per split (None: one epoch; weighted blends
+    need numbers). Call on every rank: when torch.distributed is initialised rank 0 builds and
+    caches the layouts first and the other ranks load them after a barrier. ``is_built_on_rank``
+    defaults to every rank (the dataset is cheap once cached; the trainer may restrict it to
+    tensor-parallel rank 0 and broadcast, as Megatron-LM does).
+    """
+    builder = _Builder(MLMDataset, list(train_valid_test_num_samples),
+                       is_built_on_rank or (lambda: True), config)
+    train, valid, test = builder.build()
+    return train, valid, test

@@ -1,0 +1,322 @@
+"""Length subsets, packing, the MLM dataset, blends, loaders (torch and DALI)."""
+
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+import torch
+from data_helpers import read_documents
+
+from megatron_neobert.data.blend import parse_data_path
+from megatron_neobert.data.length_subset import make_length_subset
+from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
+from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.packing import (PAD_PIECE, chunk_documents, pack_documents,
+                                           piece_cost)
+
+SEQ = 256
+
+
+def _config(tok, prefixes, weights=None, cache=None, **kw):
+    kw.setdefault("split", "1,0,0")
+    return MLMDatasetConfig(random_seed=kw.pop("seed", 1234), sequence_length=kw.pop("seq", SEQ),
+                            blend=(list(prefixes), weights), tokenizer=tok,
+                            path_to_cache=cache, **kw)
+
+
+def _original(sample):
+    """Undo [MASK]-scheme masking: labels hold the original id wherever a token was selected."""
+    return torch.where(sample["labels"] != -100, sample["labels"], sample["tokens"])
+
+
+# ---- length subsets ----------------------------------------------------------------------------
+def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected_ids, tmp_path):
+    from tools.make_length_subset import main
+    for threshold in (1024, 2048):
+        out = str(tmp_path / f"rw{threshold}plus")
+        assert main(["--input-prefix", indexed_prefix, "--output-prefix", out,
+                     "--min-tokens", str(threshold)]) == 0
+        want = [ids for ids in expected_ids if len(ids) >= threshold]
+        got = read_documents(out)
+        assert len(want) >= 5 and len(got) == len(want)
+        assert all(numpy.array_equal(a, b) for a, b in zip(got, want))
+    assert main(["--input-prefix", str(tmp_path / "missing"), "--output-prefix", out,
+                 "--min-tokens", "5"]) == 1
+
+
+# ---- packing -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_packing_fills_samples_exactly_and_cuts_without_loss(seed):
+    rng = numpy.random.default_rng(seed)
+    for _ in range(60):
+        seq = int(rng.integers(8, 80))
+        k = int(rng.integers(1, 50))
+        # Many 0-4 token documents (the hard cases for exact filling) and some long ones.
+        lengths = numpy.where(rng.random(k) < 0.5, rng.integers(0, 5, k), rng.integers(1, 3 * seq, k))
+        if lengths.sum() == 0:
+            continue
+        lay = pack_documents(lengths, seq)
+        per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
+        assert (per_sample == seq).all()
+        covered = {}
+        for d, s, n, w in zip(lay.piece_doc, lay.piece_start, lay.piece_len, lay.piece_wrapped):
+            assert n >= 1
+            if not w and d != PAD_PIECE:
+                covered.setdefault(int(d), []).append((int(s), int(n)))
+        for d, n in enumerate(lengths):  # every token of every document once, in order
+            pieces = sorted(covered.get(d, []))
+            assert sum(p[1] for p in pieces) == n
+            assert all(a[0] + a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+
+
+def test_chunking_for_padded_mode():
+    lay = chunk_documents(numpy.array([0, 5, 10, 11]), 7)
+    assert lay.piece_doc.tolist() == [1, 2, 2, 3, 3, 3]
+    assert lay.piece_start.tolist() == [0, 0, 5, 0, 5, 10]
+    assert lay.piece_len.tolist() == [5, 5, 5, 5, 5, 1]
+
+
+# ---- the dataset -------------------------------------------------------------------------------
+def test_packed_epoch_carries_every_token_once_without_cross_attention(
+        sample_tokenizer, indexed_prefix, expected_ids, tmp_path):
+    tok = sample_tokenizer
+    (train, _, _) = build_mlm_datasets(_config(tok, [indexed_prefix], cache=str(tmp_path)),
+                                       [None, None, None])
+    total = sum(len(ids) for ids in expected_ids)
+    # exactly the samples one pass needs (+1 when the last one wraps around)
+    assert len(train) * SEQ >= total + 2 * len(expected_ids)
+    assert len(train) <= -(-(total + 2 * len(expected_ids) + 2 * len(train)) // SEQ)
+    seen = [numpy.zeros(len(ids), int) for ids in expected_ids]
+    for i in range(len(train)):
+        sample = train[i]
+        assert sample["tokens"].dtype == torch.int64 and sample["tokens"].shape == (SEQ,)
+        cu = sample["cu_seqlens"]
+        assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == SEQ
+        original = _original(sample).numpy()
+        j = int(train.shuffle_index[i])
+        pieces = range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1]))
+        assert len(pieces) == len(cu) - 1
+        for p, a, b in zip(pieces, cu[:-1].tolist(), cu[1:].tolist()):
+            seg = original[a:b]
+            # Each attention segment is one document piece: [CLS] body [SEP], nothing else.
+            assert seg[0] == tok.cls_id and seg[-1] == tok.sep_id
+            doc, start = int(train.piece_doc[p]), int(train.piece_start[p])
+            numpy.testing.assert_array_equal(seg[1:-1], expected_ids[doc][start:start + b - a - 2])
+            seen[doc][start:start + b - a - 2] += 1
+    assert all((s >= 1).all() for s in seen)  # every token of the corpus
+    assert sum(int(s.sum()) for s in seen) - total < SEQ  # twice only in the wrapped last sample
+
+
+def test_masking_rate_and_replacement(sample_tokenizer, indexed_prefix, tmp_path):
+    tok = sample_tokenizer
+    for scheme in ("mask", "80/10/10"):
+        (train, _, _) = build_mlm_datasets(
+            _config(tok, [indexed_prefix], cache=str(tmp_path), mask_scheme=scheme), [None] * 3)
+        selected = candidates = as_mask = unchanged = randomized = 0
+        for i in range(0, len(train), 2):
+            s = train[i]
+            labels, tokens = s["labels"], s["tokens"]
+            sel = labels != -100
+            original = torch.where(sel, labels, tokens)
+            special = torch.isin(original, torch.tensor(sorted(tok.special_ids)))
+            assert not (sel & special).any()  # specials never selected
+            assert (tokens[~sel] == original[~sel]).all()  # labels only where selected
+            selected += int(sel.sum())
+            candidates += int((~special).sum())
+            as_mask += int((tokens[sel] == tok.mask_id).sum())
+            unchanged += int((tokens[sel] == labels[sel]).sum())
+            randomized += int(((tokens[sel] != tok.mask_id) & (tokens[sel] != labels[sel])).sum())
+            assert not torch.isin(tokens[sel & (tokens != tok.mask_id)],
+                                  torch.tensor(sorted(tok.special_ids))).any()
+        assert abs(selected / candidates - 0.20) < 0.01, selected / candidates
+        if scheme == "mask":
+            assert as_mask == selected
+        else:
+            assert abs(as_mask / selected - 0.8) < 0.02
+            assert abs(randomized / selected - 0.1) < 0.02
+            assert abs(unchanged / selected - 0.1) < 0.02
+
+
+def test_padded_mode_one_chunk_per_sample(sample_tokenizer, indexed_prefix, expected_ids, tmp_path):
+    tok = sample_tokenizer
+    (train, _, _) = build_mlm_datasets(
+        _config(tok, [indexed_prefix], cache=str(tmp_path), packed=False), [None] * 3)
+    assert len(train) == sum(-(-len(ids) // (SEQ - 2)) for ids in expected_ids)
+    real = 0
+    for i in range(0, len(train), 3):
+        s = train[i]
+        assert set(s) == {"tokens", "labels", "attention_mask"}
+        m = s["attention_mask"]
+        n = int(m.sum())
+        assert m.dtype == torch.bool and m[:n].all() and not m[n:].any()
+        assert (s["tokens"][n:] == tok.pad_id).all() and (s["labels"][n:] == -100).all()
+        original = _original(s)
+        assert original[0] == tok.cls_id and original[n - 1] == tok.sep_id
+        assert not torch.isin(original[1:n - 1], torch.tensor([tok.cls_id, tok.sep_id])).any()
+        real += n
+    assert real > 0
+
+
+def test_same_index_same_sample_in_another_process(sample_tokenizer, indexed_prefix, tmp_path):
+    cache = str(tmp_path / "cache")
+    (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache),
+                                       [1000, None, None])
+    assert len(train) >= 1000  # several epochs, each shuffled anew
+    out = str(tmp_path / "samples.pt")
+    script = f"""
+import sys, torch
+sys.path.insert(0, {os.getcwd()!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_data_mlm import _config
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.data.mlm_dataset import build_mlm_datasets
+tok = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
+train = build_mlm_datasets(_config(tok, [{indexed_prefix!r}], cache={cache!r}), [1000, None, None])[0]
+torch.save([train[i] for i in (0, 7, 999)], {out!r})
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
+    theirs = torch.load(out)
+    for mine, other in zip([train[i] for i in (0, 7, 999)], theirs):
+        assert mine.keys() == other.keys()
+        assert all(torch.equal(mine[k], other[k]) for k in mine)
+    assert not torch.equal(train[0]["tokens"], train[1]["tokens"])
+    # a different seed gives different samples
+    (other_seed, _, _) = build_mlm_datasets(
+        _config(sample_tokenizer, [indexed_prefix], cache=cache, seed=7), [1000, None, None])
+    assert not torch.equal(other_seed[0]["tokens"], train[0]["tokens"])
+
+
+def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, monkeypatch):
+    import megatron_neobert.data.mlm_dataset as mlm
+    cache = str(tmp_path / "cache")
+    first = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
+                                       split="90,5,5"), [None] * 3)
+    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 3 * 5
+    monkeypatch.setattr(mlm.MLMDataset, "_compute_layout",
+                        lambda self: pytest.fail("layout recomputed despite the cache"))
+    again = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
+                                       split="90,5,5"), [None] * 3)
+    for a, b in zip(first, again):
+        assert len(a) == len(b) and torch.equal(a[3]["tokens"], b[3]["tokens"])
+    # the splits hold disjoint documents
+    docs = [set(numpy.unique(d.piece_doc).tolist()) for d in first]
+    assert not (docs[0] & docs[1]) and not (docs[0] & docs[2]) and not (docs[1] & docs[2])
+
+
+def test_blend_proportions_follow_the_weights(sample_tokenizer, indexed_prefix, tmp_path):
+    subsets = []
+    for threshold in (1024, 2048):
+        out = str(tmp_path / f"plus{threshold}")
+        make_length_subset(indexed_prefix, out, threshold)
+        subsets.append(out)
+    blend = parse_data_path(["0.2", indexed_prefix, "0.4", subsets[0], "0.4", subsets[1]])
+    config = MLMDatasetConfig(random_seed=1, sequence_length=512, blend=blend, split="1,0,0",
+                              tokenizer=sample_tokenizer, path_to_cache=str(tmp_path / "cache"))
+    (train, valid, test) = build_mlm_datasets(config, [2000, 0, 0])
+    assert valid is None and test is None and len(train) == 2000
+    counts = numpy.bincount(numpy.asarray(train.dataset_index), minlength=3) / len(train)
+    numpy.testing.assert_allclose(counts, [0.2, 0.4, 0.4], atol=0.005)
+    batch = collate_mlm_batch([train[i] for i in range(8)])
+    assert batch["dataset_id"].shape == (8,)
+
+
+def test_parse_data_path():
+    assert parse_data_path("A") == (["A"], None)
+    assert parse_data_path(["A", "B"]) == (["A", "B"], None)
+    assert parse_data_path("0.2 A 0.4 B 0.4 C") == (["A", "B", "C"], [0.2, 0.4, 0.4])
+    for bad in (["0.2", "A", "B"], ["0.5", "A", "B", "0.5"], ["-1", "A"]):
+        with pytest.raises(ValueError):
+            parse_data_path(bad)
+
+
+def test_megatron_lm_style_dataset_with_split_sentences_trains(sample_tokenizer, tmp_path):
+    """Megatron-LM's tool with --split-sentences writes several sequences per document (int32
+    when the vocabulary is large); a document is their concatenation."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    prefix = str(tmp_path / "mlm_style")
+    rng = numpy.random.default_rng(0)
+    docs = []
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.int32)
+    for _ in range(40):
+        sentences = [rng.integers(10, 8192, int(rng.integers(1, 30))) for _ in range(int(rng.integers(1, 6)))]
+        for s in sentences:
+            builder.add_item(torch.from_numpy(s))
+        builder.end_document()
+        docs.append(numpy.concatenate(sentences))
+    builder.finalize(prefix + ".idx")
+    (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [prefix], seq=64), [None] * 3)
+    for i in range(len(train)):
+        s = train[i]
+        original = _original(s).numpy()
+        j = int(train.shuffle_index[i])
+        for p, a, b in zip(range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1])),
+                           s["cu_seqlens"][:-1].tolist(), s["cu_seqlens"][1:].tolist()):
+            d, start = int(train.piece_doc[p]), int(train.piece_start[p])
+            numpy.testing.assert_array_equal(original[a + 1:b - 1], docs[d][start:start + b - a - 2])
+
+
+def test_truncated_bin_is_refused_by_the_dataset(sample_tokenizer, indexed_prefix, tmp_path):
+    import shutil
+    from megatron_neobert.data.indexed import IndexedDataError
+    bad = str(tmp_path / "bad")
+    shutil.copy(indexed_prefix + ".idx", bad + ".idx")
+    with open(indexed_prefix + ".bin", "rb") as src, open(bad + ".bin", "wb") as dst:
+        dst.write(src.read()[:1000])
+    with pytest.raises(Exception) as info:
+        build_mlm_datasets(_config(sample_tokenizer, [bad]), [None] * 3)
+    chain = [info.value] + [e for e in (info.value.__cause__, info.value.__context__) if e]
+    assert any(isinstance(e, IndexedDataError) and "truncated" in str(e) for e in chain)
+
+
+# ---- loaders -----------------------------------------------------------------------------------
+def test_collate_offsets_cu_seqlens_over_the_flattened_batch():
+    a = {"tokens": torch.arange(8), "labels": torch.zeros(8, dtype=torch.long),
+         "cu_seqlens": torch.tensor([0, 3, 8], dtype=torch.int32)}
+    b = {"tokens": torch.arange(8), "labels": torch.zeros(8, dtype=torch.long),
+         "cu_seqlens": torch.tensor([0, 8], dtype=torch.int32)}
+    batch = collate_mlm_batch([a, b])
+    assert batch["tokens"].shape == (2, 8)
+    assert batch["cu_seqlens"].tolist() == [0, 3, 8, 16] and batch["cu_seqlens"].dtype == torch.int32
+    assert batch["max_seqlen"] == 8 and isinstance(batch["max_seqlen"], int)
+
+
+def _batches(loader):
+    return [{k: v for k, v in b.items()} for b in loader]
+
+
+def test_loader_resumes_and_shards_deterministically(sample_tokenizer, indexed_prefix, tmp_path):
+    (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix],
+                                               cache=str(tmp_path)), [64, None, None])
+    full = _batches(build_data_loader(train, 4, 0, num_workers=0))
+    resumed = _batches(build_data_loader(train, 4, 12, num_workers=0))
+    assert len(full) == len(train) // 4 and len(resumed) == len(full) - 3
+    for x, y in zip(full[3:], resumed):
+        assert all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k] for k in x)
+    # two data-parallel ranks split each global batch of 2 x 2 samples
+    ranks = [_batches(build_data_loader(train, 2, 0, r, 2, num_workers=0)) for r in (0, 1)]
+    for k, batch in enumerate(full):
+        assert torch.equal(torch.cat([ranks[0][k]["tokens"], ranks[1][k]["tokens"]]), batch["tokens"])
+    two_workers = _batches(build_data_loader(train, 4, 0, num_workers=2))
+    assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(full, two_workers))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_dali_loader_yields_the_same_batches_as_torch(sample_tokenizer, indexed_prefix, tmp_path,
+                                                      packed):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed "
+                        "(pip install nvidia-dali-cuda120; the NGC container has it)")
+    (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], packed=packed,
+                                               cache=str(tmp_path)), [None] * 3)
+    reference = _batches(build_data_loader(train, 3, 6, num_workers=0))
+    dali = _batches(build_data_loader(train, 3, 6, num_workers=0, loader="dali"))
+    assert len(dali) == len(reference) > 0
+    for x, y in zip(reference, dali):
+        assert x.keys() == y.keys()
+        for k in x:
+            if torch.is_tensor(x[k]):
+                assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k]

@@ -1,0 +1,155 @@
+"""tools/preprocess_data.py and its library: formats, parallel equality, bad input, safe output."""
+
+import gzip
+import json
+import os
+
+import numpy
+import pytest
+from data_helpers import file_bytes, listing, read_documents
+
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.data.indexed import IndexedDataError, check_indexed
+from megatron_neobert.data.preprocess import preprocess_data
+from megatron_neobert.data.readers import DataInputError
+
+
+def _run(inputs, prefix, **kw):
+    kw.setdefault("tokenizer_model", SAMPLE_TOKENIZER)
+    return preprocess_data(inputs, prefix, progress=False, **kw)
+
+
+def _write_jsonl(path, rows, opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def test_readback_equals_the_tokenizer_and_reads_with_megatron_core(indexed_prefix, expected_ids):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    assert indexed_prefix.endswith("slice_content_document")
+    ds = IndexedDataset(indexed_prefix)  # megatron-core's own reader, no check of ours
+    assert len(ds) == len(expected_ids) and ds.index.dtype == numpy.uint16  # 8192 < 65500
+    for i, ids in enumerate(expected_ids):
+        numpy.testing.assert_array_equal(ds[i], ids)
+
+
+def test_two_workers_write_the_same_bytes_as_one(corpus_slice, indexed_prefix, tmp_path):
+    stats = _run([corpus_slice[0]], str(tmp_path / "w2"), workers=2, chunk_documents=16)
+    assert file_bytes(stats.outputs["content"]) == file_bytes(indexed_prefix)
+    assert stats.documents == 240 and stats.tokens > 100_000 and stats.tokens_per_second > 0
+    assert "tokens/s" in stats.summary()
+
+
+def test_jsonl_gz_zst_folder_and_datasets_inputs_agree(corpus_slice, expected_ids, tmp_path):
+    import datasets
+    import zstandard
+    texts = corpus_slice[1]
+    rows = [{"content": t, "url": f"u{i}"} for i, t in enumerate(texts)]
+    src = tmp_path / "src"
+    src.mkdir()
+    # Three partitions in three formats; sorted file order = a.jsonl, b.jsonl.gz, c.jsonl.zst.
+    _write_jsonl(src / "a.jsonl", rows[:50])
+    _write_jsonl(src / "b.jsonl.gz", rows[50:120], opener=gzip.open)
+    with open(src / "c.jsonl.zst", "wb") as f:
+        f.write(zstandard.ZstdCompressor().compress(
+            "".join(json.dumps(r) + "\n" for r in rows[120:]).encode()))
+    stats = _run([str(src)], str(tmp_path / "folder"))
+    docs = read_documents(stats.outputs["content"])
+    assert len(docs) == len(texts)
+    assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids))
+    assert not [name for name in listing(tmp_path) if name.startswith(".preprocess-")]
+
+    hf_dir = str(tmp_path / "hf")
+    datasets.Dataset.from_dict({"content": texts[:30], "url": ["x"] * 30}).save_to_disk(hf_dir)
+    stats = _run([hf_dir], str(tmp_path / "hf_out"))
+    assert all(numpy.array_equal(a, b)
+               for a, b in zip(read_documents(stats.outputs["content"]), expected_ids[:30]))
+
+    stats = _run([str(src / "*.jsonl")], str(tmp_path / "glob"))  # a glob
+    assert stats.documents == 50
+
+
+def test_skippable_records_are_counted_and_named(corpus_slice, expected_ids, tmp_path, caplog):
+    path = tmp_path / "messy.jsonl"
+    good = corpus_slice[1][:3]
+    with open(path, "wb") as f:
+        f.write((json.dumps({"content": good[0]}) + "\n").encode())
+        f.write(b'{"content": "broken\n')  # not JSON
+        f.write(b'{"content": "caf\xe9 latin-1"}\n')  # not UTF-8
+        f.write((json.dumps({"content": "   "}) + "\n").encode())  # empty
+        f.write((json.dumps({"content": None}) + "\n").encode())
+        f.write((json.dumps({"content": good[1]}) + "\n").encode())
+        f.write((json.dumps({"content": good[2]}) + "\n").encode())
+    with caplog.at_level("WARNING"):
+        stats = _run([str(path)], str(tmp_path / "messy"))
+    assert stats.documents == 3
+    assert stats.skipped == {"not JSON": 1, "not UTF-8": 1, "empty document": 1, "null text": 1}
+    assert f"{path}, record 2: not JSON" in caplog.text
+    assert f"{path}, record 3: not UTF-8" in caplog.text
+    docs = read_documents(stats.outputs["content"])
+    assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids[:3]))
+
+
+def test_missing_text_field_fails_without_touching_existing_output(corpus_slice, tmp_path):
+    out_dir = tmp_path / "out"
+    prefix = str(out_dir / "out")
+    stats = _run([corpus_slice[0]], prefix)
+    before, files = file_bytes(stats.outputs["content"]), listing(out_dir)
+    with pytest.raises(DataInputError, match=r"slice.parquet: no column 'contnt'.*content"):
+        _run([corpus_slice[0]], prefix, json_keys=["contnt"])
+    jsonl = tmp_path / "rows.jsonl"
+    _write_jsonl(jsonl, [{"content": "fine text"}, {"text": "field renamed"}])
+    with pytest.raises(DataInputError, match=r"rows.jsonl, record 2: no field 'content'"):
+        _run([str(jsonl)], prefix)
+    assert file_bytes(stats.outputs["content"]) == before
+    assert listing(out_dir) == files  # no .partial file, no scratch folder left
+
+
+def test_interrupted_run_leaves_no_pair_that_looks_complete(corpus_slice, tmp_path, monkeypatch):
+    import megatron_neobert.data.preprocess as pre
+    calls = {"n": 0}
+    real = pre._encode
+
+    def interrupt(*args):
+        calls["n"] += 1
+        if calls["n"] == 10:  # in the second partition, after the first is written
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(pre, "_encode", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _run([corpus_slice[0], corpus_slice[0]], str(tmp_path / "cut"), chunk_documents=32)
+    assert listing(tmp_path) == []
+
+
+def test_cli_exit_codes(corpus_slice, tmp_path, capsys):
+    from tools.preprocess_data import main
+    prefix = str(tmp_path / "cli")
+    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
+                 SAMPLE_TOKENIZER, "--workers", "1", "--no-progress"]) == 0
+    assert "240 documents" in capsys.readouterr().out
+    check_indexed(prefix + "_content_document")
+    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
+                 str(tmp_path / "nope"), "--no-progress"]) == 1
+    assert "nope" in capsys.readouterr().err
+    assert main(["--input", str(tmp_path / "missing.parquet"), "--output-prefix", prefix,
+                 "--tokenizer-model", SAMPLE_TOKENIZER, "--no-progress"]) == 1
+    assert "missing.parquet" in capsys.readouterr().err
+
+
+def test_truncated_bin_and_mismatched_idx_are_detected(indexed_prefix, tmp_path):
+    import shutil
+    bad = str(tmp_path / "bad")
+    shutil.copy(indexed_prefix + ".idx", bad + ".idx")
+    with open(indexed_prefix + ".bin", "rb") as src, open(bad + ".bin", "wb") as dst:
+        dst.write(src.read()[:-100])
+    with pytest.raises(IndexedDataError, match=r"bad.bin is \d+ bytes .* truncated"):
+        check_indexed(bad)
+    with open(bad + ".idx", "r+b") as f:  # an index cut short
+        f.truncate(os.path.getsize(bad + ".idx") - 8)
+    with pytest.raises(IndexedDataError, match="bad.idx .* truncated or corrupt"):
+        check_indexed(bad)
+    os.remove(bad + ".bin")
+    with pytest.raises(IndexedDataError, match="bad.bin not found"):
+        check_indexed(bad)

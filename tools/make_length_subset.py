@@ -1,0 +1,38 @@
+"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
+
+    python tools/make_length_subset.py --input-prefix data/refinedweb_content_document \
+        --min-tokens 1024 --output-prefix data/refinedweb1024plus_content_document
+
+Reads lengths from the .idx and copies token bytes; no tokenizer needed.
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+
+from megatron_neobert.data.length_subset import make_length_subset  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input-prefix", required=True, help="existing dataset (no .bin/.idx)")
+    parser.add_argument("--output-prefix", required=True)
+    parser.add_argument("--min-tokens", type=int, required=True,
+                        help="keep documents with at least this many tokens (no [CLS]/[SEP])")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        stats = make_length_subset(args.input_prefix, args.output_prefix, args.min_tokens)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"done: {stats.summary()} -> {args.output_prefix}.bin / .idx")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
