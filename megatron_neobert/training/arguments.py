@@ -21,6 +21,7 @@ ARCH_OVERRIDES = {
     "num_attention_heads": "num_attention_heads",
     "ffn_hidden_size": "ffn_hidden_size",
     "max_position_embeddings": "max_sequence_length",
+    "vocab_size": "vocab_size",
 }
 
 

@@ -3,11 +3,12 @@
 An iteration folder holds, as one megatron-core distributed checkpoint:
 - "model" / "modelN": the weights (sharded tensors with global keys);
 - "optimizer": `optimizer.sharded_state_dict(...)`. The distributed optimizer saves in
-  megatron-core's "fully_sharded_model_space" format: each parameter's Adam moments and fp32
-  master copy become sharded tensors keyed like the parameter, so the state loads at any other
-  TP / PP / DP layout (megatron-core 0.16 also offers "dp_reshardable", faster but bound to the
-  saved TP/PP, and "fully_reshardable", which gathers on DP rank 0). The non-distributed
-  optimizers map their state onto the model's sharded tensors the same way;
+  megatron-core 0.16's "fully_reshardable" format: at save, DP rank 0 of each model-parallel
+  group gathers the Adam moments and fp32 master weights and writes them per parameter, keyed like
+  the parameter, so they load at any other TP / PP / DP layout (each rank reads what it owns).
+  The faster "dp_reshardable" format only reshards across DP, and "fully_sharded_model_space"
+  (the 0.16 default) needs flattened sharded tensors that 0.16's dist_checkpointing rejects.
+  The non-distributed optimizers map their state onto the model's sharded tensors, reshardable too;
 - "opt_param_scheduler", "train_state" (iteration, data position, skipped steps) and "args"
   (common state, written by rank 0);
 - "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
@@ -44,7 +45,7 @@ from megatron_neobert.training.checkpointing import (
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_sharded_model_space"}
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 CHECKPOINT_VERSION = 1
 
 
