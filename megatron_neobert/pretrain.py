@@ -40,9 +40,10 @@ from megatron_neobert.training.trainer_checkpoint import load_checkpoint, save_c
 
 logger = logging.getLogger("megatron_neobert.pretrain")
 
-# Settings that define the data stream; a checkpoint's data position applies only to the same stream.
-DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "mask_rate", "mask_scheme", "seed",
-                    "tokenizer_type", "tokenizer_model", "train_iters", "global_batch_size")
+# Settings that define the order of the samples; a checkpoint's data position applies only to the
+# same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
+DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "tokenizer_type",
+                    "tokenizer_model")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -241,13 +242,13 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                  f"accumulation x DP {dp}; model {args.model_preset} {arch.num_layers} x "
                  f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {vocab})")
 
-    iteration, consumed, skipped_total = 0, 0, 0
+    iteration, consumed, skipped_total, last_saved = 0, 0, 0, None
     if args.load:
         common = load_checkpoint(args.load, chunks, optimizer, scheduler,
                                  load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
                                  finetune=args.finetune)
         if common is not None and not args.finetune:
-            iteration = common["iteration"]
+            iteration = last_saved = common["iteration"]
             state = common["train_state"]
             skipped_total = state["skipped_iters"]
             if state["data_stream"] == _data_stream(args):
@@ -284,7 +285,6 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     handler = ExitSignalHandler() if args.exit_signal_handler else None
     if handler:
         handler.__enter__()
-    last_saved = iteration if args.load else None
     t_window = time.perf_counter()
     try:
         while iteration < args.train_iters:

@@ -163,3 +163,27 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert error is not None and "3 consecutive steps" in error and "iteration 4" in error
     assert read_latest_iteration(save) == 4  # no save after the bad steps at 6
     assert not os.path.exists(iteration_dir(save, 6)) and not os.path.exists(iteration_dir(save, 8))
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_stage2_continues_at_a_longer_length_on_the_length_blend(with_optimizer, distopt_run, data, tmp_path):
+    """Stage 2 from a stage-1 checkpoint: length 128 (stage 1: 64), a 0.2 / 0.4 / 0.4 blend of
+    all documents / those of 1024+ / 2048+ tokens; with the optimizer state (iterations go on)
+    or the weights only (--finetune: iterations restart)."""
+    from megatron_neobert.data.length_subset import make_length_subset
+
+    _, stage1 = distopt_run
+    full = data[0]
+    subsets = {n: str(tmp_path / f"plus{n}") for n in (1024, 2048)}
+    for n, prefix in subsets.items():
+        make_length_subset(full, prefix, n)
+    blend = ["--data-path", "0.2", full, "0.4", subsets[1024], "0.4", subsets[2048]]
+    extra = ["--train-iters", str(ITERS + 3)] if with_optimizer else ["--finetune", "--train-iters", "3"]
+    h = one(run_on_ranks(run_train, 1, argv(data, *blend, "--seq-length", "128", "--use-distributed-optimizer",
+                                            "--load", stage1, *extra)))
+    first = h["train"][0]["iteration"]
+    assert first == (ITERS + 1 if with_optimizer else 1) and len(h["train"]) == 3
+    curve = losses(h)
+    assert all(torch.isfinite(torch.tensor(curve)))
+    # The stage-1 weights were loaded: the loss starts well below a fresh model's ~9.0.
+    assert curve[0] < 8.6, curve

@@ -75,9 +75,55 @@ def _restore_rng(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def _init_empty_adam_state(optimizer) -> None:
+    """Give a fresh torch AdamW its per-parameter state before a load.
+
+    megatron-core 0.16's distributed optimizer reads "step" from every parameter's state when it
+    builds the state dict to load into, and fills in only the moments of a fresh optimizer; with
+    TE's or apex's FusedAdam (GPU containers) the step lives in the param groups instead, so only
+    the torch fallback (CPU) needs this. The values are overwritten by the load.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            opt.init_state_fn(inner, opt.config)
+            for state in inner.state.values():
+                state.setdefault("step", torch.tensor(0.0))
+
+
+def _patch_torch_adam_state_load() -> None:
+    """Let megatron-core 0.16's distributed optimizer load per-parameter state into torch's Adam.
+
+    Without TE or apex (CPU) the optimizer is torch's AdamW, whose "step" is per parameter;
+    megatron-core sets it from the param groups, then copies every key of the parameter's state
+    from the checkpoint tensors, which do not carry "step" (KeyError). Skip "step" in that copy.
+    """
+    from megatron.core.optimizer import distrib_optimizer as d
+
+    if d.HAVE_APEX_OR_TE or getattr(d.DistributedOptimizer, "_step_patch", False):
+        return
+    original = d.DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)
+        try:
+            original(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    d.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+    d.DistributedOptimizer._step_patch = True
+
+
 def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: bool, with_rng: bool):
     state = model_sharded_state_dict(chunks)
     if with_optimizer:
+        if is_loading:
+            _patch_torch_adam_state_load()
+            _init_empty_adam_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading,
                                                           metadata=OPTIMIZER_METADATA)
     if with_rng:
