@@ -34,5 +34,5 @@ setup(
         "test": ["pytest", "pytest-xdist", "scipy", "scikit-learn", "matplotlib", "datasets",
                  "sentence-transformers", "mteb>=2", "zstandard", "nvidia-dali-cuda120"],
     },
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},
 )

@@ -1,0 +1,160 @@
+"""Command-line arguments of the pre-training script, with Megatron-LM's spellings.
+
+Defaults reproduce NeoBERT's recipe (spec section 3): AdamW (0.9, 0.95, 1e-8), weight decay 0.1,
+gradient clipping 1.0, 2,000 warmup steps to 6e-4, cosine decay to 10% of the peak over 90% of
+the steps then constant, 20% masking all replaced by [MASK], 1024 tokens, 2M tokens per step.
+A `--config` YAML file holds the same settings (keys are flag names, with - or _); flags given
+on the command line override it.
+"""
+
+import argparse
+from typing import List, Optional
+
+import yaml
+
+from megatron_neobert.model import PRESETS
+
+# Architecture overrides of the preset (Megatron-LM names) -> NeoBERTArch fields.
+ARCH_OVERRIDES = {
+    "num_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "ffn_hidden_size": "ffn_hidden_size",
+    "max_position_embeddings": "max_sequence_length",
+    "vocab_size": "vocab_size",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model-preset", default="neobert-250m", choices=sorted(PRESETS))
+    for name in ARCH_OVERRIDES:
+        g.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                       help="override the preset's value")
+    g.add_argument("--transformer-impl", default="auto", choices=["auto", "transformer_engine", "local"])
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    g.add_argument("--recompute-method", default="uniform", choices=["uniform", "block"])
+    g.add_argument("--recompute-num-layers", type=int, default=1)
+
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--overlap-param-gather", action="store_true")
+
+    g = p.add_argument_group("precision")
+    g.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights")
+    g.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="needs Transformer Engine")
+    g.add_argument("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+
+    g = p.add_argument_group("batch and schedule")
+    g.add_argument("--micro-batch-size", type=int, default=32)
+    g.add_argument("--global-batch-size", type=int, default=2048,
+                   help="sequences per optimizer step (2048 x 1024 = 2M tokens)")
+    g.add_argument("--seq-length", type=int, default=1024)
+    g.add_argument("--train-iters", type=int, default=1_000_000)
+    g.add_argument("--lr", type=float, default=6e-4)
+    g.add_argument("--min-lr", type=float, default=None, help="default: 10%% of --lr")
+    g.add_argument("--lr-warmup-iters", type=int, default=2000)
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: 90%% of --train-iters")
+    g.add_argument("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
+    g.add_argument("--override-opt-param-scheduler", action="store_true",
+                   help="take the schedule from the flags, not from the loaded checkpoint")
+    g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam"],
+                   help="adam: L2 penalty in the gradient (BERT-like M0); adamw: decoupled decay")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--max-skipped-iters", type=int, default=10,
+                   help="stop after this many consecutive steps skipped for a non-finite loss or gradient")
+    g.add_argument("--seed", type=int, default=1234)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="prefixes of .bin/.idx datasets, or weight-prefix pairs (0.2 A 0.4 B 0.4 C)")
+    g.add_argument("--split", default="949,50,1")
+    g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
+    g.add_argument("--tokenizer-model", default="bert-base-uncased")
+    g.add_argument("--mask-rate", type=float, default=0.2)
+    g.add_argument("--mask-scheme", default="mask", choices=["mask", "80/10/10"])
+    g.add_argument("--packed", action=argparse.BooleanOptionalAction, default=True,
+                   help="pack documents with per-document attention (cu_seqlens), or pad")
+    g.add_argument("--data-loader", default="torch", choices=["torch", "dali"])
+    g.add_argument("--num-workers", type=int, default=2)
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save", default=None)
+    g.add_argument("--load", default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--keep-last-n-checkpoints", type=int, default=None)
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="load the model (and schedule position), start with a fresh optimizer state")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true",
+                   help="load the model only; iteration, data position, optimizer and schedule start at 0")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM/SIGUSR1 save a checkpoint and exit cleanly")
+    g.add_argument("--exit-interval", type=int, default=None, help="save and exit at this iteration")
+
+    g = p.add_argument_group("logging and evaluation")
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--eval-iters", type=int, default=100)
+    g.add_argument("--tensorboard-dir", default=None)
+
+    g = p.add_argument_group("testing")
+    g.add_argument("--inject-nonfinite-at", type=int, nargs="*", default=[],
+                   help="make the loss NaN at these iterations (tests the non-finite step handling)")
+    return p
+
+
+def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
+    with open(path) as f:
+        settings = yaml.safe_load(f) or {}
+    known = {a.dest for a in parser._actions}
+    values = {}
+    for key, value in settings.items():
+        dest = key.replace("-", "_")
+        if dest not in known or dest == "config":
+            raise ValueError(f"{path}: unknown setting {key!r}")
+        values[dest] = value
+    parser.set_defaults(**values)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config:
+        _apply_config_file(parser, first.config)
+    args = parser.parse_args(argv)
+    return validate(args)
+
+
+def validate(args: argparse.Namespace) -> argparse.Namespace:
+    if args.min_lr is None:
+        args.min_lr = 0.1 * args.lr
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = int(0.9 * args.train_iters)
+    if args.lr_decay_style == "constant":
+        args.min_lr = args.lr
+    if args.lr_warmup_iters >= args.lr_decay_iters:
+        raise ValueError(f"--lr-warmup-iters {args.lr_warmup_iters} must be below --lr-decay-iters "
+                         f"{args.lr_decay_iters}")
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise ValueError("--overlap-param-gather needs --use-distributed-optimizer")
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        args.sequence_parallel = False  # as Megatron-LM: nothing to split
+    if args.data_path is None:
+        raise ValueError("--data-path is required (see tools/preprocess_data.py)")
+    return args

@@ -1,0 +1,62 @@
+"""Throughput figures for the log: FLOPs per step, TFLOP/s per GPU, MFU, memory.
+
+FLOPs follow the spec (section 5): 6 x non-embedding parameters per token, plus attention
+(12 x layers x hidden x sequence length per token, forward and backward), plus the MLM head
+(6 x hidden x vocab) on the positions where logits are computed, i.e. the masked ones. Packed
+batches attend within documents, so the attention term (at the full length) is an upper bound.
+Activation recomputation is not counted, as is usual for MFU.
+"""
+
+from typing import Optional
+
+import psutil
+import torch
+
+from megatron_neobert.model import NeoBERTArch
+
+# Dense peak TFLOP/s per GPU: (bf16, fp8). H100/H200 from the spec; A100 has no FP8.
+PEAK_TFLOPS = {"H100": (989.0, 1979.0), "H200": (989.0, 1979.0), "A100": (312.0, None)}
+
+
+def non_embedding_params(arch: NeoBERTArch) -> int:
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    bias = arch.add_bias_linear
+    attn = 4 * h * h + (4 * h if bias else 0)
+    mlp_in = (2 if arch.activation == "swiglu" else 1) * f
+    mlp = h * mlp_in + f * h + ((mlp_in + h) if bias else 0)
+    norms = 2 * h * (2 if arch.normalization == "LayerNorm" else 1)
+    return arch.num_layers * (attn + mlp + norms)
+
+
+def step_flops(arch: NeoBERTArch, num_tokens: int, num_predicted: int, seq_length: int,
+               vocab_size: int) -> float:
+    """Training FLOPs (forward + backward) of a step over `num_tokens` tokens, of which
+    `num_predicted` go through the MLM head."""
+    dense = 6 * non_embedding_params(arch) + 12 * arch.num_layers * arch.hidden_size * seq_length
+    return float(num_tokens * dense + num_predicted * 6 * arch.hidden_size * vocab_size)
+
+
+def peak_tflops(fp8: bool) -> Optional[float]:
+    """This GPU's dense peak for the precision in use, or None (CPU, unknown GPU)."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key, (bf16, f8) in PEAK_TFLOPS.items():
+        if key in name:
+            return f8 if fp8 else bf16
+    return None
+
+
+def memory_gib() -> float:
+    """Peak GPU memory allocated by this rank, or the process's resident memory on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return psutil.Process().memory_info().rss / 2**30
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"

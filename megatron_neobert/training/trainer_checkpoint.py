@@ -1,0 +1,185 @@
+"""Save and load the whole training state in the layout of `checkpointing.py`.
+
+An iteration folder holds, as one megatron-core distributed checkpoint:
+- "model" / "modelN": the weights (sharded tensors with global keys);
+- "optimizer": `optimizer.sharded_state_dict(...)`. The distributed optimizer saves in
+  megatron-core 0.16's "fully_reshardable" format: at save, DP rank 0 of each model-parallel
+  group gathers the Adam moments and fp32 master weights and writes them per parameter, keyed like
+  the parameter, so they load at any other TP / PP / DP layout (each rank reads what it owns).
+  The faster "dp_reshardable" format only reshards across DP, and "fully_sharded_model_space"
+  (the 0.16 default) needs flattened sharded tensors that 0.16's dist_checkpointing rejects.
+  The non-distributed optimizers map their state onto the model's sharded tensors, reshardable too;
+- "opt_param_scheduler", "train_state" (iteration, data position, skipped steps) and "args"
+  (common state, written by rank 0);
+- "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
+  have other ranks).
+
+A save writes the folder, waits for every rank, and only then rank 0 moves the marker (atomic
+rename); older folders are pruned after that. A save cut short therefore leaves the marker on
+the previous complete checkpoint, and a loader follows only the marker.
+"""
+
+import glob
+import logging
+import os
+import random
+import re
+import shutil
+from typing import List, Optional
+
+import numpy
+import torch
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+from megatron_neobert.training.checkpointing import (
+    LATEST_MARKER,
+    iteration_dir,
+    load_model_state,
+    model_sharded_state_dict,
+    read_latest_iteration,
+    write_latest_marker,
+)
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+CHECKPOINT_VERSION = 1
+
+
+def _layout():
+    return (parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_data_parallel_world_size())
+
+
+def _rng_sharded_object() -> ShardedObject:
+    state = {"random": random.getstate(), "numpy": numpy.random.get_state(),
+             "torch": torch.get_rng_state(),
+             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+             "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+    rank = (parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_data_parallel_rank())
+    return ShardedObject("rng_state", state, _layout(), rank, replica_id=0)
+
+
+def _restore_rng(state: dict) -> None:
+    random.setstate(state["random"])
+    numpy.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: bool, with_rng: bool):
+    state = model_sharded_state_dict(chunks)
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading,
+                                                          metadata=OPTIMIZER_METADATA)
+    if with_rng:
+        state["rng_state"] = _rng_sharded_object()
+    return state
+
+
+def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, train_state: dict,
+                    args: dict, keep_last_n: Optional[int] = None) -> str:
+    """Save the training state at `iteration` under `root`; returns the iteration folder."""
+    path = iteration_dir(root, iteration)
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        if os.path.isdir(path):  # left by a save that was cut short, or an older run
+            shutil.rmtree(path)
+        os.makedirs(path)
+    torch.distributed.barrier()
+    state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=True, with_rng=True)
+    state.update(args=args, iteration=iteration, train_state=train_state,
+                 opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION)
+    # Data-parallel replicas split the writing instead of DP rank 0 writing everything.
+    strategy = FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(),
+        parallel_state.get_data_parallel_group(with_context_parallel=True))
+    dist_checkpointing.save(state, path, sharded_strategy=strategy)
+    torch.distributed.barrier()  # every rank's shards are on disk
+    if rank0:
+        write_latest_marker(root, iteration)
+        if keep_last_n:
+            prune_checkpoints(root, keep_last_n)
+    torch.distributed.barrier()
+    return path
+
+
+def saved_iterations(root: str) -> List[int]:
+    found = []
+    for p in glob.glob(os.path.join(root, "iter_*")):
+        m = re.fullmatch(r"iter_(\d+)", os.path.basename(p))
+        if m and os.path.isdir(p):
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def prune_checkpoints(root: str, keep: int) -> None:
+    """Delete all but the `keep` newest iteration folders up to the marked one."""
+    latest = read_latest_iteration(root)
+    older = [it for it in saved_iterations(root) if it <= latest]
+    for it in older[:-keep] if keep > 0 else []:
+        shutil.rmtree(iteration_dir(root, it), ignore_errors=True)
+
+
+def find_checkpoint(root: str) -> Optional[str]:
+    """The complete iteration folder the marker names; None when there is no marker.
+
+    Folders without a marker (a first save cut short) are ignored with a warning; a marker that
+    names a missing or incomplete folder is an error, not something to silently start over from.
+    """
+    iteration = read_latest_iteration(root) if os.path.isdir(root) else None
+    if iteration is None:
+        leftovers = saved_iterations(root) if os.path.isdir(root) else []
+        if leftovers:
+            logger.warning("%s: no %s, so iteration folders %s are incomplete and ignored",
+                           root, LATEST_MARKER, leftovers)
+        return None
+    path = iteration_dir(root, iteration)
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        raise RuntimeError(f"{root}/{LATEST_MARKER} names iteration {iteration}, but {path} is missing "
+                           f"or incomplete (no metadata.json); refusing to load or to start over")
+    return path
+
+
+def load_checkpoint(root: str, chunks, optimizer, scheduler, load_optimizer: bool = True,
+                    load_rng: bool = True, finetune: bool = False) -> Optional[dict]:
+    """Load the latest complete checkpoint under `root` into the model, optimizer and scheduler.
+
+    Returns its common state ("args", "iteration", "train_state"), or None when there is none.
+    `finetune`: weights only. `load_optimizer=False`: a fresh optimizer state, but the schedule
+    position is kept (it follows the iteration, not the optimizer).
+    """
+    path = find_checkpoint(root)
+    if path is None:
+        return None
+    common = dist_checkpointing.load_common_state_dict(path)
+    saved_layout = tuple(common["args"][k] for k in ("pipeline_model_parallel_size",
+                                                     "tensor_model_parallel_size", "data_parallel_size"))
+    with_optimizer = load_optimizer and not finetune and "optimizer" in common
+    with_rng = load_rng and not finetune and saved_layout == _layout()
+    if load_rng and not finetune and not with_rng:
+        logger.info("checkpoint layout (PP, TP, DP) %s differs from this run's %s: RNG states not "
+                    "restored", saved_layout, _layout())
+    state = _full_state(chunks, optimizer, scheduler, is_loading=True,
+                        with_optimizer=with_optimizer, with_rng=with_rng)
+    loaded = dist_checkpointing.load(state, path)
+    load_model_state(chunks, loaded)
+    if with_optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+    else:
+        optimizer.reload_model_params()  # master copies from the loaded weights
+    if not finetune:
+        scheduler.load_state_dict(common["opt_param_scheduler"])
+    if with_rng:
+        _restore_rng(loaded["rng_state"])
+    logger.info("loaded %s (iteration %d; optimizer %s)", path, common["iteration"],
+                "restored" if with_optimizer else "fresh")
+    return common

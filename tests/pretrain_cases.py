@@ -1,0 +1,62 @@
+"""Trainer runs for the tests, at module level so that spawned gloo ranks can import them."""
+
+import os
+import signal
+
+import torch
+from megatron.core import dist_checkpointing
+
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.pretrain import NonFiniteLossError, model_arch, train
+from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
+from megatron_neobert.training.model_setup import build_model_chunks, unwrap
+
+
+def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
+    """The tiny preset cut down to 2-4 layers of 64, length 64: a step takes well under a second."""
+    return ["--model-preset", "neobert-tiny", "--num-layers", "2", "--hidden-size", "64",
+            "--num-attention-heads", "4", "--ffn-hidden-size", "128", "--seq-length", "64",
+            "--data-path", data_path, "--data-cache-path", cache, "--tokenizer-model", SAMPLE_TOKENIZER,
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3", "--lr-warmup-iters", "2",
+            "--log-interval", "4", "--eval-interval", "1000", "--eval-iters", "1", "--num-workers", "0",
+            "--seed", "7", *extra]
+
+
+def run_train(argv: list) -> dict:
+    return train(parse_args(argv))
+
+
+def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signal.SIGTERM) -> dict:
+    """Train; one rank sends itself `signum` after `at_iteration` (as a cluster scheduler would)."""
+    def on_step(record):
+        if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
+            os.kill(os.getpid(), signum)
+    return train(parse_args(argv), on_step=on_step)
+
+
+def run_train_until_nonfinite(argv: list):
+    """(per-step records, error message) of a run stopped by too many non-finite steps."""
+    records = []
+    try:
+        train(parse_args(argv), on_step=records.append)
+    except NonFiniteLossError as err:
+        return records, str(err)
+    return records, None
+
+
+def read_weights(argv: list, checkpoint_dirs: list) -> list:
+    """The full (TP=1, PP=1) state dicts of the models in iteration folders."""
+    from megatron_neobert.parallel.launch import initialize_model_parallel
+    from megatron_neobert.model import transformer_config
+
+    args = parse_args(argv)
+    initialize_model_parallel(1, 1)
+    arch = model_arch(args)
+    chunks = build_model_chunks(arch, transformer_config(arch), "local")
+    weights = []
+    for path in checkpoint_dirs:
+        load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), path))
+        weights.append({k: v.clone() for k, v in unwrap(chunks[0]).state_dict().items()
+                        if "_extra_state" not in k})
+    return weights

@@ -1,0 +1,165 @@
+"""The trainer on gloo ranks: loss falls, exact resume (also at another layout), gradients
+independent of the micro-batch split and data-parallel size, pre-emption, non-finite steps, stage 2.
+
+Every run trains a 2-layer, 64-wide cut of the tiny preset on the built-in sample corpus at
+length 64, with the real data pipeline (preprocessing, MLM dataset, resumable loader).
+"""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration, write_latest_marker
+from pretrain_cases import (read_weights, run_train, run_train_until_nonfinite, run_train_with_signal,
+                            tiny_argv)
+
+TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
+ITERS, SAVE_AT = 12, 6
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from megatron_neobert.data.preprocess import preprocess_data
+
+    root = tmp_path_factory.mktemp("data")
+    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
+                            progress=False)
+    return stats.outputs["content"], str(root / "cache")
+
+
+def argv(data, *extra):
+    return tiny_argv(data[0], data[1], *extra)
+
+
+def one(histories):
+    """Every rank reports the same (globally reduced) history; return it."""
+    for h in histories[1:]:
+        assert [r["loss"] for r in h["train"]] == [r["loss"] for r in histories[0]["train"]]
+    return histories[0]
+
+
+def losses(history, start=0):
+    return [r["loss"] for r in history["train"] if r["iteration"] > start]
+
+
+@pytest.fixture(scope="module")
+def tp2_pp2_run(data, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("tp2pp2"))
+    h = one(run_on_ranks(run_train, 4, argv(data, *TP2_PP2, "--train-iters", str(ITERS), "--save", save,
+                                            "--save-interval", str(SAVE_AT))))
+    return h, save
+
+
+@pytest.fixture(scope="module")
+def distopt_run(data, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("distopt"))
+    h = one(run_on_ranks(run_train, 4, argv(data, *TP2_DP2_DISTOPT, "--train-iters", str(ITERS), "--save",
+                                            save, "--save-interval", str(SAVE_AT))))
+    return h, save
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+@pytest.mark.parametrize("run", ["tp2_pp2_run", "distopt_run"])
+def test_loss_falls_on_four_ranks(run, request):
+    history, save = request.getfixturevalue(run)
+    curve = losses(history)
+    print(run, [round(x, 3) for x in curve])
+    assert len(curve) == ITERS and all(torch.isfinite(torch.tensor(curve)))
+    assert mean(curve[-3:]) < mean(curve[:3]) - 0.5, curve
+    assert read_latest_iteration(save) == ITERS
+    # The schedule the run used: warmup 2 steps from 0, cosine to 10% at 90% of 12 steps (10.8 -> 10).
+    lrs = [r["lr"] for r in history["train"]]
+    assert lrs[:3] == pytest.approx([0.0, 1.5e-3, 3e-3])
+    assert lrs[-1] == pytest.approx(3e-4)
+
+
+def restart_from(save: str, iteration: int, dst: str) -> str:
+    """A checkpoint root holding only `iteration` of `save`: as if the run had stopped there."""
+    shutil.copytree(iteration_dir(save, iteration), iteration_dir(dst, iteration))
+    write_latest_marker(dst, iteration)
+    return dst
+
+
+@pytest.mark.parametrize("source,layout,ranks,exact", [
+    ("tp2_pp2_run", TP2_PP2, 4, True),
+    ("tp2_pp2_run", [], 2, False),  # TP2 x PP2 -> DP2
+    ("distopt_run", ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 2, False),
+])
+def test_resume_gives_the_uninterrupted_losses(source, layout, ranks, exact, request, data, tmp_path):
+    reference, save = request.getfixturevalue(source)
+    root = restart_from(save, SAVE_AT, str(tmp_path / "ckpt"))
+    resumed = one(run_on_ranks(run_train, ranks, argv(data, *layout, "--train-iters", str(ITERS),
+                                                      "--load", root)))
+    assert [r["iteration"] for r in resumed["train"]] == list(range(SAVE_AT + 1, ITERS + 1))
+    expected = losses(reference, SAVE_AT)
+    print(source, layout, "reference", expected, "resumed", losses(resumed))
+    if exact:
+        assert losses(resumed) == expected
+        assert [r["lr"] for r in resumed["train"]] == [r["lr"] for r in reference["train"][SAVE_AT:]]
+    else:  # other reduction orders
+        assert losses(resumed) == pytest.approx(expected, rel=2e-4)
+
+
+GRAD_STEP = ["--train-iters", "1", "--lr", "1e6", "--adam-eps", "1e6", "--lr-warmup-iters", "0",
+             "--lr-decay-style", "constant", "--lr-decay-iters", "10", "--weight-decay", "0",
+             "--clip-grad", "1e12"]
+
+
+def test_gradients_do_not_depend_on_micro_batches_or_data_parallel_size(data, tmp_path):
+    """One step whose update equals the gradient (Adam's first step with eps = lr = 1e6:
+    g * eps / (|g| + eps)): equal weights after it mean equal gradients."""
+    splits = {"mbs1x8": (1, ["--micro-batch-size", "1"]),
+              "mbs4x2": (1, ["--micro-batch-size", "4"]),
+              "dp2-mbs2x2-distopt": (2, ["--micro-batch-size", "2", "--use-distributed-optimizer"])}
+    records = {name: one(run_on_ranks(run_train, ranks, argv(data, *GRAD_STEP, *extra, "--save",
+                                                          str(tmp_path / name))))["train"][0]
+               for name, (ranks, extra) in splits.items()}
+    weights = run_on_ranks(read_weights, 1, argv(data), [iteration_dir(str(tmp_path / n), 1) for n in splits])[0]
+    results = {name: (records[name], w) for name, w in zip(splits, weights)}
+    ref_record, ref_weights = results["mbs1x8"]
+    print({n: (r["loss"], r["grad_norm"]) for n, (r, _) in results.items()})
+    assert ref_record["grad_norm"] > 0
+    for name, (record, weights) in results.items():
+        assert record["loss"] == pytest.approx(ref_record["loss"], rel=1e-6), name
+        assert record["grad_norm"] == pytest.approx(ref_record["grad_norm"], rel=1e-5), name
+        for key in ref_weights:
+            torch.testing.assert_close(weights[key], ref_weights[key], rtol=1e-5, atol=1e-7,
+                                       msg=f"{name}: {key}")
+
+
+def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):
+    save = str(tmp_path / "ckpt")
+    # PP2 x 2 virtual stages: interleaved 1F1B runs (exactness is the lead's open VPP issue).
+    common = ["--num-layers", "4", "--pipeline-model-parallel-size", "2",
+              "--num-layers-per-virtual-pipeline-stage", "1", "--train-iters", "8", "--save", save,
+              "--load", save]
+    # Only rank 1 is signalled; both ranks must stop at the same step.
+    stopped = one(run_on_ranks(run_train_with_signal, 2, argv(data, *common, "--exit-signal-handler"), 1, 3))
+    assert stopped["exit"] == "signal" and stopped["iteration"] == 3
+    assert all(torch.isfinite(torch.tensor(losses(stopped))))
+    assert read_latest_iteration(save) == 3
+    resumed = one(run_on_ranks(run_train, 2, argv(data, *common, "--train-iters", "4")))
+    assert [r["iteration"] for r in resumed["train"]] == [4]
+
+
+def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
+    save = str(tmp_path / "ckpt")
+    records, error = run_on_ranks(run_train_until_nonfinite, 1, argv(
+        data, "--train-iters", "12", "--save", save, "--save-interval", "2", "--max-skipped-iters", "2",
+        "--inject-nonfinite-at", "3", "6", "7", "8"))[0]
+    by_it = {r["iteration"]: r for r in records}
+    assert by_it[3]["skipped"] and not by_it[4]["skipped"] and by_it[5]["skipped"] is False
+    # A skipped step leaves the schedule where it was: step 4 uses the lr step 3 would have.
+    assert by_it[4]["lr"] == by_it[3]["lr"]
+    assert [r["iteration"] for r in records] == list(range(1, 9))
+    assert error is not None and "3 consecutive steps" in error and "iteration 4" in error
+    assert read_latest_iteration(save) == 4  # no save after the bad steps at 6
+    assert not os.path.exists(iteration_dir(save, 6)) and not os.path.exists(iteration_dir(save, 8))

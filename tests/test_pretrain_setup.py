@@ -1,0 +1,119 @@
+"""Trainer set-up without training: arguments and YAML, the recipe's schedule, which checkpoint
+folder a resume may load, throughput figures, the kernel report."""
+
+import glob
+import os
+import types
+
+import pytest
+
+from megatron_neobert.model import get_arch
+from megatron_neobert.pretrain import build_scheduler, model_arch
+from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.checkpointing import iteration_dir, write_latest_marker
+from megatron_neobert.training.metrics import non_embedding_params, step_flops
+from megatron_neobert.training.trainer_checkpoint import find_checkpoint, prune_checkpoints
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, "examples")
+
+
+def test_defaults_are_the_recipe():
+    a = parse_args(["--data-path", "d"])
+    assert (a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay, a.clip_grad) == (0.9, 0.95, 1e-8, 0.1, 1.0)
+    assert (a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters) == (6e-4, pytest.approx(6e-5), 2000, 900_000)
+    assert (a.optimizer, a.lr_decay_style, a.mask_rate, a.mask_scheme) == ("adamw", "cosine", 0.2, "mask")
+    assert a.global_batch_size * a.seq_length == 2048 * 1024 and a.model_preset == "neobert-250m"
+
+
+def test_yaml_config_and_flags_override_it(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("lr: 1.0e-3\nseq-length: 128\npacked: false\ndata_path: from-yaml\n")
+    a = parse_args(["--config", str(cfg), "--seq-length", "256"])
+    assert (a.lr, a.seq_length, a.packed, a.data_path, a.min_lr) == (1e-3, 256, False, "from-yaml", pytest.approx(1e-4))
+    cfg.write_text("learning-rate: 1.0\n")
+    with pytest.raises(ValueError, match="unknown setting 'learning-rate'"):
+        parse_args(["--config", str(cfg), "--data-path", "d"])
+
+
+def test_ablation_configs_parse():
+    archs = {}
+    for path in sorted(glob.glob(os.path.join(EXAMPLES, "ablations", "m*.yaml"))):
+        a = parse_args(["--config", path])
+        archs[os.path.basename(path)] = (model_arch(a), a)
+    assert len(archs) == 10
+    m0, m0_args = archs["m0.yaml"]
+    assert (m0.normalization, m0.activation, m0_args.mask_scheme, m0_args.mask_rate) == ("LayerNorm", "gelu", "80/10/10", 0.15)
+    assert m0_args.global_batch_size * m0_args.seq_length == 131072 and m0_args.optimizer == "adam"
+    assert archs["m3.yaml"][0].vocab_size == 32000
+    assert archs["m5.yaml"][1].mask_scheme == "mask" and archs["m4.yaml"][1].optimizer == "adamw"
+    assert archs["m9.yaml"][0] == get_arch("neobert-250m")
+
+
+def lr_at(scheduler, step):
+    scheduler.num_steps = step
+    return scheduler.get_lr(scheduler.optimizer.param_groups[0])
+
+
+def test_schedule_matches_the_recipe():
+    args = parse_args(["--data-path", "d"])
+    opt = types.SimpleNamespace(param_groups=[{"params": []}])
+    s = build_scheduler(args, opt)
+    assert lr_at(s, 0) == 0.0
+    assert lr_at(s, 1000) == pytest.approx(3e-4)
+    assert lr_at(s, 2000) == pytest.approx(6e-4)
+    assert lr_at(s, (2000 + 900_000) // 2) == pytest.approx(6e-5 + (6e-4 - 6e-5) / 2)  # cosine midpoint
+    for step in (900_000, 950_000, 1_000_000, 1_050_000):  # 10% of the peak, then constant
+        assert lr_at(s, step) == pytest.approx(6e-5)
+
+
+def make_iteration(root, it, complete=True):
+    path = iteration_dir(str(root), it)
+    os.makedirs(path)
+    if complete:
+        open(os.path.join(path, "metadata.json"), "w").write("{}")
+    return path
+
+
+def test_cut_short_checkpoints_are_not_loaded(tmp_path):
+    assert find_checkpoint(str(tmp_path / "none")) is None
+    make_iteration(tmp_path, 10)  # a first save cut short before the marker: ignored
+    assert find_checkpoint(str(tmp_path)) is None
+    write_latest_marker(str(tmp_path), 10)
+    make_iteration(tmp_path, 20, complete=False)  # a later save cut short: the marker still says 10
+    assert find_checkpoint(str(tmp_path)) == iteration_dir(str(tmp_path), 10)
+    write_latest_marker(str(tmp_path), 20)  # a marker naming an incomplete folder
+    with pytest.raises(RuntimeError, match="incomplete"):
+        find_checkpoint(str(tmp_path))
+    write_latest_marker(str(tmp_path), 30)  # ... or a missing one
+    with pytest.raises(RuntimeError, match="missing"):
+        find_checkpoint(str(tmp_path))
+
+
+def test_keep_last_n(tmp_path):
+    for it in (10, 20, 30, 40):
+        make_iteration(tmp_path, it)
+    write_latest_marker(str(tmp_path), 30)  # 40: being written by a save in progress
+    prune_checkpoints(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000020", "iter_0000030", "iter_0000040",
+                                            "latest_checkpointed_iteration.txt"]
+
+
+def test_flops_per_token_of_neobert_250m():
+    arch = get_arch("neobert-250m")
+    # 28 layers x (4 x 768^2 attention + 3 x 768 x 2048 SwiGLU + 2 norms)
+    assert non_embedding_params(arch) == 28 * (4 * 768**2 + 3 * 768 * 2048 + 2 * 768)
+    flops = step_flops(arch, num_tokens=1024, num_predicted=205, seq_length=1024, vocab_size=30720)
+    expected = 1024 * (6 * non_embedding_params(arch) + 12 * 28 * 768 * 1024) + 205 * 6 * 768 * 30720
+    assert flops == expected
+
+
+def test_kernel_report_names_the_fallbacks_on_cpu():
+    import torch
+    from megatron_neobert.kernels import kernel_report
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU fallbacks only")
+
+    report = kernel_report("auto", "torch")
+    assert "PyTorch SDPA" in report["layers"] and report["device"].startswith("CPU")
+    assert report["optimizer"] in ("torch.optim.AdamW", "Transformer Engine FusedAdam") or "apex" in report["optimizer"]
