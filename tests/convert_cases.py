@@ -1,21 +1,19 @@
 """Functions test_convert runs on several gloo ranks (module level, so spawned ranks import them)."""
 
-import os
 from typing import Dict, List, Optional
 
 import torch
 from megatron.core import dist_checkpointing, parallel_state
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpointing import (iteration_dir, load_model_state, model_sharded_state_dict,
-                                                     resolve_checkpoint_dir, write_latest_marker)
+from megatron_neobert.training.checkpointing import (load_model_state, model_sharded_state_dict,
+                                                     resolve_checkpoint_dir)
 from megatron_neobert.training.model_setup import build_model_chunks
-from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
-from parallel_cases import Layout, setup
+from megatron_neobert.training.step import micro_batch_tensor_shape
+from parallel_cases import Layout
 
 Batch = Dict[str, torch.Tensor]
 
@@ -58,37 +56,3 @@ def load_and_forward(ckpt: str, layout: Layout, micro_batches: List[Batch]) -> O
     chunks = build_model_chunks(arch, config, "local")
     load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir))
     return pipeline_logits(chunks, micro_batches)
-
-
-def train_and_save(root: str, layout: Layout, arch: NeoBERTArch, train_batches: List[Batch], steps: int,
-                   args: dict, eval_batches: List[Batch]) -> Optional[torch.Tensor]:
-    """A few Adam steps from random weights, then a trainer-layout checkpoint *with* optimizer state
-    (root/iter_{steps}/, marker, common args). Returns the trained model's logits on eval_batches."""
-    _, chunks = setup(layout, arch)
-    optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=3e-2, weight_decay=0.0, clip_grad=1.0), chunks)
-    seq_length, mbs = micro_batch_tensor_shape(train_batches[0])
-    for _ in range(steps):
-        for chunk in chunks:
-            chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        iterators = [iter(train_batches) for _ in chunks]
-        get_forward_backward_func()(
-            forward_step_func=mlm_forward_step, data_iterator=iterators if len(chunks) > 1 else iterators[0],
-            model=chunks, num_microbatches=len(train_batches), seq_length=seq_length, micro_batch_size=mbs,
-            forward_only=False)
-        ok, _, _ = optimizer.step()
-        assert ok
-
-    state = model_sharded_state_dict(chunks)
-    state["optimizer"] = optimizer.sharded_state_dict(state)
-    state.update(args=args, iteration=steps)
-    out = iteration_dir(root, steps)
-    if torch.distributed.get_rank() == 0:
-        os.makedirs(out, exist_ok=True)
-    torch.distributed.barrier()
-    dist_checkpointing.save(state, out)
-    torch.distributed.barrier()
-    if torch.distributed.get_rank() == 0:
-        write_latest_marker(root, steps)
-    return pipeline_logits(chunks, eval_batches)

@@ -1,7 +1,10 @@
-"""Checkpoint conversion: HF (published layout) <-> megatron-core distributed checkpoints at TP x PP.
+"""Checkpoint conversion: HF (published layout) <-> megatron-core distributed checkpoints at TP x PP,
+and to and from the trainer's checkpoints.
 
 Megatron runs on gloo CPU ranks; the HF side is our remote-code model loaded through the Auto
-classes, offline. Tiny dimensions throughout, except the 250M key/shape check (on the meta device).
+classes, offline. The test model is the trainer tests' cut of the tiny preset with 4 layers of 64
+and the built-in 8192-entry tokenizer, so that the trainer can load the converted checkpoint; the
+250M key/shape check runs on the meta device.
 """
 
 import dataclasses
@@ -14,20 +17,24 @@ import torch
 from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
-from convert_cases import load_and_forward, train_and_save
+from convert_cases import load_and_forward
 from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
                                                  hf_state_dict_from_mcore, hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, hf_config_dict, read_hf_folder
-from megatron_neobert.model import NeoBERTArch, get_arch
+from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
 from parallel_cases import Layout
-from test_hf_format import VOCAB, random_hf_state_dict, tiny_config, tokenizer_dir  # noqa: F401 (fixture)
+from pretrain_cases import run_train, tiny_argv
+from test_hf_format import random_hf_state_dict
 from tools.convert_checkpoint import main as cli
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep",
              "a model reads long text with rotary positions", "red birds sing"]
 TP2PP2 = Layout(tp=2, pp=2)
+VOCAB_SIZE = 8192  # the neobert-tiny preset and its built-in tokenizer
+TRAINER_ARCH_FLAGS = ["--num-layers", "4"]  # on top of tiny_argv's 64 wide, 4 heads, FFN 128
 
 
 def official_folder(path, config, state_dict, tokenizer=None):
@@ -46,7 +53,15 @@ def official_folder(path, config, state_dict, tokenizer=None):
     return path
 
 
-def padded_batch(tokenizer_path, micro_batch_size=2):
+def tiny_config():
+    from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+
+    # intermediate 192 -> SwiGLU width 128, the trainer's --ffn-hidden-size in tiny_argv
+    return NeoBERTConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=192,
+                         vocab_size=VOCAB_SIZE, max_length=1024)
+
+
+def padded_batch(tokenizer_path=SAMPLE_TOKENIZER, micro_batch_size=2):
     from transformers import AutoTokenizer
 
     enc = AutoTokenizer.from_pretrained(str(tokenizer_path))(SENTENCES, padding=True, return_tensors="pt")
@@ -83,7 +98,7 @@ def leftovers(parent, keep):
 
 @pytest.fixture(scope="module")
 def config():
-    return tiny_config(num_hidden_layers=4)
+    return tiny_config()
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +107,20 @@ def hf_weights(config):
 
 
 @pytest.fixture(scope="module")
-def round_trip(tmp_path_factory, config, hf_weights, tokenizer_dir):  # noqa: F811
+def data(tmp_path_factory):
+    """The built-in sample corpus, preprocessed for the trainer."""
+    from megatron_neobert.data.preprocess import preprocess_data
+
+    root = tmp_path_factory.mktemp("data")
+    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
+                            progress=False)
+    return stats.outputs["content"], str(root / "cache")
+
+
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory, config, hf_weights):
     tmp = tmp_path_factory.mktemp("round_trip")
-    src = official_folder(tmp / "official", config, hf_weights, tokenizer_dir)
+    src = official_folder(tmp / "official", config, hf_weights, SAMPLE_TOKENIZER)
     summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     export = mcore_to_hf(tmp / "mcore", tmp / "hf")
     return tmp, summary, export
@@ -111,16 +137,17 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     common = dist_checkpointing.load_common_state_dict(ckpt)
     args = common["args"]
     assert common["iteration"] == 0
-    assert args["arch"] == dict(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
-                                vocab_size=len(VOCAB), max_sequence_length=64, normalization="RMSNorm",
+    assert args["arch"] == dict(num_layers=4, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
+                                vocab_size=VOCAB_SIZE, max_sequence_length=1024, normalization="RMSNorm",
                                 activation="swiglu", position_embedding_type="rope", add_bias_linear=False,
                                 norm_epsilon=1e-5, rotary_base=10000, init_range=0.02)
-    assert args["padded_vocab_size"] == 256  # 182 padded to a multiple of 128 x TP=2
+    assert args["padded_vocab_size"] == 8192  # already a multiple of 128 x TP=2
+    assert (args["tensor_model_parallel_size"], args["pipeline_model_parallel_size"]) == (2, 2)
     assert args["tokenizer_type"] == "HuggingFaceTokenizer"
     assert args["tokenizer_model"] == str((tmp / "official").resolve())
     assert args["model_preset"] is None  # tiny test dims are no preset
     meta = dist_checkpointing.load_tensors_metadata(ckpt)
-    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (256, 32)
+    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (8192, 64)
     assert not any(k.startswith("optimizer") for k in meta)
     assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
 
@@ -143,16 +170,16 @@ def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     assert leftovers(tmp, {"official", "mcore", "hf"}) == []
 
 
-def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip, tokenizer_dir):  # noqa: F811
+def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
     tmp, _, _ = round_trip
-    enc, micro = padded_batch(tokenizer_dir)
+    enc, micro = padded_batch()
     megatron = last_stage(run_on_ranks(load_and_forward, 4, str(tmp / "mcore"), TP2PP2, micro))
     hf = hf_mlm_logits(tmp / "hf", enc)
-    assert megatron.shape == hf.shape[:2] + (256,)
+    assert megatron.shape == hf.shape[:2] + (VOCAB_SIZE,)
     assert hf.abs().max() > 1.0  # random weights of scale 0.2: logits far from uniform
     # Real tokens only: what a padded query position computes is each implementation's own business.
     real = enc["attention_mask"].bool()
-    torch.testing.assert_close(megatron[..., :len(VOCAB)][real], hf[real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-4)
 
 
 def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round_trip, hf_weights):
@@ -171,40 +198,52 @@ def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round
     st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
     together = st.encode(SENTENCES, batch_size=len(SENTENCES), convert_to_tensor=True)
     alone = torch.stack([st.encode([s], convert_to_tensor=True)[0] for s in SENTENCES])
-    assert together.shape == (len(SENTENCES), 32) and together.std() > 0
+    assert together.shape == (len(SENTENCES), 64) and together.std() > 0
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=2e-5)
 
 
 # ------------------------------------------------------------------------------------------------
-# A checkpoint trained a few steps (with optimizer state, VPP) -> HF
+# The trainer's checkpoints
 # ------------------------------------------------------------------------------------------------
 
 
-def test_trained_vpp_checkpoint_with_optimizer_state_exports_equal_logits(tmp_path, config, tokenizer_dir):  # noqa: F811
-    arch = NeoBERTArch(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
-                       vocab_size=len(VOCAB), max_sequence_length=64)
-    layout = Layout(tp=2, pp=2, vpp=2)
-    g = torch.Generator().manual_seed(0)
-    train = []
-    for _ in range(2):
-        tokens = torch.randint(5, len(VOCAB), (2, 12), generator=g)
-        labels = torch.where(torch.rand(2, 12, generator=g) < 0.3, tokens, -100)
-        train.append(dict(tokens=tokens, labels=labels, attention_mask=torch.ones(2, 12, dtype=torch.bool)))
-    args = dict(arch=dataclasses.asdict(arch), padded_vocab_size=256, tokenizer_type="HuggingFaceTokenizer",
-                tokenizer_model=str(tokenizer_dir), model_preset=None)
-    enc, micro = padded_batch(tokenizer_dir)
-    root = tmp_path / "run"
-    megatron = last_stage(run_on_ranks(train_and_save, 4, str(root), layout, arch, train, 3, args, micro))
-    ckpt = iteration_dir(str(root), 3)
-    assert any(k.startswith("optimizer") for k in dist_checkpointing.load_tensors_metadata(ckpt))
+def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
+    """Three trainer steps at TP=2 x PP=2 x VPP=2 (optimizer, scheduler and RNG state saved too) ->
+    HF: the same MLM logits as megatron-core running the trainer's checkpoint at that layout."""
+    save = tmp_path / "run"
+    run_on_ranks(run_train, 4, tiny_argv(
+        *data, *TRAINER_ARCH_FLAGS, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+        "--num-layers-per-virtual-pipeline-stage", "1", "--train-iters", "3", "--lr-warmup-iters", "1", "--save", str(save),
+        "--save-interval", "3"))
+    assert any(k.startswith("optimizer") for k in dist_checkpointing.load_tensors_metadata(iteration_dir(str(save), 3)))
 
-    export = mcore_to_hf(root, tmp_path / "hf", model_preset=None)
+    export = mcore_to_hf(save, tmp_path / "hf")
+    assert export.tensors == 4 * 6 + 4
+    # the tokenizer named in the trainer's args (the built-in one) came along
+    assert (tmp_path / "hf" / "vocab.txt").read_bytes() == open(os.path.join(SAMPLE_TOKENIZER, "vocab.txt"), "rb").read()
+    enc, micro = padded_batch(tmp_path / "hf")
+    megatron = last_stage(run_on_ranks(load_and_forward, 4, str(save), Layout(tp=2, pp=2, vpp=2), micro))
     hf = hf_mlm_logits(tmp_path / "hf", enc)
-    assert export.tensors == 28
-    # trained: the head is no longer the uniform(-0.02, 0.02) init with a zero bias
-    assert load_file(str(tmp_path / "hf" / "model.safetensors"))["decoder.bias"].abs().max() > 0.01
     real = enc["attention_mask"].bool()
-    torch.testing.assert_close(megatron[..., :len(VOCAB)][real], hf[real], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-5)
+
+
+def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path):
+    """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it (--finetune: weights only) at another layout
+    (PP=2) and takes a step at learning rate 0 -> its checkpoint exports the original weights bit for bit."""
+    save = tmp_path / "continued"
+    history = run_on_ranks(run_train, 2, tiny_argv(
+        *data, *TRAINER_ARCH_FLAGS, "--pipeline-model-parallel-size", "2", "--load", str(round_trip[0] / "mcore"),
+        "--finetune", "--lr", "0", "--min-lr", "0", "--train-iters", "1", "--lr-warmup-iters", "0",
+        "--lr-decay-iters", "1", "--save", str(save),
+        "--save-interval", "1"))[0]
+    assert len(history["train"]) == 1 and torch.isfinite(torch.tensor(history["train"][0]["loss"]))
+    # (a fresh initialisation instead of the converted weights would fail the comparison below)
+    mcore_to_hf(save, tmp_path / "hf")
+    back = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert set(back) == set(hf_weights)
+    for k, v in hf_weights.items():
+        assert torch.equal(back[k], v), k
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,12 +303,12 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     ("missing shard", r"shard file __1_0.distcp holding model tensors is missing"),
     ("other architecture", r"does not hold the model its args describe.*wrong shapes "
                            r"\['decoder.final_layernorm.weight|wrong shapes \['decoder.layers.mlp"),
-    ("other vocabulary", r"wrong shapes \['embedding.word_embeddings.weight: \(256, 32\) in the checkpoint, "
-                         r"\(384, 32\)"),
-    ("vocab beyond padding", "padded_vocab_size=256, smaller than the vocabulary"),
+    ("other vocabulary", r"wrong shapes \['embedding.word_embeddings.weight: \(8192, 64\) in the checkpoint, "
+                         r"\(8448, 64\)"),
+    ("vocab beyond padding", "padded_vocab_size=8192, smaller than the vocabulary"),
     ("bert-like m0", "only NeoBERT's RoPE / SwiGLU / RMSNorm"),
-    ("preset mismatch", r"does not match --model-preset neobert-tiny: hidden_size=32 \(preset: 128\), "
-                        r"ffn_hidden_size=48 \(preset: 344\), vocab_size=182 \(preset: 8192\)$"),
+    ("preset mismatch", r"does not match --model-preset neobert-tiny: hidden_size=64 \(preset: 128\), "
+                        r"ffn_hidden_size=128 \(preset: 344\)$"),
     ("no args", "no args\\['arch'\\]"),
 ])
 def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
@@ -286,9 +325,9 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
     elif case == "other architecture":
         src = tampered_checkpoint(round_trip, tmp_path, num_layers=2)
     elif case == "other vocabulary":
-        src = tampered_checkpoint(round_trip, tmp_path, padded_vocab_size=384, vocab_size=300)
+        src = tampered_checkpoint(round_trip, tmp_path, padded_vocab_size=8448, vocab_size=8300)
     elif case == "vocab beyond padding":
-        src = tampered_checkpoint(round_trip, tmp_path, vocab_size=300)
+        src = tampered_checkpoint(round_trip, tmp_path, vocab_size=9000)
     elif case == "bert-like m0":
         src = tampered_checkpoint(round_trip, tmp_path, **dataclasses.asdict(get_arch("ablation-m0")))
     elif case == "preset mismatch":
@@ -307,11 +346,11 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
 def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
         hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
-    with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=32"):
+    with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=64"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "b", model_preset="neobert-250m")
     with pytest.raises(ConversionError, match="does not divide 4 layers"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "c", pipeline_model_parallel_size=3)
-    bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(len(VOCAB) + 5, 32)})
+    bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(VOCAB_SIZE + 5, 64)})
     with pytest.raises(ConversionError, match="vocab size mismatch"):
         hf_to_mcore(official_folder(tmp_path / "vocab", config, bad), tmp_path / "d")
     with pytest.raises(ConversionError, match="neither a local folder nor a downloadable hub repository"):

@@ -401,7 +401,8 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                 make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                 tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
                 model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
-                pipeline_model_parallel_size=pp, params_dtype=dtype, converted_from=str(load))
+                pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp, params_dtype=dtype,
+                converted_from=str(load))
 
     save.parent.mkdir(parents=True, exist_ok=True)
     tmp = save.parent / f".{save.name}.tmp-{uuid.uuid4().hex[:8]}"
