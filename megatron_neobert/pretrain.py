@@ -146,9 +146,11 @@ def build_data(args, consumed_train: int, consumed_valid: int):
 
 # ---- one step ----------------------------------------------------------------------------------
 def _poisoned(loss_func):
+    """The loss function with a NaN loss, as an overflow would give (the token count stays)."""
     def func(output):
         loss, num_tokens, report = loss_func(output)
-        return loss * float("nan"), num_tokens, {k: v * float("nan") for k, v in report.items()}
+        report = {k: torch.cat([v[:1] * float("nan"), v[1:]]) for k, v in report.items()}
+        return loss * float("nan"), num_tokens, report
     return func
 
 

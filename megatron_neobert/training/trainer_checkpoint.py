@@ -96,7 +96,9 @@ def _patch_torch_adam_state_load() -> None:
 
     Without TE or apex (CPU) the optimizer is torch's AdamW, whose "step" is per parameter;
     megatron-core sets it from the param groups, then copies every key of the parameter's state
-    from the checkpoint tensors, which do not carry "step" (KeyError). Skip "step" in that copy.
+    from the checkpoint tensors, which do not carry "step" (KeyError). Skip "step" in that copy,
+    and give each parameter its own step tensor: megatron-core sets one tensor for all of them,
+    which torch's Adam would then increment once per parameter at every step.
     """
     from megatron.core.optimizer import distrib_optimizer as d
 
@@ -112,7 +114,7 @@ def _patch_torch_adam_state_load() -> None:
             original(self, model_param, tensors)
         finally:
             if step is not None:
-                state["step"] = step
+                state["step"] = step.clone()
 
     d.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
     d.DistributedOptimizer._step_patch = True
