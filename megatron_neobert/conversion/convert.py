@@ -31,7 +31,7 @@ import torch
 
 from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_state_dict,
                                                    mcore_to_hf_state_dict, neobert_config_from_dims,
-                                                   read_hf_folder, write_hf_folder)
+                                                   read_hf_folder, replace_folder, write_hf_folder)
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.training.checkpointing import (iteration_dir, resolve_checkpoint_dir,
@@ -431,13 +431,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)
         write_latest_marker(str(tmp), 0)
-        if save.exists():
-            old = save.parent / f".{save.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(save, old)
-            os.replace(tmp, save)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            os.replace(tmp, save)
+        replace_folder(tmp, save)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -324,6 +324,20 @@ def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> 
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
+def replace_folder(tmp: Path, dst: Path) -> None:
+    """Put a finished temporary folder at `dst`, replacing whatever is there.
+
+    os.replace cannot replace a non-empty folder: move the old one aside, swap, then delete it.
+    """
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+        os.replace(tmp, dst)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        os.replace(tmp, dst)
+
+
 def write_hf_folder(
     dst: PathLike,
     hf_state_dict: StateDict,
@@ -355,14 +369,7 @@ def write_hf_folder(
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
 
-        if dst.exists():
-            # os.replace cannot replace a non-empty folder: move the old one aside, swap, then delete it.
-            old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            os.replace(tmp, dst)
+        replace_folder(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import shutil
 import uuid
 from dataclasses import asdict, dataclass
@@ -25,6 +24,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from torch import nn
+
+from megatron_neobert.conversion.hf_format import replace_folder
 
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
 from .finetune import load_encoder, lr_lambda, save_encoder
@@ -172,13 +173,7 @@ def save_cde(model: ContextualNeoBERT, heads: Tuple[dict, dict], dst, tokenizer_
                   "context_positions": "all context vectors at RoPE position 0, document tokens from 1",
                   "pooling": "mean over document tokens", **(extra_config or {})}
         (tmp / CDE_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        if dst.exists():
-            old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, dst)
+        replace_folder(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
