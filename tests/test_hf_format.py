@@ -22,18 +22,8 @@ from megatron_neobert.conversion.hf_format import (
 )
 from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTConfig, NeoBERTLMHead
 
-WORDS = (
-    "the a an of to in and or is are was were be been being it this that these those for on with as by at from "
-    "model models token tokens text encoder decoder attention layer layers head heads mask masked language "
-    "sentence sentences embedding embeddings vector vectors train training trained data set test tests long "
-    "short context window position positions rotary norm weight weights bias value values query key keys "
-    "cat cats dog dogs bird birds fish tree trees river rivers mountain city cities house houses road car "
-    "red green blue yellow black white small large big little old new good bad fast slow quick lazy happy "
-    "run runs ran jump jumps eat eats see sees saw read reads write writes sing sings sleep sleeps"
-).split()
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-VOCAB = SPECIALS + LETTERS + ["##" + c for c in LETTERS] + sorted(set(WORDS) - set(LETTERS))
+from hf_fixtures import VOCAB  # tests/ is on sys.path (conftest.py)
+
 PADDED = 256  # megatron pads the vocabulary to a multiple of 128 * TP
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep", "a model reads long text with rotary positions"]
 
