@@ -3,7 +3,6 @@
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from datetime import timedelta
@@ -15,8 +14,13 @@ import torch.multiprocessing as mp
 from megatron_neobert.parallel.cpu import enable_cpu_execution
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
-    """Initialise torch.distributed from torchrun's environment: NCCL on GPUs, gloo on CPU."""
+def init_distributed(timeout_minutes: int = 30, store: Optional[torch.distributed.Store] = None) -> None:
+    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU.
+
+    Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
+    (MASTER_ADDR/MASTER_PORT). A lone process without that environment (a tool, a notebook)
+    needs no rendezvous and takes an in-memory store, so it never looks for a free port.
+    """
     if torch.distributed.is_initialized():
         return
     if torch.cuda.is_available():
@@ -25,11 +29,15 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     else:
         enable_cpu_execution()
         backend = "gloo"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    torch.distributed.init_process_group(backend=backend, timeout=timedelta(minutes=timeout_minutes))
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if store is None and world_size == 1 and "MASTER_PORT" not in os.environ:
+        store = torch.distributed.HashStore()
+    timeout = timedelta(minutes=timeout_minutes)
+    if store is None:
+        torch.distributed.init_process_group(backend=backend, timeout=timeout)
+    else:
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                                             timeout=timeout)
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
@@ -50,19 +58,15 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
             results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)  # N ranks share the machine's cores
     try:
-        init_distributed(timeout_minutes=5)
+        store = torch.distributed.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                           timeout=timedelta(minutes=5))
+        init_distributed(timeout_minutes=5, store=store)
         # Plain pickle bytes: torch's queue pickler would share tensors through memory that
         # disappears when this process exits.
         results.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
@@ -85,7 +89,10 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, *
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
+    # The parent holds the rendezvous store on a port the OS picked and keeps it bound, so no
+    # other process can take the port between choosing it and the ranks joining.
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results))
              for r in range(world_size)]
     for p in procs:
