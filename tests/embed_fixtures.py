@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_neobert.conversion.hf_format import write_hf_folder
-from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig, NeoBERTLMHead
+import hf_fixtures  # tests/ is on sys.path (conftest.py)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
@@ -30,37 +30,18 @@ WORDS = ("instruct query retrieve semantically similar text given a the of and i
 VOCAB = SPECIALS + list(".,:;!?") + QUERY_WORDS + PASSAGE_WORDS + WORDS
 
 
-def make_tokenizer(path, vocab=VOCAB, max_length=64):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab.index("[CLS]")), ("[SEP]", vocab.index("[SEP]"))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length)
-    fast.save_pretrained(str(path))
-    return path
-
-
-def tiny_config(**kw):
-    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72,
-                vocab_size=len(VOCAB), max_length=64)
-    args.update(kw)
-    return NeoBERTConfig(**args)
+def make_tokenizer(path):
+    """A WordPiece tokenizer over this module's vocabulary."""
+    return hf_fixtures.make_tokenizer(path, vocab=VOCAB)
 
 
 def make_model_folder(path, seed=0, tokenizer_dir=None, **config_kw):
-    """A randomly initialised (NeoBERT's own init) tiny model written as an exported HF folder."""
-    config = tiny_config(**config_kw)
-    torch.manual_seed(seed)
-    model = NeoBERTLMHead(config)
+    """A randomly initialised (NeoBERT's own init) tiny model over this module's vocabulary, as an exported HF
+    folder."""
     if tokenizer_dir is None:
         tokenizer_dir = make_tokenizer(path.parent / (path.name + "-tokenizer"))
-    return write_hf_folder(path, model.state_dict(), config, tokenizer_path=tokenizer_dir)
+    return hf_fixtures.make_neobert_folder(path, seed=seed, tokenizer_dir=tokenizer_dir,
+                                           **{"vocab_size": len(VOCAB), **config_kw})
 
 
 def topic_pairs(pairs):

@@ -35,17 +35,17 @@ def tiny_config(**overrides) -> NeoBERTConfig:
     return NeoBERTConfig(**args)
 
 
-def make_tokenizer(dst, model_max_length: int = 64) -> Path:
-    """A BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) saved as a HF folder at `dst`."""
+def make_tokenizer(dst, model_max_length: int = 64, vocab=VOCAB) -> Path:
+    """A BERT-style WordPiece tokenizer ([CLS] a [SEP] b [SEP]) over `vocab`, saved as a HF folder at `dst`."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", VOCAB.index("[CLS]")), ("[SEP]", VOCAB.index("[SEP]"))])
+        special_tokens=[("[CLS]", vocab.index("[CLS]")), ("[SEP]", vocab.index("[SEP]"))])
     tok.decoder = decoders.WordPiece()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                    sep_token="[SEP]", mask_token="[MASK]", model_max_length=model_max_length)
@@ -67,11 +67,14 @@ def random_mlm_state_dict(config: NeoBERTConfig, seed: int = 0, scale: float = N
     return sd
 
 
-def make_neobert_folder(dst, seed: int = 0, state_dict=None, scale: float = None, **config_overrides) -> Path:
-    """An exported NeoBERT folder (config with auto_map, weights, modeling code, tokenizer) at `dst`."""
+def make_neobert_folder(dst, seed: int = 0, state_dict=None, scale: float = None, tokenizer_dir=None,
+                        **config_overrides) -> Path:
+    """An exported NeoBERT folder (config with auto_map, weights, modeling code, tokenizer) at `dst`; the
+    tokenizer is `tokenizer_dir`, or one over VOCAB made beside `dst`."""
     dst = Path(dst)
     config = tiny_config(**config_overrides)
     if state_dict is None:
         state_dict = random_mlm_state_dict(config, seed, scale)
-    tokenizer_dir = make_tokenizer(dst.parent / f".{dst.name}-tokenizer", model_max_length=config.max_length)
+    if tokenizer_dir is None:
+        tokenizer_dir = make_tokenizer(dst.parent / f".{dst.name}-tokenizer", model_max_length=config.max_length)
     return write_hf_folder(dst, state_dict, config, tokenizer_path=tokenizer_dir)

@@ -20,19 +20,12 @@ from megatron_neobert.conversion.hf_format import (
     read_hf_folder,
     write_hf_folder,
 )
-from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTConfig, NeoBERTLMHead
+from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTLMHead
 
-from hf_fixtures import VOCAB  # tests/ is on sys.path (conftest.py)
+from hf_fixtures import VOCAB, make_tokenizer, tiny_config  # tests/ is on sys.path (conftest.py)
 
 PADDED = 256  # megatron pads the vocabulary to a multiple of 128 * TP
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep", "a model reads long text with rotary positions"]
-
-
-def tiny_config(**kw):
-    args = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72,
-                vocab_size=len(VOCAB), max_length=64)
-    args.update(kw)
-    return NeoBERTConfig(**args)
 
 
 def random_hf_state_dict(config, seed=0):
@@ -43,22 +36,7 @@ def random_hf_state_dict(config, seed=0):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """A tiny BERT-style WordPiece tokenizer saved as a HF folder."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", VOCAB.index("[CLS]")), ("[SEP]", VOCAB.index("[SEP]"))])
-    tok.decoder = decoders.WordPiece()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=64)
-    path = tmp_path_factory.mktemp("tokenizer")
-    fast.save_pretrained(str(path))
-    return path
+    return make_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")

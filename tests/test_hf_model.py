@@ -463,9 +463,10 @@ def test_linear_scaling_at_f_times_p_equals_unscaled_at_p(sd):
 
 
 def test_ntk_and_yarn_frequencies():
-    d = 16
+    head_dim = 16
     base_cfg = tiny_config(hidden_size=64, num_attention_heads=4)
     inv, _, _ = rope_inverse_frequencies(base_cfg)
+    assert inv.shape == (head_dim // 2,)
     ntk, _, _ = rope_inverse_frequencies(tiny_config(hidden_size=64, num_attention_heads=4,
                                                      rope_scaling={"type": "ntk", "factor": 8.0}))
     torch.testing.assert_close(ntk[0], inv[0])  # highest frequency kept
