@@ -404,6 +404,22 @@ def _load_sharded(src: Path, index_name: str) -> StateDict:
     return state_dict
 
 
+def load_neobert_auto_config(folder: PathLike, auto_class: str):
+    """The `AutoConfig` (trust_remote_code) of a NeoBERT folder whose `auto_map` has `auto_class` (e.g.
+    "AutoModelForMaskedLM"); a clear error for anything else."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
+    except Exception as e:
+        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: {e}") from e
+    auto_map = getattr(config, "auto_map", None) or {}
+    if config.model_type != "neobert" or auto_class not in auto_map:
+        raise ValueError(f"{folder} is not NeoBERT-compatible: model_type={config.model_type!r}, auto_map has "
+                         f"{sorted(auto_map)}; expected model_type 'neobert' with an {auto_class} entry")
+    return config
+
+
 def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
     """Loads a NeoBERT HF folder (ours or the published one) -> (state dict with published keys, config).
 

@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ..conversion.hf_format import load_neobert_auto_config
 from .glue_data import HF_DATASET, GlueTask, get_task, load_split
 from .glue_metrics import task_metrics
 
@@ -75,19 +76,10 @@ def load_classifier(folder, task: GlueTask, seed: int = 0):
     """AutoModelForSequenceClassification for `task` from a NeoBERT folder (ours, the published one, or a
     fine-tuned checkpoint). A classifier layer trained for another label space (MNLI -> RTE) is re-initialised;
     the encoder and the dense layer of the head are kept."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     folder = str(folder)
-    try:
-        source = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-    except Exception as e:
-        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: {e}") from e
-    auto_map = getattr(source, "auto_map", None) or {}
-    if source.model_type != "neobert" or "AutoModelForSequenceClassification" not in auto_map:
-        raise ValueError(
-            f"{folder} is not NeoBERT-compatible: model_type={source.model_type!r}, auto_map has "
-            f"{sorted(auto_map)}; expected model_type 'neobert' with an AutoModelForSequenceClassification entry"
-        )
+    source = load_neobert_auto_config(folder, "AutoModelForSequenceClassification")
     labels = task.labels or ("score",)
     id2label = dict(enumerate(labels))
     torch.manual_seed(seed)  # new head weights depend on the run's seed only

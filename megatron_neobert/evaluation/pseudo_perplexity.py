@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..conversion.hf_format import load_neobert_auto_config
+
 TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
 
@@ -29,19 +31,10 @@ DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
 def load_mlm(folder, rope_scaling: Optional[dict] = None, device="cpu"):
     """AutoModelForMaskedLM (trust_remote_code) from a NeoBERT folder, optionally with RoPE scaling
     ({"type": "linear" | "ntk" | "yarn", "factor": f[, "original_max_position_embeddings": n]})."""
-    from transformers import AutoConfig, AutoModelForMaskedLM
+    from transformers import AutoModelForMaskedLM
 
     folder = str(folder)
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-    except Exception as e:
-        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: {e}") from e
-    auto_map = getattr(config, "auto_map", None) or {}
-    if config.model_type != "neobert" or "AutoModelForMaskedLM" not in auto_map:
-        raise ValueError(
-            f"{folder} is not NeoBERT-compatible: model_type={config.model_type!r}, auto_map has {sorted(auto_map)}; "
-            f"expected model_type 'neobert' with an AutoModelForMaskedLM entry"
-        )
+    config = load_neobert_auto_config(folder, "AutoModelForMaskedLM")
     if rope_scaling:
         validate = getattr(type(config), "_validated_rope_scaling", None)
         if validate is None:
