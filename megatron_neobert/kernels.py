@@ -44,11 +44,13 @@ def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") ->
     gpu = torch.cuda.is_available()
     if te:
         layers = f"Transformer Engine {probe('transformer_engine')} (fused norm+linear, fused attention)"
-    elif gpu and probe("flash_attn"):
-        layers = (f"megatron-core local layers; flash-attn {probe('flash_attn')} varlen (packed), "
-                  "PyTorch SDPA (padded)")
     else:
-        layers = "megatron-core local layers; PyTorch SDPA attention, PyTorch norms"
+        from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
+
+        packed = packed_attention_backend(gpu)  # as for bf16 without attention dropout, the defaults
+        layers = (f"megatron-core local layers; packed attention: {PACKED_KERNELS[packed]}"
+                  + (f" {probe('flash_attn')}" if packed == "flash" else "")
+                  + "; padded attention: PyTorch SDPA; PyTorch norms")
     # megatron-core's optimizer picks TE's FusedAdam, else apex's, else torch.optim.AdamW.
     if probe("transformer_engine"):
         adam = "Transformer Engine FusedAdam"

@@ -67,7 +67,10 @@ def padded_logits(model, doc, length=16):
         return model(ids, attention_mask=mask)[0, :len(doc)]
 
 
-def test_packed_documents_equal_each_document_alone_padded(single_rank):
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("packed_attention", ["sdpa", "flex"])
+def test_packed_documents_equal_each_document_alone_padded(single_rank, monkeypatch, packed_attention):
+    monkeypatch.setenv("NEOBERT_PACKED_ATTENTION", packed_attention)
     model, docs = small_model(), documents()
     for packed, doc in zip(packed_logits(model, docs), docs):
         torch.testing.assert_close(packed, padded_logits(model, doc), rtol=1e-5, atol=1e-5)

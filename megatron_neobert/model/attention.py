@@ -3,14 +3,15 @@
 It takes the place of megatron-core's `DotProductAttention`, which is causal-or-padding only
 and cannot take packed sequences. Two layouts reach it from megatron-core's `SelfAttention`:
 - padded `sbhd`: q, k, v `[s, b, heads, d]` with a key-padding mask `[b, 1, 1, s]` (True =
-  masked out, megatron-core's convention);
+  masked out, megatron-core's convention); PyTorch SDPA;
 - packed `thd`: q, k, v `[t, heads, d]` with `packed_seq_params.cu_seqlens_q`; a token only
-  attends within its own document.
-Kernels: flash-attn's varlen kernel for packed inputs on GPU when flash-attn imports, otherwise
-PyTorch SDPA (a block-diagonal mask for packed inputs).
+  attends within its own document. Kernels, best first: flash-attn's varlen kernel (GPU, fp16 or
+  bf16), FlexAttention with a document BlockMask (GPU, no dropout), PyTorch SDPA over segments of
+  whole documents. `NEOBERT_PACKED_ATTENTION=flash|flex|sdpa` forces one (tests, benchmarks).
 """
 
 import logging
+import os
 from functools import lru_cache
 from typing import Optional
 
@@ -24,6 +25,15 @@ from megatron.core.utils import divide
 
 logger = logging.getLogger(__name__)
 
+PACKED_ATTENTION_ENV = "NEOBERT_PACKED_ATTENTION"
+PACKED_KERNELS = {
+    "flash": "flash-attn varlen",
+    "flex": "FlexAttention (torch.compile, document BlockMask)",
+    "sdpa": "PyTorch SDPA over segments of whole documents (block-diagonal masks)",
+}
+# Segments are at least this long: a GPU attention tile, below which a shorter segment saves nothing.
+_MIN_SEGMENT = 128
+
 
 @lru_cache(maxsize=None)
 def flash_attn_varlen():
@@ -35,11 +45,117 @@ def flash_attn_varlen():
     return flash_attn_varlen_func
 
 
-def document_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """`[t, t]` bool, True where query and key belong to the same document."""
-    doc_ids = torch.bucketize(torch.arange(total, device=cu_seqlens.device),
-                              cu_seqlens[1:].to(torch.long), right=True)
-    return doc_ids[:, None] == doc_ids[None, :]
+@lru_cache(maxsize=None)
+def flex_attention_kernels(compiled: bool):
+    """(flex_attention, create_block_mask), compiled as FlexAttention needs for speed on GPU (uncompiled
+    they materialise the full score matrix), or None before torch 2.5."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    if compiled:
+        return torch.compile(flex_attention), torch.compile(create_block_mask)
+    return flex_attention, create_block_mask
+
+
+def packed_attention_backend(on_gpu: bool, half_precision: bool = True, dropout: bool = False) -> str:
+    """The kernel for packed inputs: the one `NEOBERT_PACKED_ATTENTION` names, else flash-attn
+    varlen (GPU, fp16/bf16) > FlexAttention (GPU, no dropout) > segmented SDPA."""
+    forced = os.environ.get(PACKED_ATTENTION_ENV, "")
+    if forced and forced not in PACKED_KERNELS:
+        raise ValueError(f"{PACKED_ATTENTION_ENV} must be one of {', '.join(PACKED_KERNELS)}, not {forced!r}")
+    if forced == "flash" and not (on_gpu and flash_attn_varlen() is not None):
+        raise RuntimeError(f"{PACKED_ATTENTION_ENV}=flash needs a GPU and flash-attn")
+    if forced == "flex" and (dropout or flex_attention_kernels(False) is None):
+        raise RuntimeError(f"{PACKED_ATTENTION_ENV}=flex needs torch >= 2.5 and no attention dropout")
+    if forced:
+        return forced
+    if on_gpu and half_precision and flash_attn_varlen() is not None:
+        return "flash"
+    if on_gpu and not dropout and flex_attention_kernels(True) is not None:
+        return "flex"
+    return "sdpa"
+
+
+@lru_cache(maxsize=None)
+def _log_packed_kernel(backend: str):
+    logger.info("Packed attention: %s", PACKED_KERNELS[backend])
+
+
+def _version(tensor: torch.Tensor) -> Optional[int]:
+    """Counts in-place writes; inference-mode tensors keep no count."""
+    return None if tensor.is_inference() else tensor._version
+
+
+class PackedLayout:
+    """What the packed kernels derive from one `cu_seqlens`, built once per step: every layer of a
+    step gets the same tensor, so `of` keeps the last layout and returns it while that tensor is
+    unchanged."""
+
+    _last: Optional["PackedLayout"] = None
+
+    @classmethod
+    def of(cls, params: PackedSeqParams, total: int) -> "PackedLayout":
+        last, cu_seqlens = cls._last, params.cu_seqlens_q
+        if (last is None or last.cu_seqlens is not cu_seqlens or last.version != _version(cu_seqlens)
+                or last.total != total or last.max_seqlen != params.max_seqlen_q):
+            cls._last = cls(cu_seqlens, total, params.max_seqlen_q)
+        return cls._last
+
+    def __init__(self, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):
+        self.cu_seqlens, self.version, self.total, self.max_seqlen = (
+            cu_seqlens, _version(cu_seqlens), total, max_seqlen)
+        self.doc_ids = torch.bucketize(torch.arange(total, device=cu_seqlens.device),
+                                       cu_seqlens[1:].to(torch.long), right=True)  # of each token
+        self._segments = self._block_mask = None
+
+    def segments(self):
+        """Documents split greedily, in order, into segments of at most L tokens, for one batched SDPA:
+        `gather` `[n * L]` (the token in each slot; padding slots read token 0, which is harmless as
+        no real query sees them and their outputs are dropped), `scatter` `[t]` (the slot of each
+        token), `keep` `[n, 1, L, L]` (True = attend: same document; padding slots see each other,
+        never a fully masked row, which SDPA can turn into NaN)."""
+        if self._segments is None:
+            # A host loop over documents (one device sync per step): cu_seqlens holds a few per sample.
+            bounds = self.cu_seqlens.tolist()
+            if bounds[0] != 0 or bounds[-1] != self.total:
+                raise ValueError(f"cu_seqlens must run from 0 to the {self.total} packed tokens, "
+                                 f"not {bounds[0]}..{bounds[-1]}")
+            lengths = [end - start for start, end in zip(bounds, bounds[1:])]
+            seg_len = max(max(lengths), self.max_seqlen or 0, _MIN_SEGMENT)
+            # A multiple of 16: SDPA's memory-efficient kernel pads an unaligned mask on every call.
+            seg_len = -(-seg_len // 16) * 16
+            first_slot, segment, used = [], 0, 0
+            for length in lengths:
+                if used + length > seg_len:
+                    segment, used = segment + 1, 0
+                first_slot.append(segment * seg_len + used)
+                used += length
+            device, doc = self.cu_seqlens.device, self.doc_ids
+            tokens = torch.arange(self.total, device=device)
+            scatter = (torch.tensor(first_slot, device=device)[doc]
+                       + tokens - torch.tensor(bounds[:-1], device=device)[doc])
+            gather = torch.zeros((segment + 1) * seg_len, dtype=torch.long, device=device)
+            gather[scatter] = tokens
+            slot_doc = torch.full_like(gather, -1)
+            slot_doc[scatter] = doc
+            slot_doc = slot_doc.view(segment + 1, seg_len)
+            keep = (slot_doc[:, :, None] == slot_doc[:, None, :]).unsqueeze(1)
+            self._segments = gather, scatter, keep
+        return self._segments
+
+    def block_mask(self, compiled: bool):
+        """FlexAttention's BlockMask: a token attends to the tokens of its own document."""
+        if self._block_mask is None:
+            doc_ids = self.doc_ids
+
+            def same_document(b, h, q_idx, kv_idx):
+                return doc_ids[q_idx] == doc_ids[kv_idx]
+
+            create_block_mask = flex_attention_kernels(compiled)[1]
+            self._block_mask = create_block_mask(same_document, None, None, self.total, self.total,
+                                                 device=doc_ids.device)
+        return self._block_mask
 
 
 class BidirectionalAttention(MegatronModule):
@@ -86,18 +202,31 @@ class BidirectionalAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
     def _forward_packed(self, query, key, value, params: PackedSeqParams, dropout_p: float):
-        key, value = self._expand_kv(key, value, head_dim=1)
-        cu_seqlens = params.cu_seqlens_q
-        kernel = flash_attn_varlen() if query.is_cuda else None
-        if kernel is not None:
-            out = kernel(query, key, value, cu_seqlens, params.cu_seqlens_kv, params.max_seqlen_q,
-                         params.max_seqlen_kv, dropout_p=dropout_p,
-                         softmax_scale=self.softmax_scale, causal=False)
-            return out.reshape(out.shape[0], -1)
         total = query.shape[0]
-        keep = document_mask(cu_seqlens, total)
-        # [t, h, d] -> [1, h, t, d]
-        q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (query, key, value))
+        backend = packed_attention_backend(
+            query.is_cuda, query.dtype in (torch.float16, torch.bfloat16), dropout_p > 0)
+        _log_packed_kernel(backend)
+        if backend == "flash":  # takes fewer key/value heads as they are (GQA)
+            out = flash_attn_varlen()(query, key, value, params.cu_seqlens_q, params.cu_seqlens_kv,
+                                      params.max_seqlen_q, params.max_seqlen_kv, dropout_p=dropout_p,
+                                      softmax_scale=self.softmax_scale, causal=False)
+            return out.reshape(total, -1)
+
+        layout = PackedLayout.of(params, total)
+        if backend == "flex":
+            # [t, h, d] -> [1, h, t, d]
+            q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (query, key, value))
+            flex_attention = flex_attention_kernels(query.is_cuda)[0]
+            out = flex_attention(q, k, v, block_mask=layout.block_mask(query.is_cuda),
+                                 scale=self.softmax_scale, enable_gqa=k.shape[1] != q.shape[1])
+            return out.squeeze(0).transpose(0, 1).reshape(total, -1)
+
+        gather, scatter, keep = layout.segments()
+        segments, seg_len = keep.shape[0], keep.shape[-1]
+        key, value = self._expand_kv(key, value, head_dim=1)
+        # [t, h, d] -> [n, h, L, d]
+        q, k, v = (x[gather].view(segments, seg_len, *x.shape[1:]).transpose(1, 2)
+                   for x in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
                                              scale=self.softmax_scale)
-        return out.squeeze(0).transpose(0, 1).reshape(total, -1)
+        return out.transpose(1, 2).reshape(segments * seg_len, -1)[scatter]

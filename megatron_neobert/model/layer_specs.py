@@ -143,10 +143,8 @@ def use_transformer_engine(transformer_impl: str = "auto") -> bool:
             raise RuntimeError("--transformer-impl transformer_engine: transformer_engine does not import")
         logger.info("Layer spec: Transformer Engine (fused norm+linear, TE fused attention)")
         return True
-    from megatron_neobert.model.attention import flash_attn_varlen
+    from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
 
-    kernel = ("flash-attn varlen (packed) + PyTorch SDPA (padded)"
-              if flash_attn_varlen() is not None and torch.cuda.is_available()
-              else "PyTorch SDPA")
-    logger.info("Layer spec: local megatron-core modules, attention through %s", kernel)
+    logger.info("Layer spec: local megatron-core modules, attention through %s (packed) and PyTorch "
+                "SDPA (padded)", PACKED_KERNELS[packed_attention_backend(torch.cuda.is_available())])
     return False
