@@ -64,7 +64,7 @@ def test_an_optional_variant_that_fails_becomes_a_row_with_its_reason():
         raise RuntimeError("graph break\nmore detail")
 
     row = _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0, compiled=True), optional=True)
-    assert row.error == "RuntimeError: graph break"
+    assert row.error == "failed: RuntimeError: graph break"
     with pytest.raises(RuntimeError):
         _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0), optional=False)
     assert "failed: RuntimeError: graph break" in format_table([row])
@@ -141,7 +141,7 @@ def test_markdown_holds_every_row_and_target_as_table_rows():
     markdown = format_markdown(run, checks, dict(device=H100, torch="2.x", command="python tools/x.py"))
     lines = markdown.splitlines()
     assert lines[0] == f"Measured on {H100} (torch 2.x): `python tools/x.py`"
-    assert "| training | megatron-packed+compile | 1024 | 32 | failed: out of memory |  |  |  |  |  |" in lines
+    assert "| training | megatron-packed+compile | 1024 | 32 | out of memory |  |  |  |  |  |" in lines
     assert "| training MFU, bf16, length 1024 | 50.0% (megatron-packed) | >= 45% | PASS |" in lines
     assert sum(line.startswith("|") for line in lines) == 2 + len(run) + 2 + len(checks)
 

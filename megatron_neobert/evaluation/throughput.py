@@ -47,7 +47,7 @@ class Measurement:
     mfu: Optional[float] = None
     ratio_to_baseline: Optional[float] = None
     ratio_to_eager: Optional[float] = None  # compiled variant / the same model eager
-    error: Optional[str] = None  # why a run gave no figure (out of memory, a compile failure)
+    error: Optional[str] = None  # why a run gave no figure: "out of memory", "failed: ...", "not run: ..."
 
     @property
     def label(self) -> str:
@@ -136,7 +136,7 @@ def _attempt(run: Callable[[], Measurement], failed: Measurement, optional: bool
         if not optional:
             raise
         logger.exception("%s at length %d failed", failed.label, failed.seq_length)
-        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
+        reason = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
     finally:
         _release_memory()
     failed.error = reason
@@ -436,7 +436,8 @@ def check_targets(results: List[Measurement], device: str, preset: str) -> List[
         checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({best.label})", ratio >= MIN_TRAINING_SPEEDUP,
                                scope))
     else:
-        checks.append(_not_measured(target, threshold, not_run if not train else _failures(train)))
+        checks.append(_not_measured(target, threshold, not_run if not train else
+                                    _failures(train) or "no reference run, or no bf16 run of ours"))
 
     target, threshold = (f"inference tokens/s vs ModernBERT-base, length {INFERENCE_TARGET_LENGTH}",
                          f">= {MIN_INFERENCE_SPEEDUP:.1f}x")
@@ -460,10 +461,10 @@ COLUMNS = ["benchmark", "model", "seq", "batch", "tokens/s", "x base", "x eager"
 
 
 def _cells(r: Measurement) -> List[str]:
-    """The table's cells; a failed run has its reason in place of the figures."""
+    """The table's cells; a run without figures has the reason in their place."""
     batch = f"{r.batch_size}x{r.micro_batches}" if r.micro_batches > 1 else str(r.batch_size)
     if r.error:
-        return [r.benchmark, r.label, str(r.seq_length), batch, f"failed: {r.error}"]
+        return [r.benchmark, r.label, str(r.seq_length), batch, r.error]
     ratio = lambda x: f"{x:.2f}x" if x is not None else "-"  # noqa: E731
     return [r.benchmark, r.label, str(r.seq_length), batch, f"{r.tokens_per_s:,.0f}", ratio(r.ratio_to_baseline),
             ratio(r.ratio_to_eager), f"{r.tflops_per_gpu:.1f}" if r.tflops_per_gpu is not None else "-",
@@ -474,7 +475,7 @@ def _cells(r: Measurement) -> List[str]:
 def format_table(results: List[Measurement]) -> str:
     rows = [COLUMNS] + [_cells(r) for r in results]
     widths = [max(len(row[i]) for row in rows if len(row) == len(COLUMNS)) for i in range(len(COLUMNS))]
-    # Names left-aligned, figures right-aligned; a failure's reason runs on past the columns.
+    # Names left-aligned, figures right-aligned; the reason for missing figures runs past the columns.
     pad = lambda row: " ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
                                for i, (c, w) in enumerate(zip(row, widths)))
     return "\n".join(pad(row) if len(row) == len(COLUMNS) else f"{pad(row[:4])} {row[4]}" for row in rows)
