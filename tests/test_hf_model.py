@@ -463,7 +463,6 @@ def test_linear_scaling_at_f_times_p_equals_unscaled_at_p(sd):
 
 
 def test_ntk_and_yarn_frequencies():
-    d = 16
     base_cfg = tiny_config(hidden_size=64, num_attention_heads=4)
     inv, _, _ = rope_inverse_frequencies(base_cfg)
     ntk, _, _ = rope_inverse_frequencies(tiny_config(hidden_size=64, num_attention_heads=4,

@@ -12,7 +12,6 @@ is a pure function of its index, so tensor-parallel ranks agree and a resumed ru
 samples it would have seen.
 """
 
-import hashlib
 import logging
 import os
 import time
