@@ -248,7 +248,7 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
     cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
                                    arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length)
     model = NeoBERTLMHead(cfg).to(device).train()
-    if compiled:
+    if compiled:  # the whole model; dynamo splits it at its data-dependent checks (does a mask pad?)
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
@@ -485,15 +485,18 @@ def format_targets(checks: List[TargetCheck]) -> str:
     return "\n".join(f"{c.target}: {c.measured or '-'} (target {c.threshold}) {c.status}" for c in checks)
 
 
+def _markdown_row(cells: List[str], width: int) -> str:
+    return "| " + " | ".join(cells + [""] * (width - len(cells))) + " |"
+
+
 def format_markdown(results: List[Measurement], checks: List[TargetCheck], meta: dict) -> str:
     """The results table and the targets, ready to paste into README."""
-    line = lambda cells: "| " + " | ".join(cells + [""] * (len(COLUMNS) - len(cells))) + " |"  # noqa: E731
-    target_line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
-    return "\n".join(
-        [f"Measured on {meta['device']} (torch {meta['torch']}): `{meta['command']}`", "",
-         line(COLUMNS), line(["---"] * len(COLUMNS))] + [line(_cells(r)) for r in results]
-        + ["", target_line(["target", "measured", "threshold", "result"]), target_line(["---"] * 4)]
-        + [target_line([c.target, c.measured or "-", c.threshold, c.status]) for c in checks]) + "\n"
+    n = len(COLUMNS)
+    table = [_markdown_row(COLUMNS, n), _markdown_row(["---"] * n, n)] + [_markdown_row(_cells(r), n) for r in results]
+    targets = [_markdown_row(["target", "measured", "threshold", "result"], 4), _markdown_row(["---"] * 4, 4)]
+    targets += [_markdown_row([c.target, c.measured or "-", c.threshold, c.status], 4) for c in checks]
+    header = f"Measured on {meta['device']} (torch {meta['torch']}): `{meta['command']}`"
+    return "\n".join([header, ""] + table + [""] + targets) + "\n"
 
 
 def as_json(results: List[Measurement], checks: List[TargetCheck], meta: dict) -> dict:
