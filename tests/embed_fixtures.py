@@ -3,20 +3,9 @@
 import importlib.util
 from pathlib import Path
 
-import pytest
 import torch
 
 import hf_fixtures  # tests/ is on sys.path (conftest.py)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores the threads spin against other jobs
-    (measured: a 60-step fine-tune took 1.4 s with one thread, 260 s with two). Imported by each test module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

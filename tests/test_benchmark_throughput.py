@@ -1,37 +1,149 @@
-"""The throughput benchmark runs in its CPU mode (no timing asserts) and its accounting is right."""
+"""The throughput benchmark runs in its CPU mode (no timing asserts), its accounting is right, and
+it judges the issue's targets from its measurements."""
 
 import json
 import os
 import sys
 
+import pytest
 import torch
 
-from megatron_neobert.evaluation.throughput import document_lengths, mlm_batch, training_flops_per_token
-from megatron_neobert.model import get_arch
+from megatron_neobert.evaluation.throughput import (Measurement, _attempt, check_targets, document_lengths,
+                                                    format_markdown, format_table, mlm_batch, training_runs)
+from megatron_neobert.model import padded_vocab_size
+from megatron_neobert.training.metrics import step_flops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
+H100 = "NVIDIA H100 80GB HBM3"
 
-def test_cpu_smoke_run_writes_every_row_json_and_png(tmp_path):
+
+def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_path, monkeypatch):
     import benchmark_throughput
 
-    out_json, out_png = tmp_path / "t.json", tmp_path / "t.png"
-    benchmark_throughput.main(["--cpu-smoke", "--output-json", str(out_json), "--output-png", str(out_png)])
-    rows = json.loads(out_json.read_text())["results"]
-    models = {(r["benchmark"], r["model"]) for r in rows}
-    assert {("inference", m) for m in ("neobert-hf", "neobert-megatron", "modernbert-base", "bert-base")} <= models
-    assert {("training", m) for m in ("reference-hf-padded", "megatron-padded", "megatron-packed")} <= models
-    assert all(r["tokens_per_s"] > 0 for r in rows)
-    assert [r["ratio_to_baseline"] for r in rows if r["model"] == "reference-hf-padded"] == [1.0]
+    # Inductor takes minutes on CPU even at these sizes: the compiled variants run as their
+    # models here, which checks that they are listed, measured and compared with eager.
+    monkeypatch.setattr(torch, "compile", lambda model, *args, **kwargs: model)
+    out_json, out_png, out_md = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "t.md"
+    benchmark_throughput.main(["--cpu-smoke", "--compile", "--output-json", str(out_json),
+                               "--output-png", str(out_png), "--markdown", str(out_md)])
+    report = json.loads(out_json.read_text())
+    rows = report["results"]
+    labels = {(r["benchmark"], r["label"]) for r in rows}
+    for model in ("neobert-hf", "neobert-megatron", "modernbert-base", "bert-base"):
+        assert {("inference", model), ("inference", model + "+compile")} <= labels
+    assert {("training", m) for m in ("reference-hf-padded", "reference-hf-padded+compile", "megatron-padded",
+                                      "megatron-packed", "megatron-packed+compile")} <= labels
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 and r["peak_memory_gib"] is None for r in rows)
+    assert all(r["micro_batches"] == 2 for r in rows if r["benchmark"] == "training")
+    assert all(r["ratio_to_eager"] > 0 for r in rows if r["compiled"])
+    assert [r["ratio_to_baseline"] for r in rows if r["label"] == "reference-hf-padded"] == [1.0]
+    # FLOPs per real token: the reference's head runs on every token, ours on the masked ones only.
+    arch = benchmark_throughput.smoke_arch()
+    per_token = {r["label"]: r["tflops_per_gpu"] * 1e12 / r["tokens_per_s"] for r in rows if r["tflops_per_gpu"]}
+    assert per_token["reference-hf-padded"] == pytest.approx(step_flops(arch, 1, 1, 64, arch.vocab_size))
+    assert per_token["megatron-packed"] < step_flops(arch, 1, 0.3, 64, padded_vocab_size(arch.vocab_size))
+    assert len(report["targets"]) == 4 and all(t["status"].startswith("not measured") for t in report["targets"])
     assert out_png.stat().st_size > 10_000
+    markdown = out_md.read_text()
+    assert "| training | megatron-packed+compile | 64 | 2x2 |" in markdown
+    assert "| inference tokens/s vs ModernBERT-base, length 4096 | - | >= 1.5x | not measured" in markdown
 
 
-def test_training_flops_per_token_follows_the_spec_formula():
-    arch = get_arch("neobert-250m")
-    non_embedding = 28 * (4 * 768 * 768 + 3 * 768 * 2048)  # = 198.2M, the 250M model's layers
-    assert non_embedding == 221_665_536 - 30522 * 768 - 768 - 28 * 2 * 768
-    expected = 6 * non_embedding + 12 * 28 * 768 * 1024 + 6 * 768 * 30522 * 0.2
-    assert training_flops_per_token(arch, 1024, 0.2) == expected
+def test_training_runs_put_each_compiled_variant_after_its_eager_model():
+    assert training_runs(fp8=False, compile=False) == [
+        ("reference-hf-padded", "bf16", False), ("megatron-padded", "bf16", False), ("megatron-packed", "bf16", False)]
+    assert training_runs(fp8=True, compile=True) == [
+        ("reference-hf-padded", "bf16", False), ("reference-hf-padded", "bf16", True),
+        ("megatron-padded", "bf16", False), ("megatron-packed", "bf16", False), ("megatron-packed", "bf16", True),
+        ("megatron-packed", "fp8", False)]
+
+
+def test_an_optional_variant_that_fails_becomes_a_row_with_its_reason():
+    def broken():
+        raise RuntimeError("graph break\nmore detail")
+
+    row = _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0, compiled=True), optional=True)
+    assert row.error == "failed: RuntimeError: graph break"
+    with pytest.raises(RuntimeError):
+        _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0), optional=False)
+    assert "failed: RuntimeError: graph break" in format_table([row])
+
+
+def _row(benchmark, model, tokens_per_s, seq=1024, precision="bf16", compiled=False, mfu=None, error=None):
+    return Measurement(benchmark, model, seq, 32, tokens_per_s, precision, compiled, mfu=mfu, error=error)
+
+
+def _h100_run(mfu=0.5, fp8_speed=52_000, megatron_speed=40_000, neobert_speed=18_000):
+    return [_row("training", "reference-hf-padded", 10_000),
+            _row("training", "megatron-padded", 25_000, mfu=0.3),
+            _row("training", "megatron-packed", megatron_speed, mfu=mfu),
+            _row("training", "megatron-packed", fp8_speed, precision="fp8", mfu=0.33),
+            _row("inference", "neobert-hf", neobert_speed, seq=4096),
+            _row("inference", "modernbert-base", 11_000, seq=4096)]
+
+
+def test_targets_pass_with_the_figures_and_rows_they_come_from():
+    checks = check_targets(_h100_run(), H100, "neobert-250m")
+    assert [c.status for c in checks] == ["PASS"] * 4
+    assert [c.measured for c in checks] == [
+        "50.0% (megatron-packed)", "1.30x (megatron-packed-fp8 / megatron-packed)",
+        "4.00x (megatron-packed)",  # bf16 against the bf16 reference: FP8 does not count here
+        "1.64x (neobert-hf / modernbert-base)"]
+    assert [c.threshold for c in checks] == [">= 45%", "> 1.00x", ">= 3.0x", ">= 1.5x"]
+
+
+def test_targets_fail_below_their_thresholds():
+    run = _h100_run(mfu=0.44, fp8_speed=28_000, megatron_speed=29_000, neobert_speed=16_000)
+    checks = check_targets(run, "NVIDIA H200", "neobert-250m")
+    assert [c.status for c in checks] == ["FAIL"] * 4
+    assert checks[1].measured.startswith("0.97x") and checks[2].measured.startswith("2.90x")
+
+
+def test_targets_compare_best_against_best_including_compiled_variants():
+    run = _h100_run() + [_row("inference", "modernbert-base", 13_000, seq=4096, compiled=True),
+                         _row("inference", "neobert-hf", 19_500, seq=4096, compiled=True)]
+    assert check_targets(run, H100, "neobert-250m")[3].measured == (
+        "1.50x (neobert-hf+compile / modernbert-base+compile)")
+
+
+def test_targets_say_why_they_were_not_measured():
+    run = [r for r in _h100_run() if r.precision != "fp8" and r.benchmark == "training"]
+    statuses = [c.status for c in check_targets(run, H100, "neobert-250m")]
+    assert statuses == ["PASS", "not measured (no FP8 run (--fp8))", "PASS",
+                        "not measured (inference at length 4096 not run)"]
+
+    run.append(_row("training", "megatron-packed", 0.0, precision="fp8",
+                    error="not run: Transformer Engine does not import"))
+    assert check_targets(run, H100, "neobert-250m")[1].status == (
+        "not measured (megatron-packed-fp8 not run: Transformer Engine does not import)")
+
+    at_4096 = [_row("training", "megatron-packed", 40_000, seq=4096, mfu=0.5)]
+    assert check_targets(at_4096, H100, "neobert-250m")[0].status == (
+        "not measured (training at length 1024 not run)")
+
+
+def test_figures_from_another_machine_or_model_are_shown_but_not_judged():
+    cpu = [_row("training", "reference-hf-padded", 100, precision="fp32"),
+           _row("training", "megatron-packed", 400, precision="fp32")]
+    checks = check_targets(cpu, "cpu", "neobert-tiny")
+    assert checks[0].status == "not measured (no peak TFLOP/s known for cpu)"
+    assert checks[2].measured == "4.00x (megatron-packed)"
+    assert checks[2].status == ("not measured (targets are for neobert-250m on one H100/H200; "
+                                "this run: neobert-tiny on cpu)")
+    assert check_targets(_h100_run(), "NVIDIA A100-SXM4-80GB", "neobert-250m")[0].status.startswith(
+        "not measured (targets are for")
+
+
+def test_markdown_holds_every_row_and_target_as_table_rows():
+    run = _h100_run() + [_row("training", "megatron-packed", 0.0, compiled=True, error="out of memory")]
+    checks = check_targets(run, H100, "neobert-250m")
+    markdown = format_markdown(run, checks, dict(device=H100, torch="2.x", command="python tools/x.py"))
+    lines = markdown.splitlines()
+    assert lines[0] == f"Measured on {H100} (torch 2.x): `python tools/x.py`"
+    assert "| training | megatron-packed+compile | 1024 | 32 | out of memory |  |  |  |  |  |" in lines
+    assert "| training MFU, bf16, length 1024 | 50.0% (megatron-packed) | >= 45% | PASS |" in lines
+    assert sum(line.startswith("|") for line in lines) == 2 + len(run) + 2 + len(checks)
 
 
 def test_packed_benchmark_batches_fill_rows_and_keep_documents_inside_them():

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from embed_fixtures import load_tool, make_model_folder, make_tokenizer, one_torch_thread, topic_pairs  # noqa: F401
+from embed_fixtures import load_tool, make_model_folder, make_tokenizer, topic_pairs
 from megatron_neobert.embeddings.cde import (CDEEncoder, ContextualNeoBERT, cde_full_step, cde_grad_cache_step,
                                              contextual_batches, load_cde, save_cde)
 from megatron_neobert.embeddings.contrastive import info_nce_loss
 from megatron_neobert.embeddings.finetune import load_encoder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 DOCS = ["pw1 pw2 red", "pw3 the dog", "pw4 with a cat and a bird", "pw5", "city river tree house road"]
 
 

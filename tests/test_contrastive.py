@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embed_fixtures import N_TOPICS, load_tool, one_torch_thread  # noqa: F401
-from embed_fixtures import make_model_folder, make_tokenizer, topic_pairs
+from embed_fixtures import N_TOPICS, load_tool, make_model_folder, make_tokenizer, topic_pairs
 from megatron_neobert.embeddings.contrastive import full_batch_step, grad_cache_step, info_nce_loss
 from megatron_neobert.embeddings.data import (MixtureBatchSampler, load_pair_dataset, mixture_probabilities,
                                               parse_dataset_spec)
 from megatron_neobert.embeddings.finetune import load_encoder
 from megatron_neobert.embeddings.instructions import finetune_instruction, format_query, load_instructions
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INSTRUCTION = "Retrieve semantically similar text."
 
 

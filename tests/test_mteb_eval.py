@@ -15,11 +15,12 @@ from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData  # noqa: 
 from mteb.abstasks.sts import AbsTaskSTS  # noqa: E402
 from mteb.abstasks.task_metadata import TaskMetadata  # noqa: E402
 
-from embed_fixtures import load_tool, make_model_folder, make_tokenizer, one_torch_thread, topic_pairs  # noqa: E402,F401
+from embed_fixtures import load_tool, make_model_folder, make_tokenizer, topic_pairs  # noqa: E402
 from megatron_neobert.embeddings.instructions import format_query, load_instructions  # noqa: E402
 from megatron_neobert.embeddings.mteb_eval import (NeoBERTEncoder, checkpoint_revision, resolve_tasks,  # noqa: E402
                                                    run_mteb, summarize)
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIRS = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
 LOCAL = dict(description="Local test task.", reference=None, dataset={"path": "local/none", "revision": "1"},
              category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], date=None, dialect=[], domains=[],

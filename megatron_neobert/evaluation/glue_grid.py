@@ -10,8 +10,6 @@ Layout of `output_dir`:
 import json
 import logging
 import multiprocessing as mp
-import os
-import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from itertools import product
 from pathlib import Path
@@ -20,21 +18,13 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+
 from .glue import PAPER_GRID, Protocol, RunSpec, fine_tune
 from .glue_data import HF_DATASET, TASKS, get_task
 from .glue_metrics import PAPER_AVERAGE, PAPER_SCORES, glue_average
 
 logger = logging.getLogger(__name__)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -131,9 +121,7 @@ def report(output_dir) -> dict:
     lines.append("| ours | " + " | ".join(ours) + f" | {avg} |")
     lines.append("| NeoBERT (paper) | " + " | ".join(f"{PAPER_SCORES[t]:.1f}" for t in TASKS) + f" | {PAPER_AVERAGE:.1f} |")
     lines += ["", f"{len(records)} runs; best per task: " + ", ".join(f"{t}: {r['key']}" for t, r in best.items())]
-    tmp = Path(output_dir) / f".results.md.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(output_dir) / "results.md")
+    write_text_atomic(Path(output_dir) / "results.md", "\n".join(lines) + "\n")
     return summary
 
 

@@ -3,48 +3,55 @@
 - Inference: tokens/s against sequence length with the largest batch that fits (up to 512), as
   the paper's table 10, for our HF model, the megatron-core model, and transformers' own
   ModernBERT-base and BERT-base built from their configs with random weights.
-- Training: real (non-pad) tokens/s, TFLOP/s and MFU of the megatron-core training step, packed
-  and padded (and FP8 when Transformer Engine runs), against a reference baseline trained the way
-  the released NeoBERT trains: HF model, padded batches, AdamW, bf16 autocast, PyTorch SDPA, the
-  MLM head on every position. Every figure is also printed as a ratio to its baseline.
+- Training: real (non-pad) tokens/s, TFLOP/s and MFU of the trainer's own step (its set-up,
+  megatron-core schedule over the micro-batches, finiteness checks, optimizer), packed and padded
+  (and FP8 when Transformer Engine runs), against a reference baseline trained the way the
+  released NeoBERT trains: HF model, padded batches, AdamW, bf16 autocast, PyTorch SDPA, the MLM
+  head on every position, the same micro-batches. Every figure is also a ratio to its baseline.
+- With `compile`, torch.compile'd variants run beside their eager models (ratio "x eager").
+- `check_targets` judges a run against the issue's targets for one H100/H200.
 """
 
 import dataclasses
-import json
+import gc
+import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from megatron_neobert.model import NeoBERTArch
+from megatron_neobert.model import NeoBERTArch, padded_vocab_size
+from megatron_neobert.training.metrics import peak_tflops, step_flops
 
-PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}  # H100/H200 SXM dense (spec section 5)
+logger = logging.getLogger(__name__)
+
+# A compiled model compiles on its first call and may recompile on the next (guards on state the
+# first call set); its timing starts after those.
+WARMUP_STEPS = {False: 2, True: 4}
 
 
 @dataclass
 class Measurement:
     benchmark: str  # "inference" | "training"
-    model: str
+    model: str  # without the variant: "neobert-hf", "megatron-packed", ...
     seq_length: int
-    batch_size: int
-    tokens_per_s: float
-    peak_memory_gib: float = 0.0
+    batch_size: int  # sequences per micro-batch
+    tokens_per_s: float  # real (non-pad) tokens; 0 when the run failed
+    precision: str = "bf16"  # "bf16" | "fp8" | "fp32" (CPU)
+    compiled: bool = False
+    micro_batches: int = 1  # per training step
+    peak_memory_gib: Optional[float] = None  # GPU only
     tflops_per_gpu: Optional[float] = None
     mfu: Optional[float] = None
     ratio_to_baseline: Optional[float] = None
+    ratio_to_eager: Optional[float] = None  # compiled variant / the same model eager
+    error: Optional[str] = None  # why a run gave no figure: "out of memory", "failed: ...", "not run: ..."
 
-
-def training_flops_per_token(arch: NeoBERTArch, seq_length: int, mask_rate: float,
-                             head_on_all_positions: bool = False) -> float:
-    """6 x non-embedding parameters + attention (12 x layers x hidden x seq) + the MLM head on
-    the positions where logits are computed (spec section 5)."""
-    h, f = arch.hidden_size, arch.ffn_hidden_size
-    mlp = (3 if arch.activation == "swiglu" else 2) * h * f
-    non_embedding = arch.num_layers * (4 * h * h + mlp)
-    head_share = 1.0 if head_on_all_positions else mask_rate
-    return 6 * non_embedding + 12 * arch.num_layers * h * seq_length + 6 * h * arch.vocab_size * head_share
+    @property
+    def label(self) -> str:
+        return self.model + ("-fp8" if self.precision == "fp8" else "") + ("+compile" if self.compiled else "")
 
 
 def document_lengths(seq_length: int, count: int, seed: int = 0) -> List[int]:
@@ -78,12 +85,21 @@ def mlm_batch(lengths: List[int], seq_length: int, vocab_size: int, packed: bool
     return dict(tokens=torch.where(selected, torch.full_like(tokens, 4), tokens), labels=labels, **extra)
 
 
+def mlm_micro_batches(seq_length: int, micro_batch: int, count: int, vocab_size: int, packed: bool,
+                      mask_rate: float, device) -> List[Dict[str, torch.Tensor]]:
+    """`count` different micro-batches (one training step), already on `device`."""
+    lengths = document_lengths(seq_length, micro_batch * count)
+    batches = [mlm_batch(lengths[i * micro_batch:(i + 1) * micro_batch], seq_length, vocab_size, packed,
+                         mask_rate, seed=i) for i in range(count)]
+    return [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches]
+
+
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-def time_per_step(step: Callable[[], None], steps: int, warmup: int = 2) -> float:
+def time_per_step(step: Callable[[], None], steps: int, warmup: int = WARMUP_STEPS[False]) -> float:
     for _ in range(warmup):
         step()
     _sync()
@@ -94,184 +110,398 @@ def time_per_step(step: Callable[[], None], steps: int, warmup: int = 2) -> floa
     return (time.perf_counter() - start) / steps
 
 
-def _peak_memory_gib() -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+def _peak_memory_gib() -> Optional[float]:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
-def _largest_batch(run: Callable[[int], float], max_batch: int) -> tuple:
+def _release_memory() -> None:
+    """Free the previous run's model and compiled graphs before the next run (megatron-core's
+    modules hold reference cycles); each compiled run starts far from dynamo's recompile limit."""
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _attempt(run: Callable[[], Measurement], failed: Measurement, optional: bool) -> Measurement:
+    """run(), or `failed` with the reason when it runs out of memory or, for an optional variant
+    (compiled, FP8), fails in any way: one such failure must not cost the rest of a long GPU run."""
+    _release_memory()
+    try:
+        return run()
+    except torch.OutOfMemoryError:
+        reason = "out of memory"
+    except Exception as e:
+        if not optional:
+            raise
+        logger.exception("%s at length %d failed", failed.label, failed.seq_length)
+        reason = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
+    finally:
+        _release_memory()
+    failed.error = reason
+    return failed
+
+
+def _largest_batch(run: Callable[[int], float], max_batch: int) -> Tuple[int, float]:
     """(batch, seconds per step) for the largest power-of-two batch up to max_batch that fits."""
     batch = max_batch
-    while batch >= 1:
+    while True:
         try:
             return batch, run(batch)
         except torch.OutOfMemoryError:
+            if batch == 1:
+                raise
             torch.cuda.empty_cache()
             batch //= 2
-    raise RuntimeError("not even a batch of 1 fits in memory")
 
 
-def inference_encoders(arch: NeoBERTArch, baselines: bool, small: bool, device, dtype) -> Dict[str, Callable]:
-    """name -> encode(input_ids, attention_mask) for each model compared."""
+def baseline_attention() -> str:
+    """ModernBERT-base's and BERT-base's attention kernel: flash-attn 2 when it runs here (as
+    ModernBERT is meant to run), else PyTorch SDPA. A weaker baseline would flatter the ratios."""
+    from transformers.utils import is_flash_attn_2_available
+
+    from megatron_neobert.kernels import probe
+
+    runs = torch.cuda.is_available() and probe("flash_attn") and is_flash_attn_2_available()
+    return "flash_attention_2" if runs else "sdpa"
+
+
+class _HiddenStates(torch.nn.Module):
+    """The megatron-core model called as the HF models are, giving its final hidden states."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids, attention_mask=attention_mask, return_hidden_states=True)
+
+
+def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dtype) -> Dict[str, torch.nn.Module]:
+    """name -> model(input_ids=..., attention_mask=...) for each model compared."""
     import transformers
 
     from megatron_neobert.conversion.hf_format import neobert_config_from_dims
     from megatron_neobert.conversion.modeling_neobert import NeoBERT
+    from megatron_neobert.model import build_model, transformer_config
+    from megatron_neobert.parallel.launch import initialize_model_parallel
 
     cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
                                    arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length,
                                    arch.norm_epsilon, float(arch.rotary_base))
-    models = {"neobert-hf": NeoBERT(cfg)}
-    if baselines:
-        shrink = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128) if small else {}
-        models["modernbert-base"] = transformers.AutoModel.from_config(
-            transformers.ModernBertConfig(**shrink), attn_implementation="sdpa")
-        models["bert-base"] = transformers.AutoModel.from_config(
-            transformers.BertConfig(max_position_embeddings=8192, **shrink), attn_implementation="sdpa")
-    encoders = {}
-    for name, model in models.items():
-        model = model.to(device=device, dtype=dtype).eval()
-        encoders[name] = (lambda m: lambda ids, mask: m(input_ids=ids, attention_mask=mask))(model)
-    encoders["neobert-megatron"] = _megatron_encoder(arch, device, dtype)
-    return encoders
-
-
-def _megatron_encoder(arch: NeoBERTArch, device, dtype) -> Callable:
-    from megatron_neobert.model import build_model, transformer_config
-    from megatron_neobert.parallel.launch import initialize_model_parallel
-
     initialize_model_parallel(1, 1)
     config = transformer_config(arch, bf16=dtype == torch.bfloat16, params_dtype=dtype)
-    model = build_model(arch, config).to(device=device, dtype=dtype).eval()
-    return lambda ids, mask: model(ids, attention_mask=mask, return_hidden_states=True)
+    models = {"neobert-hf": NeoBERT(cfg), "neobert-megatron": _HiddenStates(build_model(arch, config))}
+    if baselines:
+        shrink = (dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+                  if small else {})
+        attention = baseline_attention()
+        models["modernbert-base"] = transformers.AutoModel.from_config(
+            transformers.ModernBertConfig(**shrink), attn_implementation=attention, dtype=dtype)
+        models["bert-base"] = transformers.AutoModel.from_config(
+            transformers.BertConfig(max_position_embeddings=8192, **shrink), attn_implementation=attention,
+            dtype=dtype)
+    return {name: model.to(device=device, dtype=dtype).eval() for name, model in models.items()}
+
+
+def _measure_inference(row: Measurement, module: torch.nn.Module, steps: int, device) -> Measurement:
+    """`row` measured at the largest batch up to its batch size that fits."""
+    def run(batch):
+        ids = torch.randint(5, 1000, (batch, row.seq_length), device=device)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        with torch.inference_mode():
+            return time_per_step(lambda: module(input_ids=ids, attention_mask=mask), steps, WARMUP_STEPS[row.compiled])
+
+    batch, seconds = _largest_batch(run, row.batch_size)
+    return dataclasses.replace(row, batch_size=batch, tokens_per_s=batch * row.seq_length / seconds,
+                               peak_memory_gib=_peak_memory_gib())
 
 
 def benchmark_inference(arch: NeoBERTArch, seq_lengths: List[int], steps: int, max_batch: int,
-                        baselines: bool = True, small: bool = False) -> List[Measurement]:
+                        baselines: bool = True, small: bool = False, compile: bool = False) -> List[Measurement]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    encoders = inference_encoders(arch, baselines, small, device, dtype)
+    precision = "bf16" if device == "cuda" else "fp32"
+    models = inference_models(arch, baselines, small, device, dtype)
+    compiled_models = {name: torch.compile(model) for name, model in models.items()} if compile else {}
     results = []
     for seq in seq_lengths:
-        for name, encode in encoders.items():
-            def run(batch, encode=encode, seq=seq):
-                ids = torch.randint(5, 1000, (batch, seq), device=device)
-                mask = torch.ones(batch, seq, dtype=torch.bool, device=device)
-                with torch.inference_mode():
-                    return time_per_step(lambda: encode(ids, mask), steps)
-            if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            batch, seconds = _largest_batch(run, max_batch)
-            results.append(Measurement("inference", name, seq, batch, batch * seq / seconds, _peak_memory_gib()))
+        for name, model in models.items():
+            batch_limit = max_batch
+            for compiled, module in [(False, model)] + ([(True, compiled_models[name])] if compile else []):
+                row = Measurement("inference", name, seq, batch_limit, 0.0, precision, compiled)
+                row = _attempt(lambda: _measure_inference(row, module, steps, device), row, optional=compiled)
+                results.append(row)
+                if row.error is None:  # the compiled variant starts at (and is compared at) eager's batch
+                    batch_limit = row.batch_size
     _ratios(results, baseline="modernbert-base" if baselines else "neobert-hf")
     return results
 
 
-def _reference_train_step(arch: NeoBERTArch, batch: dict, device) -> Callable:
-    """The released NeoBERT's way: HF model, padded, AdamW, bf16 autocast, head on every token."""
+def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compiled: bool) -> Callable:
+    """The released NeoBERT's way: HF model, padded, AdamW, bf16 autocast, head on every token,
+    gradients accumulated over the micro-batches."""
     from megatron_neobert.conversion.hf_format import neobert_config_from_dims
     from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
 
     cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
                                    arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length)
     model = NeoBERTLMHead(cfg).to(device).train()
+    if compiled:  # the whole model; dynamo splits it at its data-dependent checks (does a mask pad?)
+        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    inputs = {k: batch[k].to(device) for k in ("tokens", "labels", "attention_mask")}
 
     def step():
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = model(input_ids=inputs["tokens"], attention_mask=inputs["attention_mask"],
-                         labels=inputs["labels"]).loss
-        loss.backward()
+        for batch in batches:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = model(input_ids=batch["tokens"], attention_mask=batch["attention_mask"],
+                             labels=batch["labels"]).loss
+            (loss / len(batches)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
 
 
-def _megatron_train_step(arch: NeoBERTArch, batch: dict, fp8: bool) -> Callable:
-    """One step of the trainer's machinery: megatron-core DDP, its optimizer, its schedule."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool) -> Callable:
+    """The trainer's step, built by the trainer's own set-up from its flags."""
+    from megatron_neobert.pretrain import grads_are_finite, run_micro_batches, setup_model_and_optimizer
+    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.model_setup import unwrap
 
-    from megatron_neobert.model import transformer_config
-    from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.model_setup import build_model_chunks
-    from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
-
-    initialize_model_parallel(1, 1)
-    bf16 = torch.cuda.is_available()
-    extra = dict(fp8="hybrid", fp8_recipe="delayed") if fp8 else {}
-    config = transformer_config(arch, bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
-                                pipeline_dtype=torch.bfloat16 if bf16 else torch.float32, **extra)
-    chunks = build_model_chunks(arch, config, "transformer_engine" if fp8 else "auto",
-                                DistributedDataParallelConfig(grad_reduce_in_fp32=True))
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, bf16=bf16,
-                                                       clip_grad=1.0, weight_decay=0.1), chunks)
-    seq_length, mbs = micro_batch_tensor_shape(batch)
-    schedule = get_forward_backward_func()
+    # No data is read (the batches are synthetic), but the trainer's flags require a path.
+    flags = ["--data-path", "synthetic", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
+    flags += ["--bf16"] if torch.cuda.is_available() else []
+    flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
+    _, chunks, optimizer, _ = setup_model_and_optimizer(parse_args(flags), arch)
+    if compiled:
+        # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
+        # shape), and the DDP wrappers own the gradient hooks.
+        for chunk in chunks:
+            for layer in unwrap(chunk).decoder.layers:
+                layer.compile()
 
     def step():
-        chunks[0].zero_grad_buffer()
+        for c in chunks:
+            c.zero_grad_buffer()
         optimizer.zero_grad()
-        schedule(forward_step_func=mlm_forward_step, data_iterator=iter([batch]), model=chunks,
-                 num_microbatches=1, seq_length=seq_length, micro_batch_size=mbs, forward_only=False)
+        stats = run_micro_batches(chunks, batches, forward_only=False)
+        # As the trainer: the loss and the gradients' finiteness reach the host every step.
+        if not (math.isfinite((stats[0] / stats[2]).item()) and grads_are_finite(chunks)):
+            raise FloatingPointError("non-finite loss or gradient: the trainer would skip this step")
         optimizer.step()
     return step
 
 
-def benchmark_training(arch: NeoBERTArch, seq_length: int, micro_batch: int, steps: int,
-                       mask_rate: float = 0.2, fp8: bool = False) -> List[Measurement]:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    lengths = document_lengths(seq_length, micro_batch)
-    padded = mlm_batch(lengths, seq_length, arch.vocab_size, packed=False, mask_rate=mask_rate)
-    packed = mlm_batch(lengths, seq_length, arch.vocab_size, packed=True, mask_rate=mask_rate)
-    runs = [("reference-hf-padded", padded, lambda: _reference_train_step(arch, padded, device), True),
-            ("megatron-padded", padded, lambda: _megatron_train_step(arch, padded, False), False),
-            ("megatron-packed", packed, lambda: _megatron_train_step(arch, packed, False), False)]
+def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], steps: int, device) -> Measurement:
+    reference = row.model.startswith("reference")
+    step = (_reference_train_step(arch, batches, device, row.compiled) if reference
+            else _megatron_train_step(arch, batches, row.precision == "fp8", row.compiled))
+    seconds = time_per_step(step, steps, WARMUP_STEPS[row.compiled])
+    real = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["tokens"].numel() for b in batches)
+    # The reference's head runs on every position, ours on the masked ones; each one's FLOPs count
+    # what it computes (on real tokens), at the vocabulary size it computes.
+    predicted = real if reference else sum(int((b["labels"] != -100).sum()) for b in batches)
+    vocab = arch.vocab_size if reference else padded_vocab_size(arch.vocab_size)
+    tflops = step_flops(arch, real, predicted, row.seq_length, vocab) / seconds / 1e12
+    peak = peak_tflops(fp8=row.precision == "fp8")
+    return dataclasses.replace(row, tokens_per_s=real / seconds, peak_memory_gib=_peak_memory_gib(),
+                               tflops_per_gpu=tflops, mfu=tflops / peak if peak else None)
+
+
+def fp8_unavailable() -> Optional[str]:
+    """Why FP8 training cannot run here, or None when it can."""
+    from megatron_neobert.model.layer_specs import transformer_engine_available
+
+    if not torch.cuda.is_available():
+        return "no GPU"
+    if torch.cuda.get_device_capability() < (8, 9):
+        return f"{torch.cuda.get_device_name()} has no FP8 tensor cores"
+    if not transformer_engine_available():
+        return "Transformer Engine does not import"
+    return None
+
+
+def training_runs(fp8: bool, compile: bool) -> List[Tuple[str, str, bool]]:
+    """(model, precision, compiled) of each training run, each compiled variant after its eager one."""
+    runs = [("reference-hf-padded", "bf16", False), ("megatron-padded", "bf16", False),
+            ("megatron-packed", "bf16", False)]
+    if compile:  # the HF reference and the trainer's packed step; see _megatron_train_step
+        runs.insert(1, ("reference-hf-padded", "bf16", True))
+        runs.append(("megatron-packed", "bf16", True))
     if fp8:
-        runs.append(("megatron-packed-fp8", packed, lambda: _megatron_train_step(arch, packed, True), False))
+        runs.append(("megatron-packed", "fp8", False))
+    return runs
+
+
+def benchmark_training(arch: NeoBERTArch, seq_length: int, micro_batch: int, steps: int, micro_batches: int = 1,
+                       mask_rate: float = 0.2, fp8: bool = False, compile: bool = False) -> List[Measurement]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = {packed: mlm_micro_batches(seq_length, micro_batch, micro_batches, arch.vocab_size, packed, mask_rate,
+                                      device) for packed in (False, True)}
+    no_fp8 = fp8_unavailable() if fp8 else None
     results = []
-    for name, batch, make_step, head_everywhere in runs:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        seconds = time_per_step(make_step(), steps)
-        real_tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["tokens"].numel()
-        tokens_per_s = real_tokens / seconds
-        tflops = tokens_per_s * training_flops_per_token(arch, seq_length, mask_rate, head_everywhere) / 1e12
-        peak = PEAK_TFLOPS["fp8" if name.endswith("fp8") else "bf16"]
-        results.append(Measurement("training", name, seq_length, micro_batch, tokens_per_s, _peak_memory_gib(),
-                                   tflops, tflops / peak if device.type == "cuda" else None))
+    for model, precision, compiled in training_runs(fp8, compile):
+        batches = data[model.endswith("packed")]
+        if device.type == "cpu" and precision == "bf16":
+            precision = "fp32"  # no autocast, no bf16 weights on CPU
+        row = Measurement("training", model, seq_length, micro_batch, 0.0, precision, compiled, micro_batches)
+        if precision == "fp8" and no_fp8:
+            row.error = f"not run: {no_fp8}"
+        else:
+            row = _attempt(lambda: _measure_training(row, arch, batches, steps, device), row,
+                           optional=compiled or precision == "fp8")
+        results.append(row)
     _ratios(results, baseline="reference-hf-padded")
     return results
 
 
 def _ratios(results: List[Measurement], baseline: str) -> None:
-    base = {r.seq_length: r.tokens_per_s for r in results if r.model == baseline}
-    for r in results:
+    """Each figure over its baseline's (eager, same length) and a compiled one over its eager one's."""
+    ok = [r for r in results if r.error is None]
+    base = {r.seq_length: r.tokens_per_s for r in ok if r.model == baseline and not r.compiled}
+    eager = {(r.model, r.precision, r.seq_length): r.tokens_per_s for r in ok if not r.compiled}
+    for r in ok:
         if r.seq_length in base:
             r.ratio_to_baseline = r.tokens_per_s / base[r.seq_length]
+        if r.compiled and (r.model, r.precision, r.seq_length) in eager:
+            r.ratio_to_eager = r.tokens_per_s / eager[r.model, r.precision, r.seq_length]
+
+
+# ---- targets (the issue's, for neobert-250m on one H100/H200) --------------------------------------
+TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
+TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
+MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.45, 3.0, 1.5
+
+
+@dataclass
+class TargetCheck:
+    target: str
+    threshold: str
+    measured: Optional[str]  # the figure and the row it comes from, when there is one
+    status: str  # "PASS", "FAIL" or "not measured (reason)"
+
+
+def _verdict(target: str, threshold: str, figure: str, passed: bool, scope: Optional[str]) -> TargetCheck:
+    # A figure from another GPU or model size says nothing about the target: shown, not judged.
+    return TargetCheck(target, threshold, figure, f"not measured ({scope})" if scope else "PASS" if passed else "FAIL")
+
+
+def _not_measured(target: str, threshold: str, reason: str) -> TargetCheck:
+    return TargetCheck(target, threshold, None, f"not measured ({reason})")
+
+
+def _failures(rows: List[Measurement]) -> str:
+    return "; ".join(f"{r.label} {r.error}" for r in rows if r.error)
+
+
+def check_targets(results: List[Measurement], device: str, preset: str) -> List[TargetCheck]:
+    """The issue's targets against a run's measurements. `device`: the GPU's name (or "cpu")."""
+    scope = None
+    if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
+        scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"
+    train = [r for r in results if r.benchmark == "training" and r.seq_length == TRAIN_TARGET_LENGTH]
+    ours = [r for r in train if r.model.startswith("megatron") and r.error is None]
+    bf16 = [r for r in ours if r.precision != "fp8"]  # fp32 on CPU
+    not_run = f"training at length {TRAIN_TARGET_LENGTH} not run"
+    checks = []
+
+    target, threshold = f"training MFU, bf16, length {TRAIN_TARGET_LENGTH}", f">= {MIN_MFU:.0%}"
+    best = max((r for r in bf16 if r.mfu is not None), key=lambda r: r.mfu, default=None)
+    if best:
+        checks.append(_verdict(target, threshold, f"{best.mfu:.1%} ({best.label})", best.mfu >= MIN_MFU, scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else
+                                    f"no peak TFLOP/s known for {device}" if bf16 else
+                                    _failures(train) or "no bf16 run of ours"))
+
+    target, threshold = f"FP8 vs bf16 tokens/s, length {TRAIN_TARGET_LENGTH}", "> 1.00x"
+    fp8 = [r for r in train if r.precision == "fp8"]
+    pairs = [(r, b) for r in fp8 if r.error is None for b in bf16 if (b.model, b.compiled) == (r.model, r.compiled)]
+    if pairs:
+        f8, b = max(pairs, key=lambda p: p[0].tokens_per_s)
+        ratio = f8.tokens_per_s / b.tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({f8.label} / {b.label})", ratio > 1.0, scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else _failures(fp8) or
+                                    ("no bf16 run to compare with" if fp8 else "no FP8 run (--fp8)")))
+
+    target, threshold = (f"training tokens/s vs the reference, length {TRAIN_TARGET_LENGTH}",
+                         f">= {MIN_TRAINING_SPEEDUP:.1f}x")
+    reference = [r for r in train if r.model == "reference-hf-padded" and not r.compiled and r.error is None]
+    if reference and bf16:
+        best = max(bf16, key=lambda r: r.tokens_per_s)
+        ratio = best.tokens_per_s / reference[0].tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({best.label})", ratio >= MIN_TRAINING_SPEEDUP,
+                               scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else
+                                    _failures(train) or "no reference run, or no bf16 run of ours"))
+
+    target, threshold = (f"inference tokens/s vs ModernBERT-base, length {INFERENCE_TARGET_LENGTH}",
+                         f">= {MIN_INFERENCE_SPEEDUP:.1f}x")
+    inference = [r for r in results if r.benchmark == "inference" and r.seq_length == INFERENCE_TARGET_LENGTH]
+    neobert = [r for r in inference if r.model.startswith("neobert") and r.error is None]
+    modernbert = [r for r in inference if r.model == "modernbert-base" and r.error is None]
+    if neobert and modernbert:
+        ours_best = max(neobert, key=lambda r: r.tokens_per_s)
+        theirs_best = max(modernbert, key=lambda r: r.tokens_per_s)
+        ratio = ours_best.tokens_per_s / theirs_best.tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({ours_best.label} / {theirs_best.label})",
+                               ratio >= MIN_INFERENCE_SPEEDUP, scope))
+    else:
+        checks.append(_not_measured(target, threshold, f"inference at length {INFERENCE_TARGET_LENGTH} not run"
+                                    if not inference else _failures(inference) or "no ModernBERT-base run"))
+    return checks
+
+
+# ---- output ------------------------------------------------------------------------------------
+COLUMNS = ["benchmark", "model", "seq", "batch", "tokens/s", "x base", "x eager", "TFLOP/s", "MFU", "mem GiB"]
+
+
+def _cells(r: Measurement) -> List[str]:
+    """The table's cells; a run without figures has the reason in their place."""
+    batch = f"{r.batch_size}x{r.micro_batches}" if r.micro_batches > 1 else str(r.batch_size)
+    if r.error:
+        return [r.benchmark, r.label, str(r.seq_length), batch, r.error]
+    ratio = lambda x: f"{x:.2f}x" if x is not None else "-"  # noqa: E731
+    return [r.benchmark, r.label, str(r.seq_length), batch, f"{r.tokens_per_s:,.0f}", ratio(r.ratio_to_baseline),
+            ratio(r.ratio_to_eager), f"{r.tflops_per_gpu:.1f}" if r.tflops_per_gpu is not None else "-",
+            f"{r.mfu:.1%}" if r.mfu is not None else "-",
+            f"{r.peak_memory_gib:.1f}" if r.peak_memory_gib is not None else "-"]
 
 
 def format_table(results: List[Measurement]) -> str:
-    lines = [f"{'benchmark':<10} {'model':<22} {'seq':>6} {'batch':>6} {'tokens/s':>12} {'x base':>7} "
-             f"{'TFLOP/s':>8} {'MFU':>6} {'mem GiB':>8}"]
-    for r in results:
-        mfu = f"{100 * r.mfu:5.1f}%" if r.mfu is not None else "   n/a"
-        tf = f"{r.tflops_per_gpu:8.1f}" if r.tflops_per_gpu is not None else "       -"
-        ratio = f"{r.ratio_to_baseline:6.2f}x" if r.ratio_to_baseline is not None else "      -"
-        lines.append(f"{r.benchmark:<10} {r.model:<22} {r.seq_length:>6} {r.batch_size:>6} "
-                     f"{r.tokens_per_s:>12,.0f} {ratio} {tf} {mfu} {r.peak_memory_gib:>8.1f}")
-    return "\n".join(lines)
+    rows = [COLUMNS] + [_cells(r) for r in results]
+    widths = [max(len(row[i]) for row in rows if len(row) == len(COLUMNS)) for i in range(len(COLUMNS))]
+    # Names left-aligned, figures right-aligned; the reason for missing figures runs past the columns.
+    pad = lambda row: " ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join(pad(row) if len(row) == len(COLUMNS) else f"{pad(row[:4])} {row[4]}" for row in rows)
 
 
-def write_json(results: List[Measurement], path: str, meta: dict) -> None:
-    import os
+def format_targets(checks: List[TargetCheck]) -> str:
+    return "\n".join(f"{c.target}: {c.measured or '-'} (target {c.threshold}) {c.status}" for c in checks)
 
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
-    os.replace(tmp, path)
+
+def _markdown_row(cells: List[str], width: int) -> str:
+    return "| " + " | ".join(cells + [""] * (width - len(cells))) + " |"
+
+
+def format_markdown(results: List[Measurement], checks: List[TargetCheck], meta: dict) -> str:
+    """The results table and the targets, ready to paste into README."""
+    n = len(COLUMNS)
+    table = [_markdown_row(COLUMNS, n), _markdown_row(["---"] * n, n)] + [_markdown_row(_cells(r), n) for r in results]
+    targets = [_markdown_row(["target", "measured", "threshold", "result"], 4), _markdown_row(["---"] * 4, 4)]
+    targets += [_markdown_row([c.target, c.measured or "-", c.threshold, c.status], 4) for c in checks]
+    header = f"Measured on {meta['device']} (torch {meta['torch']}): `{meta['command']}`"
+    return "\n".join([header, ""] + table + [""] + targets) + "\n"
+
+
+def as_json(results: List[Measurement], checks: List[TargetCheck], meta: dict) -> dict:
+    return {"meta": meta, "results": [dict(dataclasses.asdict(r), label=r.label) for r in results],
+            "targets": [dataclasses.asdict(c) for c in checks]}
 
 
 def plot(results: List[Measurement], path: str) -> None:
@@ -281,14 +511,16 @@ def plot(results: List[Measurement], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    inference = [r for r in results if r.benchmark == "inference"]
-    for model in dict.fromkeys(r.model for r in inference):
-        rows = [r for r in inference if r.model == model]
-        axes[0].plot([r.seq_length for r in rows], [r.tokens_per_s / 1e3 for r in rows], marker="o", label=model)
+    ok = [r for r in results if r.error is None]
+    inference = [r for r in ok if r.benchmark == "inference"]
+    for label in dict.fromkeys(r.label for r in inference):
+        rows = [r for r in inference if r.label == label]
+        axes[0].plot([r.seq_length for r in rows], [r.tokens_per_s / 1e3 for r in rows], marker="o", label=label,
+                     linestyle="--" if rows[0].compiled else "-")
     axes[0].set(xscale="log", xlabel="sequence length", ylabel="10^3 tokens/s", title="Inference")
     axes[0].legend()
-    training = [r for r in results if r.benchmark == "training"]
-    axes[1].bar([f"{r.model}\n@{r.seq_length}" for r in training], [r.tokens_per_s / 1e3 for r in training])
+    training = [r for r in ok if r.benchmark == "training"]
+    axes[1].bar([f"{r.label}\n@{r.seq_length}" for r in training], [r.tokens_per_s / 1e3 for r in training])
     axes[1].set(ylabel="10^3 real tokens/s", title="Training step")
     axes[1].tick_params(axis="x", labelsize=7)
     fig.tight_layout()

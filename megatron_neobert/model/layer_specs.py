@@ -5,6 +5,7 @@ norm -> fc1 -> activation -> fc2) and checkpoint under the same keys, so a run c
 across a restart.
 """
 
+import importlib
 import logging
 from functools import lru_cache
 from typing import Optional
@@ -35,8 +36,8 @@ _LOCAL_TO_TE_CHECKPOINT_KEYS = {
 @lru_cache(maxsize=None)
 def transformer_engine_available() -> bool:
     try:
-        import transformer_engine  # noqa: F401
-        from megatron.core.extensions import transformer_engine as _  # noqa: F401
+        importlib.import_module("transformer_engine")
+        importlib.import_module("megatron.core.extensions.transformer_engine")
     except Exception:  # ImportError, or a TE build that does not match this torch/CUDA
         return False
     return True
