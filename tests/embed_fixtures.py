@@ -3,10 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-import torch
-
 import hf_fixtures  # tests/ is on sys.path (conftest.py)
-
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_TOPICS = 24
