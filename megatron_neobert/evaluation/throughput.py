@@ -175,6 +175,9 @@ class _HiddenStates(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask):
+        # As the HF models do: no mask when every token is real, so SDPA may pick its flash kernel.
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None
         return self.model(input_ids, attention_mask=attention_mask, return_hidden_states=True)
 
 
