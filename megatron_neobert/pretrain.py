@@ -36,7 +36,8 @@ from megatron_neobert.training.metrics import format_duration, memory_gib, peak_
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.signals import ExitSignalHandler
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
-from megatron_neobert.training.trainer_checkpoint import load_checkpoint, save_checkpoint
+from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
+                                                          save_checkpoint)
 
 logger = logging.getLogger("megatron_neobert.pretrain")
 
@@ -226,6 +227,11 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """
     init_distributed()
     arch = model_arch(args)
+    checkpoint, common = read_checkpoint(args.load) if args.load else (None, None)
+    finetune = args.finetune
+    if checkpoint and not finetune and not holds_training_state(common):
+        print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
+        finetune = True
     config, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     dp = parallel_state.get_data_parallel_world_size()
@@ -245,11 +251,10 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                  f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {vocab})")
 
     iteration, consumed, skipped_total, last_saved = 0, 0, 0, None
-    if args.load:
-        common = load_checkpoint(args.load, chunks, optimizer, scheduler,
-                                 load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
-                                 finetune=args.finetune)
-        if common is not None and not args.finetune:
+    if checkpoint:
+        load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
+                        load_rng=not args.no_load_rng, finetune=finetune)
+        if not finetune:
             iteration = last_saved = common["iteration"]
             state = common["train_state"]
             skipped_total = state["skipped_iters"]
@@ -258,8 +263,9 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
             else:  # stage 2: new data or length; the old position means nothing there
                 print_rank_0(f"data settings differ from the checkpoint's: reading the new data "
                              f"from its start (checkpoint: {state['data_stream']})")
-        print_rank_0(f"loaded {args.load} at iteration {iteration}" if common else
-                     f"no checkpoint in {args.load}: starting from scratch")
+        print_rank_0(f"loaded {checkpoint} at iteration {iteration}")
+    elif args.load:
+        print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
     evals_done = iteration // args.eval_interval if args.eval_interval else 0
     tokenizer, train_iter, valid_iter = build_data(
         args, consumed, evals_done * args.eval_iters * args.global_batch_size)

@@ -228,16 +228,21 @@ def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
     torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-5)
 
 
-def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path):
-    """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it (--finetune: weights only) at another layout
-    (PP=2) and takes a step at learning rate 0 -> its checkpoint exports the original weights bit for bit."""
+def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path, capfd):
+    """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it at another layout (PP=2) and takes a step at
+    learning rate 0 -> its checkpoint exports the original weights bit for bit. No --finetune: the trainer
+    sees that the checkpoint holds no optimizer, schedule or data position and starts at iteration 0, as
+    --finetune would (the same code path; --finetune itself is tested in test_pretrain's stage 2)."""
     save = tmp_path / "continued"
     history = run_on_ranks(run_train, 2, tiny_argv(
         *data, *TRAINER_ARCH_FLAGS, "--pipeline-model-parallel-size", "2", "--load", str(round_trip[0] / "mcore"),
-        "--finetune", "--lr", "0", "--min-lr", "0", "--train-iters", "1", "--lr-warmup-iters", "0",
+        "--lr", "0", "--min-lr", "0", "--train-iters", "1", "--lr-warmup-iters", "0",
         "--lr-decay-iters", "1", "--save", str(save),
         "--save-interval", "1"))[0]
-    assert len(history["train"]) == 1 and torch.isfinite(torch.tensor(history["train"][0]["loss"]))
+    assert [r["iteration"] for r in history["train"]] == [1]
+    assert torch.isfinite(torch.tensor(history["train"][0]["loss"]))
+    printed = capfd.readouterr().out
+    assert printed.count("holds model weights only: starting from iteration 0 as with --finetune") == 1, printed
     # (a fresh initialisation instead of the converted weights would fail the comparison below)
     mcore_to_hf(save, tmp_path / "hf")
     back = load_file(str(tmp_path / "hf" / "model.safetensors"))
