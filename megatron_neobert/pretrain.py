@@ -74,7 +74,25 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
         override_opt_param_scheduler=args.override_opt_param_scheduler)
 
 
-def setup_model_and_optimizer(args, arch):
+def padded_model_vocab(args, arch, checkpoint: Optional[str], common: Optional[dict]) -> int:
+    """Rows of the embedding and output layer: the vocabulary padded to a multiple of
+    --make-vocab-size-divisible-by x TP, as Megatron-LM, or a loaded checkpoint's. 30522 pads to 30592
+    at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
+    word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
+    tp = args.tensor_model_parallel_size
+    saved = common["args"].get("padded_vocab_size") if common else None
+    if saved is None:
+        return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
+    if saved < arch.vocab_size:
+        raise ValueError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
+                         f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
+    if saved % tp:
+        raise ValueError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
+                         f"--tensor-model-parallel-size {tp} does not divide")
+    return saved
+
+
+def setup_model_and_optimizer(args, arch, padded_vocab: int):
     vpp = None
     if args.num_layers_per_virtual_pipeline_stage:
         vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
@@ -97,8 +115,7 @@ def setup_model_and_optimizer(args, arch):
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         use_distributed_optimizer=args.use_distributed_optimizer)
-    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config,
-                                args.make_vocab_size_divisible_by)
+    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config, padded_vocab)
     if args.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
         config.param_sync_func = [c.start_param_sync for c in chunks]
         if len(chunks) == 1:
@@ -232,7 +249,8 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     if checkpoint and not finetune and not holds_training_state(common):
         print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
         finetune = True
-    config, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch)
+    vocab = padded_model_vocab(args, arch, checkpoint, common)
+    config, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch, vocab)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     dp = parallel_state.get_data_parallel_world_size()
     world = torch.distributed.get_world_size()
@@ -240,7 +258,6 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
         raise ValueError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
                          f"--micro-batch-size {args.micro_batch_size} x data-parallel size {dp}")
     num_micro = args.global_batch_size // (args.micro_batch_size * dp)
-    vocab = padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
     print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
     print_rank_0(f"layout: {world} ranks = TP {tp} x PP {pp} x DP {dp}"
                  f" (virtual stages per rank {len(chunks)}, sequence parallel "

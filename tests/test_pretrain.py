@@ -19,6 +19,8 @@ from pretrain_cases import (read_weights, run_train, run_train_until_nonfinite, 
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
+# A vocabulary padded to 8320 rows at TP1 (multiple of 128) but to 8448 at TP2 (of 256), as 30522 is.
+VOCAB_8200 = ["--vocab-size", "8200"]
 ITERS, SAVE_AT = 12, 6
 
 
@@ -63,6 +65,14 @@ def distopt_run(data, tmp_path_factory):
     return h, save
 
 
+@pytest.fixture(scope="module")
+def tp1_run(data, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("tp1"))
+    h = one(run_on_ranks(run_train, 1, argv(data, *VOCAB_8200, "--train-iters", str(ITERS), "--save", save,
+                                            "--save-interval", str(SAVE_AT))))
+    return h, save
+
+
 def mean(xs):
     return sum(xs) / len(xs)
 
@@ -92,6 +102,8 @@ def restart_from(save: str, iteration: int, dst: str) -> str:
     ("tp2_pp2_run", TP2_PP2, 4, True),
     ("tp2_pp2_run", [], 2, False),  # TP2 x PP2 -> DP2
     ("distopt_run", ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 2, False),
+    # TP1 -> TP2 keeps the checkpoint's 8320 vocabulary rows (and their Adam moments)
+    ("tp1_run", [*VOCAB_8200, "--tensor-model-parallel-size", "2"], 2, False),
 ])
 def test_resume_gives_the_uninterrupted_losses(source, layout, ranks, exact, request, data, tmp_path):
     reference, save = request.getfixturevalue(source)
