@@ -34,6 +34,7 @@ from megatron_neobert.parallel.launch import init_distributed, initialize_model_
 from megatron_neobert.training.arguments import ARCH_OVERRIDES, parse_args
 from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
 from megatron_neobert.training.model_setup import build_model_chunks
+from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.signals import ExitSignalHandler
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
@@ -307,12 +308,14 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     history = {"train": [], "eval": [], "exit": "finished"}
     in_a_row, window = 0, []
     peak = peak_tflops(fp8=args.fp8_format is not None)
+    profiler = StepProfiler(args)
     handler = ExitSignalHandler() if args.exit_signal_handler else None
     if handler:
         handler.__enter__()
     t_window = time.perf_counter()
     try:
         while iteration < args.train_iters:
+            profiler.step_begins(iteration)
             for c in chunks:
                 c.zero_grad_buffer()
             optimizer.zero_grad()
@@ -338,6 +341,7 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                         f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
                         f"{iteration} without saving. Last good checkpoint: "
                         f"{args.save if last_saved is not None else 'none'} (iteration {last_saved})")
+            profiler.step_ends(iteration)  # the window holds the steps alone, not evaluations or saves
             record = dict(iteration=iteration, loss=loss, accuracy=(stats[1] / stats[2]).item(), lr=lr,
                           grad_norm=float(grad_norm) if grad_norm is not None else None,
                           skipped=in_a_row > 0, predicted=int(stats[2].item()))
@@ -373,6 +377,7 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                 print_rank_0(f"stopping at iteration {iteration} ({stop})")
                 history["exit"] = stop
                 break
+        profiler.stop()  # a run stopped inside the window still writes it
     finally:
         if handler:
             handler.__exit__(None, None, None)

@@ -5,6 +5,7 @@ Every run trains a 2-layer, 64-wide cut of the tiny preset on the built-in sampl
 length 64, with the real data pipeline (preprocessing, MLM dataset, resumable loader).
 """
 
+import json
 import os
 import shutil
 
@@ -160,6 +161,20 @@ def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):
     assert read_latest_iteration(save) == 3
     resumed = one(run_on_ranks(run_train, 2, argv(data, *common, "--train-iters", "4")))
     assert [r["iteration"] for r in resumed["train"]] == [4]
+
+
+def test_profile_writes_a_trace_on_the_profiled_rank_only(data, tmp_path, capfd):
+    tb = tmp_path / "tb"
+    run_on_ranks(run_train, 2, argv(data, "--train-iters", "2", "--lr-warmup-iters", "0", "--profile",
+                                    "--profile-step-start", "1",
+                                    "--profile-step-end", "2", "--tensorboard-dir", str(tb)))
+    traces = sorted(p.name for p in tb.glob("*.pt.trace.json"))
+    assert traces == ["rank0_steps2-2.pt.trace.json"]
+    names = {e.get("name") for e in json.loads((tb / traces[0]).read_text())["traceEvents"]}
+    assert {"aten::mm", "ProfilerStep#0"} <= names, sorted(n for n in names if n)[:40]
+    printed = capfd.readouterr().out
+    assert printed.count("profile of steps 2-2 on rank") == 1 and "on rank 0" in printed
+    assert "Self CPU" in printed and "aten::mm" in printed  # the top operators table
 
 
 def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):

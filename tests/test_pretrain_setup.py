@@ -64,6 +64,22 @@ def test_padded_vocabulary_is_the_checkpoints():
         padded_model_vocab(args, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--profile-step-start", "12", "--profile-step-end", "12"], "--profile-step-start 12 and --profile-step-end 12"),
+    (["--profile-step-end", "21"], "--profile-step-end 21 must satisfy 0 <= start < end <= --train-iters 20"),
+    ([], None),
+])
+def test_profile_window_is_checked(flags, message, tmp_path):
+    argv = ["--data-path", "d", "--train-iters", "20", "--lr-warmup-iters", "1", "--profile", *flags]
+    if message:
+        with pytest.raises(ValueError, match=message):
+            parse_args(argv + ["--save", str(tmp_path)])
+    else:
+        with pytest.raises(ValueError, match="--profile writes its trace to --tensorboard-dir, else to --save"):
+            parse_args(argv)
+        assert parse_args(argv + ["--save", str(tmp_path)]).profile_step_end == 12
+
+
 def lr_at(scheduler, step):
     scheduler.num_steps = step
     return scheduler.get_lr(scheduler.optimizer.param_groups[0])
