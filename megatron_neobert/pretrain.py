@@ -114,7 +114,7 @@ def setup_model_and_optimizer(args, arch, padded_vocab: int):
         fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **recompute)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather,
+        overlap_param_gather=args.overlap_param_gather, bucket_size=args.ddp_bucket_size,
         use_distributed_optimizer=args.use_distributed_optimizer)
     chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config, padded_vocab)
     if args.overlap_param_gather:  # the schedules start each chunk's parameter all-gather

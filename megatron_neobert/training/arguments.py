@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
+    g.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="parameters per gradient-reduction bucket with --overlap-grad-reduce (default: "
+                        "megatron-core's, max(40M, 1M x DP))")
 
     g = p.add_argument_group("precision")
     g.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights")
