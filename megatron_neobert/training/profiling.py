@@ -1,10 +1,9 @@
 """`--profile`: the PyTorch profiler around a window of training steps, on chosen ranks.
 
-As Megatron-LM's `--profile --use-pytorch-profiler`, the window opens when `--profile-step-start`
-steps are done and closes when `--profile-step-end` are: steps start+1 .. end, counted from the
-run's first step (a resumed run counts on from its checkpoint's iteration). At the close each rank
-of `--profile-ranks` writes a Chrome / TensorBoard trace (`rank{R}_steps{a}-{b}.pt.trace.json`) and
-prints its costliest operators.
+As Megatron-LM's `--profile --use-pytorch-profiler`, the window opens when the run's iteration is
+`--profile-step-start` and closes when it is `--profile-step-end`: steps start+1 .. end (a run
+resumed past the start profiles nothing). At the close each rank of `--profile-ranks` writes a
+Chrome / TensorBoard trace (`rank{R}_steps{a}-{b}.pt.trace.json`) and prints its costliest operators.
 """
 
 import os
