@@ -34,9 +34,11 @@ from megatron_neobert.parallel.launch import init_distributed, initialize_model_
 from megatron_neobert.training.arguments import ARCH_OVERRIDES, parse_args
 from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
 from megatron_neobert.training.model_setup import build_model_chunks
+from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.signals import ExitSignalHandler
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
-from megatron_neobert.training.trainer_checkpoint import load_checkpoint, save_checkpoint
+from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
+                                                          save_checkpoint)
 
 logger = logging.getLogger("megatron_neobert.pretrain")
 
@@ -73,7 +75,25 @@ def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
         override_opt_param_scheduler=args.override_opt_param_scheduler)
 
 
-def setup_model_and_optimizer(args, arch):
+def padded_model_vocab(args, arch, checkpoint: Optional[str], common: Optional[dict]) -> int:
+    """Rows of the embedding and output layer: the vocabulary padded to a multiple of
+    --make-vocab-size-divisible-by x TP, as Megatron-LM, or a loaded checkpoint's. 30522 pads to 30592
+    at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
+    word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
+    tp = args.tensor_model_parallel_size
+    saved = common["args"].get("padded_vocab_size") if common else None
+    if saved is None:
+        return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
+    if saved < arch.vocab_size:
+        raise ValueError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
+                         f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
+    if saved % tp:
+        raise ValueError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
+                         f"--tensor-model-parallel-size {tp} does not divide")
+    return saved
+
+
+def setup_model_and_optimizer(args, arch, padded_vocab: int):
     vpp = None
     if args.num_layers_per_virtual_pipeline_stage:
         vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
@@ -94,10 +114,9 @@ def setup_model_and_optimizer(args, arch):
         fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **recompute)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather,
+        overlap_param_gather=args.overlap_param_gather, bucket_size=args.ddp_bucket_size,
         use_distributed_optimizer=args.use_distributed_optimizer)
-    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config,
-                                args.make_vocab_size_divisible_by)
+    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config, padded_vocab)
     if args.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
         config.param_sync_func = [c.start_param_sync for c in chunks]
         if len(chunks) == 1:
@@ -226,7 +245,13 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """
     init_distributed()
     arch = model_arch(args)
-    config, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch)
+    checkpoint, common = read_checkpoint(args.load) if args.load else (None, None)
+    finetune = args.finetune
+    if checkpoint and not finetune and not holds_training_state(common):
+        print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
+        finetune = True
+    vocab = padded_model_vocab(args, arch, checkpoint, common)
+    config, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch, vocab)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     dp = parallel_state.get_data_parallel_world_size()
     world = torch.distributed.get_world_size()
@@ -234,7 +259,6 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
         raise ValueError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
                          f"--micro-batch-size {args.micro_batch_size} x data-parallel size {dp}")
     num_micro = args.global_batch_size // (args.micro_batch_size * dp)
-    vocab = padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
     print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
     print_rank_0(f"layout: {world} ranks = TP {tp} x PP {pp} x DP {dp}"
                  f" (virtual stages per rank {len(chunks)}, sequence parallel "
@@ -245,11 +269,10 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                  f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {vocab})")
 
     iteration, consumed, skipped_total, last_saved = 0, 0, 0, None
-    if args.load:
-        common = load_checkpoint(args.load, chunks, optimizer, scheduler,
-                                 load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
-                                 finetune=args.finetune)
-        if common is not None and not args.finetune:
+    if checkpoint:
+        load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
+                        load_rng=not args.no_load_rng, finetune=finetune)
+        if not finetune:
             iteration = last_saved = common["iteration"]
             state = common["train_state"]
             skipped_total = state["skipped_iters"]
@@ -258,8 +281,9 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
             else:  # stage 2: new data or length; the old position means nothing there
                 print_rank_0(f"data settings differ from the checkpoint's: reading the new data "
                              f"from its start (checkpoint: {state['data_stream']})")
-        print_rank_0(f"loaded {args.load} at iteration {iteration}" if common else
-                     f"no checkpoint in {args.load}: starting from scratch")
+        print_rank_0(f"loaded {checkpoint} at iteration {iteration}")
+    elif args.load:
+        print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
     evals_done = iteration // args.eval_interval if args.eval_interval else 0
     tokenizer, train_iter, valid_iter = build_data(
         args, consumed, evals_done * args.eval_iters * args.global_batch_size)
@@ -284,12 +308,14 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
     history = {"train": [], "eval": [], "exit": "finished"}
     in_a_row, window = 0, []
     peak = peak_tflops(fp8=args.fp8_format is not None)
+    profiler = StepProfiler(args)
     handler = ExitSignalHandler() if args.exit_signal_handler else None
     if handler:
         handler.__enter__()
     t_window = time.perf_counter()
     try:
         while iteration < args.train_iters:
+            profiler.step_begins(iteration)
             for c in chunks:
                 c.zero_grad_buffer()
             optimizer.zero_grad()
@@ -315,6 +341,7 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                         f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
                         f"{iteration} without saving. Last good checkpoint: "
                         f"{args.save if last_saved is not None else 'none'} (iteration {last_saved})")
+            profiler.step_ends(iteration)  # the window holds the steps alone, not evaluations or saves
             record = dict(iteration=iteration, loss=loss, accuracy=(stats[1] / stats[2]).item(), lr=lr,
                           grad_norm=float(grad_norm) if grad_norm is not None else None,
                           skipped=in_a_row > 0, predicted=int(stats[2].item()))
@@ -350,6 +377,7 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
                 print_rank_0(f"stopping at iteration {iteration} ({stop})")
                 history["exit"] = stop
                 break
+        profiler.stop()  # a run stopped inside the window still writes it
     finally:
         if handler:
             handler.__exit__(None, None, None)

@@ -53,6 +53,6 @@ def load_and_forward(ckpt: str, layout: Layout, micro_batches: List[Batch]) -> O
     config = transformer_config(arch, tensor_model_parallel_size=layout.tp,
                                 pipeline_model_parallel_size=layout.pp,
                                 virtual_pipeline_model_parallel_size=layout.vpp, pipeline_dtype=torch.float32)
-    chunks = build_model_chunks(arch, config, "local")
+    chunks = build_model_chunks(arch, config, "local", padded_vocab=args["padded_vocab_size"])
     load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir))
     return pipeline_logits(chunks, micro_batches)

@@ -3,8 +3,9 @@ and to and from the trainer's checkpoints.
 
 Megatron runs on gloo CPU ranks; the HF side is our remote-code model loaded through the Auto
 classes, offline. The test model is the trainer tests' cut of the tiny preset with 4 layers of 64
-and the built-in 8192-entry tokenizer, so that the trainer can load the converted checkpoint; the
-250M key/shape check runs on the meta device.
+and the built-in 8192-entry tokenizer, so that the trainer can load the converted checkpoint; its
+vocabulary of 8200 pads to other sizes at other TP and padding multiples (as 30522 does). The 250M
+key/shape check runs on the meta device.
 """
 
 import dataclasses
@@ -33,8 +34,11 @@ from tools.convert_checkpoint import main as cli
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep",
              "a model reads long text with rotary positions", "red birds sing"]
 TP2PP2 = Layout(tp=2, pp=2)
-VOCAB_SIZE = 8192  # the neobert-tiny preset and its built-in tokenizer
-TRAINER_ARCH_FLAGS = ["--num-layers", "4"]  # on top of tiny_argv's 64 wide, 4 heads, FFN 128
+VOCAB_SIZE = 8200  # the built-in tokenizer's 8192 and 8 unused rows
+# hf-to-mcore at TP=2 with a padding multiple of 32 pads to 8256 rows; the trainer would pad to 8320 at TP=1
+PADDED_VOCAB, VOCAB_MULTIPLE = 8256, 32
+# on top of tiny_argv's 64 wide, 4 heads, FFN 128
+TRAINER_ARCH_FLAGS = ["--num-layers", "4", "--vocab-size", str(VOCAB_SIZE)]
 
 
 def official_folder(path, config, state_dict, tokenizer=None):
@@ -121,7 +125,8 @@ def data(tmp_path_factory):
 def round_trip(tmp_path_factory, config, hf_weights):
     tmp = tmp_path_factory.mktemp("round_trip")
     src = official_folder(tmp / "official", config, hf_weights, SAMPLE_TOKENIZER)
-    summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                          make_vocab_size_divisible_by=VOCAB_MULTIPLE)
     export = mcore_to_hf(tmp / "mcore", tmp / "hf")
     return tmp, summary, export
 
@@ -141,13 +146,13 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
                                 vocab_size=VOCAB_SIZE, max_sequence_length=1024, normalization="RMSNorm",
                                 activation="swiglu", position_embedding_type="rope", add_bias_linear=False,
                                 norm_epsilon=1e-5, rotary_base=10000, init_range=0.02)
-    assert args["padded_vocab_size"] == 8192  # already a multiple of 128 x TP=2
+    assert args["padded_vocab_size"] == PADDED_VOCAB  # a multiple of 32 x TP=2
     assert (args["tensor_model_parallel_size"], args["pipeline_model_parallel_size"]) == (2, 2)
     assert args["tokenizer_type"] == "HuggingFaceTokenizer"
     assert args["tokenizer_model"] == str((tmp / "official").resolve())
     assert args["model_preset"] is None  # tiny test dims are no preset
     meta = dist_checkpointing.load_tensors_metadata(ckpt)
-    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (8192, 64)
+    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (PADDED_VOCAB, 64)
     assert not any(k.startswith("optimizer") for k in meta)
     assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
 
@@ -175,7 +180,8 @@ def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
     enc, micro = padded_batch()
     megatron = last_stage(run_on_ranks(load_and_forward, 4, str(tmp / "mcore"), TP2PP2, micro))
     hf = hf_mlm_logits(tmp / "hf", enc)
-    assert megatron.shape == hf.shape[:2] + (VOCAB_SIZE,)
+    assert megatron.shape == hf.shape[:2] + (PADDED_VOCAB,)
+    megatron = megatron[..., :VOCAB_SIZE]
     assert hf.abs().max() > 1.0  # random weights of scale 0.2: logits far from uniform
     # Real tokens only: what a padded query position computes is each implementation's own business.
     real = enc["attention_mask"].bool()
@@ -223,21 +229,28 @@ def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
     assert (tmp_path / "hf" / "vocab.txt").read_bytes() == open(os.path.join(SAMPLE_TOKENIZER, "vocab.txt"), "rb").read()
     enc, micro = padded_batch(tmp_path / "hf")
     megatron = last_stage(run_on_ranks(load_and_forward, 4, str(save), Layout(tp=2, pp=2, vpp=2), micro))
+    megatron = megatron[..., :VOCAB_SIZE]  # padded to 8448 at TP=2
     hf = hf_mlm_logits(tmp_path / "hf", enc)
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-5)
 
 
-def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path):
-    """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it (--finetune: weights only) at another layout
-    (PP=2) and takes a step at learning rate 0 -> its checkpoint exports the original weights bit for bit."""
+def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path, capfd):
+    """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it at another layout (PP=2, with the checkpoint's
+    8256 vocabulary rows, not the 8320 of TP=1) and takes a step at learning rate 0 -> its checkpoint
+    exports the original weights bit for bit. No --finetune: the trainer sees that the checkpoint holds no
+    optimizer, schedule or data position and starts at iteration 0, as --finetune would (the same code
+    path; --finetune itself is tested in test_pretrain's stage 2)."""
     save = tmp_path / "continued"
     history = run_on_ranks(run_train, 2, tiny_argv(
         *data, *TRAINER_ARCH_FLAGS, "--pipeline-model-parallel-size", "2", "--load", str(round_trip[0] / "mcore"),
-        "--finetune", "--lr", "0", "--min-lr", "0", "--train-iters", "1", "--lr-warmup-iters", "0",
+        "--lr", "0", "--min-lr", "0", "--train-iters", "1", "--lr-warmup-iters", "0",
         "--lr-decay-iters", "1", "--save", str(save),
         "--save-interval", "1"))[0]
-    assert len(history["train"]) == 1 and torch.isfinite(torch.tensor(history["train"][0]["loss"]))
+    assert [r["iteration"] for r in history["train"]] == [1]
+    assert torch.isfinite(torch.tensor(history["train"][0]["loss"]))
+    printed = capfd.readouterr().out
+    assert printed.count("holds model weights only: starting from iteration 0 as with --finetune") == 1, printed
     # (a fresh initialisation instead of the converted weights would fail the comparison below)
     mcore_to_hf(save, tmp_path / "hf")
     back = load_file(str(tmp_path / "hf" / "model.safetensors"))
@@ -303,12 +316,12 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     ("missing shard", r"shard file __1_0.distcp holding model tensors is missing"),
     ("other architecture", r"does not hold the model its args describe.*wrong shapes "
                            r"\['decoder.final_layernorm.weight|wrong shapes \['decoder.layers.mlp"),
-    ("other vocabulary", r"wrong shapes \['embedding.word_embeddings.weight: \(8192, 64\) in the checkpoint, "
+    ("other vocabulary", r"wrong shapes \['embedding.word_embeddings.weight: \(8256, 64\) in the checkpoint, "
                          r"\(8448, 64\)"),
-    ("vocab beyond padding", "padded_vocab_size=8192, smaller than the vocabulary"),
+    ("vocab beyond padding", "padded_vocab_size=8256, smaller than the vocabulary"),
     ("bert-like m0", "only NeoBERT's RoPE / SwiGLU / RMSNorm"),
     ("preset mismatch", r"does not match --model-preset neobert-tiny: hidden_size=64 \(preset: 128\), "
-                        r"ffn_hidden_size=128 \(preset: 344\)$"),
+                        r"ffn_hidden_size=128 \(preset: 344\), vocab_size=8200 \(preset: 8192\)$"),
     ("no args", "no args\\['arch'\\]"),
 ])
 def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):

@@ -5,6 +5,7 @@ Every run trains a 2-layer, 64-wide cut of the tiny preset on the built-in sampl
 length 64, with the real data pipeline (preprocessing, MLM dataset, resumable loader).
 """
 
+import json
 import os
 import shutil
 
@@ -19,6 +20,8 @@ from pretrain_cases import (read_weights, run_train, run_train_until_nonfinite, 
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
+# A vocabulary padded to 8320 rows at TP1 (multiple of 128) but to 8448 at TP2 (of 256), as 30522 is.
+VOCAB_8200 = ["--vocab-size", "8200"]
 ITERS, SAVE_AT = 12, 6
 
 
@@ -63,6 +66,14 @@ def distopt_run(data, tmp_path_factory):
     return h, save
 
 
+@pytest.fixture(scope="module")
+def tp1_run(data, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("tp1"))
+    h = one(run_on_ranks(run_train, 1, argv(data, *VOCAB_8200, "--train-iters", str(ITERS), "--save", save,
+                                            "--save-interval", str(SAVE_AT))))
+    return h, save
+
+
 def mean(xs):
     return sum(xs) / len(xs)
 
@@ -92,6 +103,8 @@ def restart_from(save: str, iteration: int, dst: str) -> str:
     ("tp2_pp2_run", TP2_PP2, 4, True),
     ("tp2_pp2_run", [], 2, False),  # TP2 x PP2 -> DP2
     ("distopt_run", ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 2, False),
+    # TP1 -> TP2 keeps the checkpoint's 8320 vocabulary rows (and their Adam moments)
+    ("tp1_run", [*VOCAB_8200, "--tensor-model-parallel-size", "2"], 2, False),
 ])
 def test_resume_gives_the_uninterrupted_losses(source, layout, ranks, exact, request, data, tmp_path):
     reference, save = request.getfixturevalue(source)
@@ -135,6 +148,25 @@ def test_gradients_do_not_depend_on_micro_batches_or_data_parallel_size(data, tm
                                        msg=f"{name}: {key}")
 
 
+def test_overlapped_gradient_reduction_and_parameter_gathering_change_nothing(data, tmp_path):
+    """DP2 with the distributed optimizer, 4 micro-batches per rank and step, buckets of 20k parameters
+    (5 buckets instead of 1): reduce-scatters started asynchronously by the backward of the last
+    micro-batch, parameter all-gathers waited for in the next forward (forced before evaluating and
+    saving) give exactly the losses and weights of the synchronous run, since every gradient element is
+    the same sum of two values. Clipping is off: the float32 gradient norm depends on how the buckets
+    split parameters between the ranks (~1e-5 relative), which would reach the weights."""
+    common = ["--use-distributed-optimizer", "--micro-batch-size", "1", "--train-iters", "4",
+              "--eval-interval", "2", "--clip-grad", "0"]
+    runs = {"sync": [], "overlap": ["--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000"]}
+    histories = {name: one(run_on_ranks(run_train, 2, argv(data, *common, *extra, "--save", str(tmp_path / name))))
+                 for name, extra in runs.items()}
+    assert losses(histories["overlap"]) == losses(histories["sync"])
+    assert histories["overlap"]["eval"] == histories["sync"]["eval"] and len(histories["sync"]["eval"]) == 2
+    sync, overlap = run_on_ranks(read_weights, 1, argv(data), [iteration_dir(str(tmp_path / n), 4) for n in runs])[0]
+    for key in sync:
+        assert torch.equal(overlap[key], sync[key]), key
+
+
 def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):
     save = str(tmp_path / "ckpt")
     # PP2 x 2 virtual stages: interleaved 1F1B runs (exactness is the lead's open VPP issue).
@@ -148,6 +180,20 @@ def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):
     assert read_latest_iteration(save) == 3
     resumed = one(run_on_ranks(run_train, 2, argv(data, *common, "--train-iters", "4")))
     assert [r["iteration"] for r in resumed["train"]] == [4]
+
+
+def test_profile_writes_a_trace_on_the_profiled_rank_only(data, tmp_path, capfd):
+    tb = tmp_path / "tb"
+    run_on_ranks(run_train, 2, argv(data, "--train-iters", "2", "--lr-warmup-iters", "0", "--profile",
+                                    "--profile-step-start", "1",
+                                    "--profile-step-end", "2", "--tensorboard-dir", str(tb)))
+    traces = sorted(p.name for p in tb.glob("*.pt.trace.json"))
+    assert traces == ["rank0_steps2-2.pt.trace.json"]
+    names = {e.get("name") for e in json.loads((tb / traces[0]).read_text())["traceEvents"]}
+    assert {"aten::mm", "ProfilerStep#0"} <= names, sorted(n for n in names if n)[:40]
+    printed = capfd.readouterr().out
+    assert printed.count("profile of steps 2-2 on rank") == 1 and "on rank 0" in printed
+    assert "Self CPU" in printed and "aten::mm" in printed  # the top operators table
 
 
 def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):

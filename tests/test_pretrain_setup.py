@@ -8,7 +8,7 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.pretrain import build_scheduler, model_arch
+from megatron_neobert.pretrain import build_scheduler, model_arch, padded_model_vocab
 from megatron_neobert.training.arguments import parse_args
 from megatron_neobert.training.checkpointing import iteration_dir, write_latest_marker
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
@@ -47,6 +47,37 @@ def test_ablation_configs_parse():
     assert archs["m3.yaml"][0].vocab_size == 32000
     assert archs["m5.yaml"][1].mask_scheme == "mask" and archs["m4.yaml"][1].optimizer == "adamw"
     assert archs["m9.yaml"][0] == get_arch("neobert-250m")
+
+
+def test_padded_vocabulary_is_the_checkpoints():
+    args = parse_args(["--data-path", "d", "--model-preset", "neobert-tiny", "--vocab-size", "8200",
+                       "--tensor-model-parallel-size", "2"])
+    arch = model_arch(args)
+    assert padded_model_vocab(args, arch, None, None) == 8448  # a multiple of 128 x TP 2
+    tp1_checkpoint = {"args": {"padded_vocab_size": 8320}}  # 8200 padded at TP 1
+    assert padded_model_vocab(args, arch, "ckpt", tp1_checkpoint) == 8320
+    args.tensor_model_parallel_size = 3
+    with pytest.raises(ValueError, match="checkpoint ckpt has its vocabulary padded to 8320 rows, which "
+                                         "--tensor-model-parallel-size 3 does not divide"):
+        padded_model_vocab(args, arch, "ckpt", tp1_checkpoint)
+    with pytest.raises(ValueError, match=r"8192 vocabulary rows, fewer than the model's vocabulary \(8200"):
+        padded_model_vocab(args, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--profile-step-start", "12", "--profile-step-end", "12"], "--profile-step-start 12 and --profile-step-end 12"),
+    (["--profile-step-end", "21"], "--profile-step-end 21 must satisfy 0 <= start < end <= --train-iters 20"),
+    ([], None),
+])
+def test_profile_window_is_checked(flags, message, tmp_path):
+    argv = ["--data-path", "d", "--train-iters", "20", "--lr-warmup-iters", "1", "--profile", *flags]
+    if message:
+        with pytest.raises(ValueError, match=message):
+            parse_args(argv + ["--save", str(tmp_path)])
+    else:
+        with pytest.raises(ValueError, match="--profile writes its trace to --tensorboard-dir, else to --save"):
+            parse_args(argv)
+        assert parse_args(argv + ["--save", str(tmp_path)]).profile_step_end == 12
 
 
 def lr_at(scheduler, step):

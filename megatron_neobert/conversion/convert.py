@@ -357,7 +357,8 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     arch = NeoBERTArch(**arch_fields)
     initialize_model_parallel(tp, pp)
     config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    chunks = build_model_chunks(arch, config, transformer_impl="local")
+    # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default 128 x TP.
+    chunks = build_model_chunks(arch, config, "local", padded_vocab=common["args"]["padded_vocab_size"])
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
     load_model_state(chunks, state)
     if torch.distributed.get_rank() == 0:

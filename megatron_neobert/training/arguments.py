@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
+    g.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="parameters per gradient-reduction bucket with --overlap-grad-reduce (default: "
+                        "megatron-core's, max(40M, 1M x DP))")
 
     g = p.add_argument_group("precision")
     g.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights")
@@ -112,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=100)
     g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--profile", action="store_true",
+                   help="PyTorch profiler over steps --profile-step-start + 1 .. --profile-step-end: a trace "
+                        "in --tensorboard-dir (else --save/profile) and the top operators in the log")
+    g.add_argument("--profile-step-start", type=int, default=10)
+    g.add_argument("--profile-step-end", type=int, default=12)
+    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
+    g.add_argument("--pytorch-profiler-collect-callstack", action="store_true",
+                   help="Python stacks in the trace (larger trace, slower profiled steps)")
 
     g = p.add_argument_group("testing")
     g.add_argument("--inject-nonfinite-at", type=int, nargs="*", default=[],
@@ -155,6 +166,14 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--overlap-param-gather needs --use-distributed-optimizer")
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         args.sequence_parallel = False  # as Megatron-LM: nothing to split
+    if args.profile:
+        if not 0 <= args.profile_step_start < args.profile_step_end <= args.train_iters:
+            raise ValueError(f"--profile-step-start {args.profile_step_start} and --profile-step-end "
+                             f"{args.profile_step_end} must satisfy 0 <= start < end <= --train-iters "
+                             f"{args.train_iters}")
+        if not (args.tensorboard_dir or args.save):
+            raise ValueError("--profile writes its trace to --tensorboard-dir, else to --save/profile: "
+                             "give one of them")
     if args.data_path is None:
         raise ValueError("--data-path is required (see tools/preprocess_data.py)")
     return args

@@ -13,15 +13,18 @@ from megatron_neobert.model import NeoBERTArch, build_model, padded_vocab_size
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
                        ddp_config: Optional[DistributedDataParallelConfig] = None,
-                       make_vocab_size_divisible_by: int = 128) -> List[torch.nn.Module]:
+                       padded_vocab: Optional[int] = None) -> List[torch.nn.Module]:
     """This rank's NeoBERT model chunks: one per virtual pipeline stage (one without VPP).
+
+    `padded_vocab`: rows of the embedding and output layer; default: the vocabulary padded to a
+    multiple of 128 x TP. A loaded checkpoint's own size must be passed (its rows are fixed).
 
     With `ddp_config` each chunk is wrapped in megatron-core DDP (grad buffers, bucketed
     reduce(-scatter)) and `config` gets the hooks the pipeline schedules call.
     """
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
-    vocab = padded_vocab_size(arch.vocab_size, parallel_state.get_tensor_model_parallel_world_size(),
-                              make_vocab_size_divisible_by)
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    vocab = padded_vocab or padded_vocab_size(arch.vocab_size, tp)
     chunks = []
     for vp_stage in range(vpp):
         vp = vp_stage if vpp > 1 else None

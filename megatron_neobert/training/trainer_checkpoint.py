@@ -25,7 +25,7 @@ import os
 import random
 import re
 import shutil
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy
 import torch
@@ -197,18 +197,29 @@ def find_checkpoint(root: str) -> Optional[str]:
     return path
 
 
-def load_checkpoint(root: str, chunks, optimizer, scheduler, load_optimizer: bool = True,
-                    load_rng: bool = True, finetune: bool = False) -> Optional[dict]:
-    """Load the latest complete checkpoint under `root` into the model, optimizer and scheduler.
-
-    Returns its common state ("args", "iteration", "train_state"), or None when there is none.
-    `finetune`: weights only. `load_optimizer=False`: a fresh optimizer state, but the schedule
-    position is kept (it follows the iteration, not the optimizer).
-    """
+def read_checkpoint(root: str) -> Tuple[Optional[str], Optional[dict]]:
+    """(iteration folder, common state) of the latest complete checkpoint under `root`, or
+    (None, None). The common state is read before the model is built: its args decide the
+    model's vocabulary size."""
     path = find_checkpoint(root)
-    if path is None:
-        return None
-    common = dist_checkpointing.load_common_state_dict(path)
+    return (path, dist_checkpointing.load_common_state_dict(path)) if path else (None, None)
+
+
+def holds_training_state(common: dict) -> bool:
+    """Whether a checkpoint can be resumed: the trainer's hold the schedule and the data position;
+    those of tools/convert_checkpoint.py (hf-to-mcore) hold only the model and its args."""
+    return "opt_param_scheduler" in common and "train_state" in common
+
+
+def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_optimizer: bool = True,
+                    load_rng: bool = True, finetune: bool = False) -> None:
+    """Load the checkpoint `read_checkpoint` found into the model, optimizer and scheduler.
+
+    `finetune`: weights only (required for a checkpoint without training state).
+    `load_optimizer=False`: a fresh optimizer state, but the schedule position is kept (it
+    follows the iteration, not the optimizer).
+    """
+    assert finetune or holds_training_state(common), f"{path} holds no training state: load it with finetune"
     saved_layout = tuple(common["args"][k] for k in ("pipeline_model_parallel_size",
                                                      "tensor_model_parallel_size", "data_parallel_size"))
     with_optimizer = load_optimizer and not finetune and "optimizer" in common
@@ -230,4 +241,3 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, load_optimizer: boo
         _restore_rng(loaded["rng_state"])
     logger.info("loaded %s (iteration %d; optimizer %s)", path, common["iteration"],
                 "restored" if with_optimizer else "fresh")
-    return common
