@@ -36,7 +36,7 @@ from megatron_neobert.training.metrics import format_duration, memory_gib, peak_
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.signals import ExitSignalHandler
-from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
+from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step, real_tokens
 from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
                                                           save_checkpoint)
 
@@ -173,9 +173,11 @@ def _poisoned(loss_func):
     return func
 
 
-def run_micro_batches(chunks, batches: List[dict], forward_only: bool, poison: bool = False):
+def run_micro_batches(chunks, batches: List[dict], forward_only: bool, poison: bool = False,
+                      pad_id: Optional[int] = None):
     """megatron-core's schedule over this rank's micro-batches; returns the global
-    [loss sum, correct, masked count] on every rank."""
+    [loss sum, correct, masked count, real (non-padding) tokens] on every rank; the last one
+    is 0 without `pad_id`."""
     def forward_step(data_iterator, model):
         output, loss_func = mlm_forward_step(data_iterator, model)
         return output, (_poisoned(loss_func) if poison else loss_func)
@@ -187,10 +189,12 @@ def run_micro_batches(chunks, batches: List[dict], forward_only: bool, poison: b
         model=chunks, num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=forward_only)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    stats = torch.zeros(3, dtype=torch.float64, device=device)
+    stats = torch.zeros(4, dtype=torch.float64, device=device)
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         for r in reports:
-            stats += r["lm loss"].to(stats)
+            stats[:3] += r["lm loss"].to(stats)
+        if pad_id is not None:
+            stats[3] = sum(real_tokens(b, pad_id).to(stats) for b in batches)
         torch.distributed.all_reduce(stats, group=parallel_state.get_data_parallel_group())
     # Only the last stage holds losses: summing over the pipeline hands them to every rank.
     torch.distributed.all_reduce(stats, group=parallel_state.get_pipeline_model_parallel_group())
@@ -322,7 +326,8 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
             lr = optimizer.param_groups[0]["lr"]
             batches = [next(train_iter) for _ in range(num_micro)]
             stats = run_micro_batches(chunks, batches, forward_only=False,
-                                      poison=iteration + 1 in args.inject_nonfinite_at)
+                                      poison=iteration + 1 in args.inject_nonfinite_at,
+                                      pad_id=tokenizer.pad_id)
             iteration += 1
             consumed += args.global_batch_size
             loss = (stats[0] / stats[2]).item()
@@ -344,7 +349,7 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
             profiler.step_ends(iteration)  # the window holds the steps alone, not evaluations or saves
             record = dict(iteration=iteration, loss=loss, accuracy=(stats[1] / stats[2]).item(), lr=lr,
                           grad_norm=float(grad_norm) if grad_norm is not None else None,
-                          skipped=in_a_row > 0, predicted=int(stats[2].item()))
+                          skipped=in_a_row > 0, predicted=int(stats[2].item()), tokens=int(stats[3].item()))
             history["train"].append(record)
             window.append(record)
             if on_step:
@@ -398,8 +403,8 @@ def _log(args, arch, vocab, window, elapsed, peak, writer, skipped_total) -> Non
     loss = sum(r["loss"] for r in good) / max(len(good), 1) if good else float("nan")
     acc = sum(r["accuracy"] for r in good) / max(len(good), 1) if good else float("nan")
     per_step = elapsed / n
-    tokens = args.global_batch_size * args.seq_length
-    flops = sum(step_flops(arch, tokens, r["predicted"], args.seq_length, vocab) for r in window)
+    tokens = sum(r["tokens"] for r in window) / n  # real tokens: padding is no work done
+    flops = sum(step_flops(arch, r["tokens"], r["predicted"], args.seq_length, vocab) for r in window)
     tflops = flops / elapsed / torch.distributed.get_world_size() / 1e12
     mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
     grad_norm = last["grad_norm"]

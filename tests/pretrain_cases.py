@@ -27,6 +27,20 @@ def run_train(argv: list) -> dict:
     return train(parse_args(argv))
 
 
+def real_tokens_per_step(argv: list, steps: int) -> list:
+    """Non-padding tokens of each of the first `steps` global batches, read straight from the data
+    loader on one rank (the trainer's data-parallel ranks share each global batch out)."""
+    from megatron_neobert.parallel.launch import initialize_model_parallel
+    from megatron_neobert.pretrain import build_data
+
+    initialize_model_parallel(1, 1)
+    args = parse_args(argv)
+    tokenizer, batches, _ = build_data(args, 0, 0)
+    micro_batches = args.global_batch_size // args.micro_batch_size
+    return [sum(int((next(batches)["tokens"] != tokenizer.pad_id).sum()) for _ in range(micro_batches))
+            for _ in range(steps)]
+
+
 def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signal.SIGTERM) -> dict:
     """Train; one rank sends itself `signum` after `at_iteration` (as a cluster scheduler would)."""
     def on_step(record):

@@ -15,8 +15,8 @@ import torch
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration, write_latest_marker
-from pretrain_cases import (read_weights, run_train, run_train_until_nonfinite, run_train_with_signal,
-                            tiny_argv)
+from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_train_until_nonfinite,
+                            run_train_with_signal, tiny_argv)
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
@@ -165,6 +165,16 @@ def test_overlapped_gradient_reduction_and_parameter_gathering_change_nothing(da
     sync, overlap = run_on_ranks(read_weights, 1, argv(data), [iteration_dir(str(tmp_path / n), 4) for n in runs])[0]
     for key in sync:
         assert torch.equal(overlap[key], sync[key]), key
+
+
+def test_logged_tokens_per_second_count_real_tokens_only(data):
+    """Padded batches: the log's tokens are the non-padding ones, counted once over the pipeline."""
+    flags = argv(data, "--no-packed", "--pipeline-model-parallel-size", "2", "--train-iters", "3", "--lr-warmup-iters", "1")
+    history = one(run_on_ranks(run_train, 2, flags))
+    expected = run_on_ranks(real_tokens_per_step, 1, flags, 3)[0]
+    print("real tokens per step", expected)
+    assert [r["tokens"] for r in history["train"]] == expected
+    assert sum(expected) < 3 * 8 * 64  # the sample corpus's document tails leave padding
 
 
 def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):

@@ -40,6 +40,14 @@ def mlm_forward_step(data_iterator: Iterator, model):
     return model(**model_inputs(batch)), mlm_loss_func
 
 
+def real_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
+    """Non-padding tokens of a micro-batch, as a 0-d tensor (no host sync): padded rows end in
+    padding; packed rows may end in a padding piece."""
+    if "attention_mask" in batch:
+        return batch["attention_mask"].sum()
+    return (batch["tokens"] != pad_id).sum()
+
+
 def micro_batch_tensor_shape(batch: Dict[str, torch.Tensor]):
     """(seq_length, micro_batch_size) of the activations sent between pipeline stages."""
     b, s = batch["tokens"].shape
