@@ -20,6 +20,18 @@ def single_rank():
 
 
 @pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The built-in sample corpus preprocessed for the trainer: (dataset prefix, cache folder)."""
+    from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+    from megatron_neobert.data.preprocess import preprocess_data
+
+    root = tmp_path_factory.mktemp("data")
+    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
+                            progress=False)
+    return stats.outputs["content"], str(root / "cache")
+
+
+@pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on shared cores the threads spin against other jobs
     (measured: a 60-step fine-tune took 1.4 s with one thread, 260 s with two). Modules opt in with

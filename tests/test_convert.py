@@ -22,7 +22,7 @@ from convert_cases import load_and_forward
 from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
                                                  hf_state_dict_from_mcore, hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, hf_config_dict, read_hf_folder
-from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
@@ -108,17 +108,6 @@ def config():
 @pytest.fixture(scope="module")
 def hf_weights(config):
     return random_hf_state_dict(config, seed=3)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """The built-in sample corpus, preprocessed for the trainer."""
-    from megatron_neobert.data.preprocess import preprocess_data
-
-    root = tmp_path_factory.mktemp("data")
-    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
-                            progress=False)
-    return stats.outputs["content"], str(root / "cache")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import shutil
 import pytest
 import torch
 
-from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration, write_latest_marker
 from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_train_until_nonfinite,
@@ -23,16 +22,6 @@ TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optim
 # A vocabulary padded to 8320 rows at TP1 (multiple of 128) but to 8448 at TP2 (of 256), as 30522 is.
 VOCAB_8200 = ["--vocab-size", "8200"]
 ITERS, SAVE_AT = 12, 6
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from megatron_neobert.data.preprocess import preprocess_data
-
-    root = tmp_path_factory.mktemp("data")
-    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
-                            progress=False)
-    return stats.outputs["content"], str(root / "cache")
 
 
 def argv(data, *extra):
