@@ -269,7 +269,8 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
 
 def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool) -> Callable:
     """The trainer's step, built by the trainer's own set-up from its flags."""
-    from megatron_neobert.pretrain import grads_are_finite, run_micro_batches, setup_model_and_optimizer
+    from megatron_neobert.pretrain import (grads_are_finite, padded_model_vocab, run_micro_batches,
+                                           setup_model_and_optimizer)
     from megatron_neobert.training.arguments import parse_args
     from megatron_neobert.training.model_setup import unwrap
 
@@ -277,7 +278,8 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     flags = ["--data-path", "synthetic", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
-    _, chunks, optimizer, _ = setup_model_and_optimizer(parse_args(flags), arch)
+    args = parse_args(flags)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, padded_model_vocab(args, arch, None, None))
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.
