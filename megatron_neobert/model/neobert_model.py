@@ -108,7 +108,7 @@ class NeoBERTModel(LanguageModule):
         if self.config.sequence_parallel:
             # Back to the full sequence; each rank keeps its own slice's gradient on the way back.
             hidden = tensor_parallel.gather_from_sequence_parallel_region(
-                hidden, tensor_parallel_output_grad=False)
+                hidden, tensor_parallel_output_grad=False, group=self.pg_collection.tp)
         if return_hidden_states:
             return hidden.transpose(0, 1)
         if labels is None:
