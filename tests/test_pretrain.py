@@ -39,28 +39,27 @@ def losses(history, start=0):
     return [r["loss"] for r in history["train"] if r["iteration"] > start]
 
 
+def saved_run(data, tmp_path_factory, name: str, ranks: int, *layout: str):
+    """(history, checkpoint root) of an ITERS-step run saving every SAVE_AT steps."""
+    save = str(tmp_path_factory.mktemp(name))
+    h = one(run_on_ranks(run_train, ranks, argv(data, *layout, "--train-iters", str(ITERS), "--save", save,
+                                                "--save-interval", str(SAVE_AT))))
+    return h, save
+
+
 @pytest.fixture(scope="module")
 def tp2_pp2_run(data, tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("tp2pp2"))
-    h = one(run_on_ranks(run_train, 4, argv(data, *TP2_PP2, "--train-iters", str(ITERS), "--save", save,
-                                            "--save-interval", str(SAVE_AT))))
-    return h, save
+    return saved_run(data, tmp_path_factory, "tp2pp2", 4, *TP2_PP2)
 
 
 @pytest.fixture(scope="module")
 def distopt_run(data, tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("distopt"))
-    h = one(run_on_ranks(run_train, 4, argv(data, *TP2_DP2_DISTOPT, "--train-iters", str(ITERS), "--save",
-                                            save, "--save-interval", str(SAVE_AT))))
-    return h, save
+    return saved_run(data, tmp_path_factory, "distopt", 4, *TP2_DP2_DISTOPT)
 
 
 @pytest.fixture(scope="module")
 def tp1_run(data, tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("tp1"))
-    h = one(run_on_ranks(run_train, 1, argv(data, *VOCAB_8200, "--train-iters", str(ITERS), "--save", save,
-                                            "--save-interval", str(SAVE_AT))))
-    return h, save
+    return saved_run(data, tmp_path_factory, "tp1", 1, *VOCAB_8200)
 
 
 def mean(xs):
