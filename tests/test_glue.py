@@ -66,13 +66,7 @@ def write_glue_folder(root, n_train=48, n_dev=24, seed=0):
     return root
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models on shared cores: intra-op threads only contend (several times slower with 2 threads).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,7 @@ MASK = VOCAB.index("[MASK]")
 TEXT = "the quick dog jumps over the lazy cat and the bird sings in the old tree by the river"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on shared cores
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
 
 
 @pytest.fixture(scope="module")
