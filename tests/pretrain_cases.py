@@ -7,10 +7,11 @@ import torch
 from megatron.core import dist_checkpointing
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.pretrain import NonFiniteLossError, model_arch, train
 from megatron_neobert.training.arguments import parse_args
 from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.model_setup import build_model_chunks, unwrap
+from megatron_neobert.training.loop import NonFiniteLossError, train
+from megatron_neobert.training.model_setup import build_model_chunks, model_arch, unwrap
+from megatron_neobert.training.step import mlm_forward_step
 
 
 def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
@@ -31,7 +32,7 @@ def real_tokens_per_step(argv: list, steps: int) -> list:
     """Non-padding tokens of each of the first `steps` global batches, read straight from the data
     loader on one rank (the trainer's data-parallel ranks share each global batch out)."""
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.pretrain import build_data
+    from megatron_neobert.training.data_setup import build_data
 
     initialize_model_parallel(1, 1)
     args = parse_args(argv)
@@ -49,11 +50,25 @@ def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signa
     return train(parse_args(argv), on_step=on_step)
 
 
-def run_train_until_nonfinite(argv: list):
-    """(per-step records, error message) of a run stopped by too many non-finite steps."""
+def run_train_until_nonfinite(argv: list, nonfinite_at: list):
+    """(per-step records, error message) of a run whose loss is NaN at the iterations `nonfinite_at`
+    (as an overflow would make it; the masked-token count stays), stopped by too many of them."""
     records = []
+
+    def poisoned(loss_func):
+        def func(output):
+            loss, num_tokens, report = loss_func(output)
+            report = {k: torch.cat([v[:1] * float("nan"), v[1:]]) for k, v in report.items()}
+            return loss * float("nan"), num_tokens, report
+        return func
+
+    def forward_step(data_iterator, model):
+        output, loss_func = mlm_forward_step(data_iterator, model)
+        next_iteration = len(records) + 1
+        return output, (poisoned(loss_func) if next_iteration in nonfinite_at else loss_func)
+
     try:
-        train(parse_args(argv), on_step=records.append)
+        train(parse_args(argv), forward_step=forward_step, on_step=records.append)
     except NonFiniteLossError as err:
         return records, str(err)
     return records, None

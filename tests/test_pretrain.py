@@ -197,8 +197,8 @@ def test_profile_writes_a_trace_on_the_profiled_rank_only(data, tmp_path, capfd)
 def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     save = str(tmp_path / "ckpt")
     records, error = run_on_ranks(run_train_until_nonfinite, 1, argv(
-        data, "--train-iters", "12", "--save", save, "--save-interval", "2", "--max-skipped-iters", "2",
-        "--inject-nonfinite-at", "3", "6", "7", "8"))[0]
+        data, "--train-iters", "12", "--save", save, "--save-interval", "2", "--max-skipped-iters", "2"),
+        [3, 6, 7, 8])[0]
     by_it = {r["iteration"]: r for r in records}
     assert by_it[3]["skipped"] and not by_it[4]["skipped"] and by_it[5]["skipped"] is False
     # A skipped step leaves the schedule where it was: step 4 uses the lr step 3 would have.

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.pretrain import build_scheduler, model_arch, padded_model_vocab
+from megatron_neobert.training.model_setup import build_scheduler, model_arch, resolve_padded_vocab_size
 from megatron_neobert.training.arguments import parse_args
 from megatron_neobert.training.checkpointing import iteration_dir, write_latest_marker
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
@@ -53,15 +53,15 @@ def test_padded_vocabulary_is_the_checkpoints():
     args = parse_args(["--data-path", "d", "--model-preset", "neobert-tiny", "--vocab-size", "8200",
                        "--tensor-model-parallel-size", "2"])
     arch = model_arch(args)
-    assert padded_model_vocab(args, arch, None, None) == 8448  # a multiple of 128 x TP 2
+    assert resolve_padded_vocab_size(args, arch, None, None) == 8448  # a multiple of 128 x TP 2
     tp1_checkpoint = {"args": {"padded_vocab_size": 8320}}  # 8200 padded at TP 1
-    assert padded_model_vocab(args, arch, "ckpt", tp1_checkpoint) == 8320
+    assert resolve_padded_vocab_size(args, arch, "ckpt", tp1_checkpoint) == 8320
     args.tensor_model_parallel_size = 3
     with pytest.raises(ValueError, match="checkpoint ckpt has its vocabulary padded to 8320 rows, which "
                                          "--tensor-model-parallel-size 3 does not divide"):
-        padded_model_vocab(args, arch, "ckpt", tp1_checkpoint)
+        resolve_padded_vocab_size(args, arch, "ckpt", tp1_checkpoint)
     with pytest.raises(ValueError, match=r"8192 vocabulary rows, fewer than the model's vocabulary \(8200"):
-        padded_model_vocab(args, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
+        resolve_padded_vocab_size(args, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
 
 
 @pytest.mark.parametrize("flags, message", [

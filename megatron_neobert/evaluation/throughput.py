@@ -269,17 +269,16 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
 
 def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool) -> Callable:
     """The trainer's step, built by the trainer's own set-up from its flags."""
-    from megatron_neobert.pretrain import (grads_are_finite, padded_model_vocab, run_micro_batches,
-                                           setup_model_and_optimizer)
     from megatron_neobert.training.arguments import parse_args
-    from megatron_neobert.training.model_setup import unwrap
+    from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer, unwrap
+    from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
     # No data is read (the batches are synthetic), but the trainer's flags require a path.
     flags = ["--data-path", "synthetic", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     args = parse_args(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, padded_model_vocab(args, arch, None, None))
+    _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, resolve_padded_vocab_size(args, arch, None, None))
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.
@@ -293,7 +292,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
         optimizer.zero_grad()
         stats = run_micro_batches(chunks, batches, forward_only=False)
         # As the trainer: the loss and the gradients' finiteness reach the host every step.
-        if not (math.isfinite((stats[0] / stats[2]).item()) and grads_are_finite(chunks)):
+        if not (math.isfinite(stats.loss) and grads_are_finite(chunks)):
             raise FloatingPointError("non-finite loss or gradient: the trainer would skip this step")
         optimizer.step()
     return step

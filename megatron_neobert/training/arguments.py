@@ -8,6 +8,7 @@ on the command line override it.
 """
 
 import argparse
+import os
 from typing import List, Optional
 
 import yaml
@@ -123,10 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
     g.add_argument("--pytorch-profiler-collect-callstack", action="store_true",
                    help="Python stacks in the trace (larger trace, slower profiled steps)")
-
-    g = p.add_argument_group("testing")
-    g.add_argument("--inject-nonfinite-at", type=int, nargs="*", default=[],
-                   help="make the loss NaN at these iterations (tests the non-finite step handling)")
     return p
 
 
@@ -176,4 +173,8 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
                              "give one of them")
     if args.data_path is None:
         raise ValueError("--data-path is required (see tools/preprocess_data.py)")
+    if os.path.exists(args.tokenizer_model):
+        # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the
+        # export and a resume find it from any working directory.
+        args.tokenizer_model = os.path.abspath(args.tokenizer_model)
     return args

@@ -1,14 +1,21 @@
-"""Build the model chunks of this rank (pipeline stages, virtual stages) and wrap them for training."""
+"""The trainer's set-up: this rank's model chunks (pipeline stages, virtual stages) wrapped for
+training, their optimizer and learning-rate schedule, from the command-line arguments."""
 
+import random
 from typing import List, Optional
 
+import numpy
 import torch
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 
-from megatron_neobert.model import NeoBERTArch, build_model, padded_vocab_size
+from megatron_neobert.model import NeoBERTArch, build_model, get_arch, padded_vocab_size, transformer_config
+from megatron_neobert.parallel.launch import initialize_model_parallel
+from megatron_neobert.training.arguments import ARCH_OVERRIDES
 
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
@@ -57,3 +64,101 @@ def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
     while isinstance(chunk, (DistributedDataParallel, Float16Module)):
         chunk = chunk.module
     return chunk
+
+
+def model_arch(args) -> NeoBERTArch:
+    """The preset's shape with the architecture flags that were given applied to it."""
+    overrides = {field: getattr(args, name) for name, field in ARCH_OVERRIDES.items()
+                 if getattr(args, name) is not None}
+    return get_arch(args.model_preset, **overrides)
+
+
+def resolve_padded_vocab_size(args, arch: NeoBERTArch, checkpoint: Optional[str], common: Optional[dict]) -> int:
+    """Rows of the embedding and output layer: the vocabulary padded to a multiple of
+    --make-vocab-size-divisible-by x TP, as Megatron-LM, or a loaded checkpoint's. 30522 pads to 30592
+    at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
+    word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
+    tp = args.tensor_model_parallel_size
+    saved = common["args"].get("padded_vocab_size") if common else None
+    if saved is None:
+        return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
+    if saved < arch.vocab_size:
+        raise ValueError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
+                         f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
+    if saved % tp:
+        raise ValueError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
+                         f"--tensor-model-parallel-size {tp} does not divide")
+    return saved
+
+
+def set_random_seed(seed: int) -> None:
+    """As Megatron-LM: one seed per pipeline stage (stages must not start with equal layers);
+    the tensor-parallel RNG tracker adds the TP rank for the sharded weights and dropout."""
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+    """The recipe's schedule, in iterations: linear warmup from 0, decay to min-lr, then constant."""
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+        wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler)
+
+
+def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
+    """(transformer config, model chunks, optimizer, scheduler) of this rank, after initialising
+    megatron-core's parallel state for the layout the flags ask for."""
+    vpp = None
+    if args.num_layers_per_virtual_pipeline_stage:
+        vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
+    initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp)
+    set_random_seed(args.seed)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    recompute = {}
+    if args.recompute_granularity:
+        recompute = dict(recompute_granularity=args.recompute_granularity)
+        if args.recompute_granularity == "full":
+            recompute.update(recompute_method=args.recompute_method,
+                             recompute_num_layers=args.recompute_num_layers)
+    config = transformer_config(
+        arch, tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp, sequence_parallel=args.sequence_parallel,
+        bf16=args.bf16, params_dtype=dtype, pipeline_dtype=dtype,
+        fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **recompute)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather, bucket_size=args.ddp_bucket_size,
+        use_distributed_optimizer=args.use_distributed_optimizer)
+    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config, padded_vocab)
+    if args.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
+        config.param_sync_func = [c.start_param_sync for c in chunks]
+        if len(chunks) == 1:
+            config.param_sync_func = config.param_sync_func[0]
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", decoupled_weight_decay=args.optimizer == "adamw", lr=args.lr,
+        min_lr=args.min_lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16,
+        params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer), chunks)
+    return config, chunks, optimizer, build_scheduler(args, optimizer)
+
+
+def finish_param_sync(chunks) -> None:
+    """With --overlap-param-gather the distributed optimizer's all-gather of updated parameters
+    happens in the next forward; force it before evaluating or saving (a no-op without it)."""
+    for c in chunks:
+        if c.ddp_config.overlap_param_gather:
+            c.disable_forward_pre_hook(param_sync=True)
+
+
+def resume_param_sync(chunks) -> None:
+    for c in chunks:
+        if c.ddp_config.overlap_param_gather:
+            c.enable_forward_pre_hook()

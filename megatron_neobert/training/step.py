@@ -6,9 +6,12 @@ count over the whole global batch (all micro-batches, all data-parallel ranks). 
 the mean over *all* masked tokens of the global batch, whatever the micro-batch split.
 """
 
-from typing import Dict, Iterator
+import dataclasses
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 
@@ -52,3 +55,60 @@ def micro_batch_tensor_shape(batch: Dict[str, torch.Tensor]):
     """(seq_length, micro_batch_size) of the activations sent between pipeline stages."""
     b, s = batch["tokens"].shape
     return (b * s, 1) if "cu_seqlens" in batch else (s, b)
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Sums over the global batch of one step (or of an evaluation): the same on every rank."""
+
+    loss_sum: float  # cross-entropy summed over the masked tokens
+    correct: float  # masked tokens predicted right
+    predicted: int  # masked tokens: what the loss and accuracy average over
+    real_tokens: int = 0  # non-padding tokens (counted when the pad id is given)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.predicted if self.predicted else float("nan")
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.predicted if self.predicted else float("nan")
+
+    def __add__(self, other: "StepStats") -> "StepStats":
+        return StepStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+ForwardStep = Callable[[Iterator, torch.nn.Module], tuple]
+
+
+def run_micro_batches(chunks, batches: List[dict], forward_only: bool, forward_step: ForwardStep = mlm_forward_step,
+                      pad_id: Optional[int] = None) -> StepStats:
+    """megatron-core's schedule over this rank's micro-batches of one global batch (forward and
+    backward, or forward only); returns the global sums, on every rank."""
+    seq_length, mbs = micro_batch_tensor_shape(batches[0])
+    iterators = [iter(batches) for _ in chunks]  # every virtual stage reads the same micro-batches
+    reports = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks, num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=mbs,
+        forward_only=forward_only)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # the StepStats fields, in order
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        for r in reports:
+            sums[:3] += r["lm loss"].to(sums)
+        if pad_id is not None:
+            sums[3] = sum(real_tokens(b, pad_id).to(sums) for b in batches)
+        torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+    # Only the last stage holds losses: summing over the pipeline hands them to every rank.
+    torch.distributed.all_reduce(sums, group=parallel_state.get_pipeline_model_parallel_group())
+    loss_sum, correct, predicted, tokens = sums.tolist()
+    return StepStats(loss_sum, correct, int(predicted), int(tokens))
+
+
+def grads_are_finite(chunks) -> bool:
+    """Whether every rank's gradient buffers are finite (a NaN anywhere reaches some rank's
+    shard after the reduce(-scatter), so the local buffers plus an all-reduce decide)."""
+    bad = any(not torch.isfinite(buf.grad_data).all() for c in chunks for buf in c.buffers)
+    flag = torch.tensor([float(bad)], device=chunks[0].buffers[0].grad_data.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return not flag.item()

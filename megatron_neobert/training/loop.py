@@ -1,0 +1,226 @@
+"""The pre-training loop: set-up, steps, evaluations, checkpoints and pre-emption.
+
+Data flow of a step: the loader yields this data-parallel rank's micro-batches of the global batch;
+megatron-core's schedule (no pipelining, 1F1B or interleaved 1F1B) runs forward/backward over them
+on every model chunk; DDP reduces the gradients (calculate_per_token_loss: divided once by the
+global number of masked tokens); the optimizer steps unless the loss or a gradient is not finite.
+
+`train(args)` runs on every rank of an initialised (or torchrun) process group and returns the
+history of the run.
+"""
+
+import dataclasses
+import math
+import time
+from typing import Callable, List, Optional
+
+import torch
+from megatron.core import parallel_state
+
+from megatron_neobert.kernels import format_report, kernel_report
+from megatron_neobert.parallel.launch import init_distributed
+from megatron_neobert.training.data_setup import build_data
+from megatron_neobert.training.evaluate import evaluate
+from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, resolve_padded_vocab_size,
+                                                   resume_param_sync, setup_model_and_optimizer)
+from megatron_neobert.training.profiling import StepProfiler
+from megatron_neobert.training.signals import ExitSignalHandler
+from megatron_neobert.training.step import ForwardStep, StepStats, grads_are_finite, mlm_forward_step, run_micro_batches
+from megatron_neobert.training.train_log import TrainingLog, print_rank_0
+from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
+                                                          save_checkpoint)
+
+# Settings that define the order of the samples; a checkpoint's data position applies only to the
+# same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
+DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "tokenizer_type",
+                    "tokenizer_model")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the run is; what a checkpoint's "train_state" restores."""
+
+    iteration: int = 0
+    consumed_samples: int = 0  # training samples read, over all data-parallel ranks
+    skipped_iters: int = 0  # steps skipped for a non-finite loss or gradient, in total
+    skipped_in_a_row: int = 0
+    last_saved: Optional[int] = None
+
+
+def data_stream(args) -> dict:
+    return {k: getattr(args, k) for k in DATA_STREAM_KEYS}
+
+
+def num_micro_batches(args) -> int:
+    dp = parallel_state.get_data_parallel_world_size()
+    if args.global_batch_size % (args.micro_batch_size * dp):
+        raise ValueError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
+                         f"--micro-batch-size {args.micro_batch_size} x data-parallel size {dp}")
+    return args.global_batch_size // (args.micro_batch_size * dp)
+
+
+def describe_layout(args, arch, padded_vocab: int, num_chunks: int, num_micro: int) -> str:
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    dp = parallel_state.get_data_parallel_world_size()
+    on_off = lambda flag: "on" if flag else "off"
+    return (f"layout: {torch.distributed.get_world_size()} ranks = TP {tp} x PP {pp} x DP {dp}"
+            f" (virtual stages per rank {num_chunks}, sequence parallel {on_off(args.sequence_parallel)}, "
+            f"distributed optimizer {on_off(args.use_distributed_optimizer)}); global batch "
+            f"{args.global_batch_size} = micro-batch {args.micro_batch_size} x {num_micro} "
+            f"accumulation x DP {dp}; model {args.model_preset} {arch.num_layers} x "
+            f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {padded_vocab})")
+
+
+def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, finetune: bool) -> TrainState:
+    """Load the checkpoint; the state the run goes on from (iteration 0 for a fine-tune start)."""
+    load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
+                    load_rng=not args.no_load_rng, finetune=finetune)
+    state = TrainState()
+    if not finetune:
+        saved = common["train_state"]
+        state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
+                           last_saved=common["iteration"])
+        if saved["data_stream"] == data_stream(args):
+            state.consumed_samples = saved["consumed_samples"]
+        else:  # stage 2: new data or length; the old position means nothing there
+            print_rank_0(f"data settings differ from the checkpoint's: reading the new data "
+                         f"from its start (checkpoint: {saved['data_stream']})")
+    print_rank_0(f"loaded {checkpoint} at iteration {state.iteration}")
+    return state
+
+
+def stop_reason(args, state: TrainState, handler: Optional[ExitSignalHandler]) -> Optional[str]:
+    if handler and handler.any_rank_signalled():
+        return "signal"
+    if args.exit_interval and state.iteration % args.exit_interval == 0:
+        return "exit-interval"
+    return None
+
+
+def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
+    """Save at the interval, at the end and when stopping early, but never a step that was skipped
+    (its weights are those of the last good step, already saved or about to be)."""
+    if not args.save or state.skipped_in_a_row:
+        return False
+    return bool(stop or state.iteration == args.train_iters
+                or (args.save_interval and state.iteration % args.save_interval == 0))
+
+
+def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
+               forward_step: ForwardStep, pad_id: int) -> dict:
+    """One optimizer step over a global batch; updates `state` and returns the step's record:
+    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens."""
+    for c in chunks:
+        c.zero_grad_buffer()
+    optimizer.zero_grad()
+    lr = optimizer.param_groups[0]["lr"]
+    stats = run_micro_batches(chunks, batches, forward_only=False, forward_step=forward_step, pad_id=pad_id)
+    state.iteration += 1
+    state.consumed_samples += args.global_batch_size
+    if math.isfinite(stats.loss) and grads_are_finite(chunks):
+        ok, grad_norm, _ = optimizer.step()
+        assert ok, "megatron-core's optimizer found a non-finite gradient after our check"
+        scheduler.step(increment=1)
+        state.skipped_in_a_row = 0
+    else:
+        grad_norm = float("nan")
+        state.skipped_in_a_row += 1
+        state.skipped_iters += 1
+        print_rank_0(f"iteration {state.iteration}: non-finite loss or gradient, step skipped "
+                     f"({state.skipped_in_a_row} in a row, {state.skipped_iters} in total)")
+        if state.skipped_in_a_row > args.max_skipped_iters:
+            raise NonFiniteLossError(
+                f"{state.skipped_in_a_row} consecutive steps with a non-finite loss or gradient (more than "
+                f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
+                f"{state.iteration} without saving. Last good checkpoint: "
+                f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
+    return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
+                grad_norm=float(grad_norm) if grad_norm is not None else None,
+                skipped=state.skipped_in_a_row > 0, predicted=stats.predicted, tokens=stats.real_tokens)
+
+
+def train(args, forward_step: ForwardStep = mlm_forward_step,
+          on_step: Optional[Callable[[dict], None]] = None) -> dict:
+    """Train on every rank of the process group; returns {"train": [per-step records], "eval":
+    [records], "iteration", "exit": "finished" | "signal" | "exit-interval", "skipped"}.
+
+    `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
+    function), for training and validation. `on_step(record)` is called after each step.
+    """
+    init_distributed()
+    arch = model_arch(args)
+    checkpoint, common = read_checkpoint(args.load) if args.load else (None, None)
+    finetune = args.finetune
+    if checkpoint and not finetune and not holds_training_state(common):
+        print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
+        finetune = True
+    padded_vocab = resolve_padded_vocab_size(args, arch, checkpoint, common)
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch, padded_vocab)
+    num_micro = num_micro_batches(args)
+    print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
+    print_rank_0(describe_layout(args, arch, padded_vocab, len(chunks), num_micro))
+
+    state = TrainState()
+    if checkpoint:
+        state = resume(args, checkpoint, common, chunks, optimizer, scheduler, finetune)
+    elif args.load:
+        print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
+    evals_done = state.iteration // args.eval_interval if args.eval_interval else 0
+    tokenizer, train_iter, valid_iter = build_data(
+        args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size)
+    if tokenizer.vocab_size > arch.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} entries, model preset {arch.vocab_size}")
+    saved_args = dict(vars(args), arch=dataclasses.asdict(arch), padded_vocab_size=padded_vocab,
+                      data_parallel_size=parallel_state.get_data_parallel_world_size(),
+                      world_size=torch.distributed.get_world_size())
+
+    def save():
+        finish_param_sync(chunks)
+        save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
+                        dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
+                             skipped_iters=state.skipped_iters), saved_args, args.keep_last_n_checkpoints)
+        resume_param_sync(chunks)
+        state.last_saved = state.iteration
+        print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
+
+    history = {"train": [], "eval": [], "exit": "finished"}
+    log = TrainingLog(args, arch, padded_vocab)
+    profiler = StepProfiler(args)
+    handler = ExitSignalHandler().__enter__() if args.exit_signal_handler else None
+    window_start = time.perf_counter()
+    try:
+        while state.iteration < args.train_iters:
+            profiler.step_begins(state.iteration)
+            batches = [next(train_iter) for _ in range(num_micro)]
+            record = train_step(args, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
+            profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+            history["train"].append(record)
+            if on_step:
+                on_step(record)
+            report = state.iteration % args.log_interval == 0 or state.iteration == args.train_iters
+            log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)
+            if report:
+                window_start = time.perf_counter()
+            if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
+                stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
+                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration)
+                history["eval"].append(result)
+                log.evaluation(result)
+            stop = stop_reason(args, state, handler)
+            if should_save(args, state, stop):
+                save()
+            if stop:
+                print_rank_0(f"stopping at iteration {state.iteration} ({stop})")
+                history["exit"] = stop
+                break
+        profiler.stop()  # a run stopped inside the window still writes it
+    finally:
+        if handler:
+            handler.__exit__(None, None, None)
+        log.close()
+    history.update(iteration=state.iteration, skipped=state.skipped_iters)
+    return history
