@@ -34,7 +34,7 @@ This file must stay self-contained (torch + transformers only): it is copied int
 
 import functools
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, TypedDict, Union
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from typing_extensions import Unpack
 
 try:  # transformers >= 4.52
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -454,7 +455,10 @@ class NeoBERTAttention(nn.Module):
         self.is_causal = False
         self.scaling = config.dim_head**-0.5
 
-    def _interface(self, attn_implementation: str):
+    @staticmethod
+    def _interface(attn_implementation: str):
+        if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers >= 4.56: validates the name
+            return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
         return eager_attention_forward if attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS[attn_implementation]
 
     def forward(self, query, key, value, attention_mask=None, documents: Optional[PackedDocuments] = None,
@@ -575,6 +579,20 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=No
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(logits.device)
     return loss(logits.float(), labels, reduction="sum", **kw) / num_items_in_batch
+
+
+class NeoBERTKwargs(TypedDict, total=False):
+    """Keyword arguments the heads pass on to `NeoBERT.forward`."""
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    cu_seq_lens_q: torch.Tensor
+    cu_seq_lens_k: torch.Tensor
+    max_length_q: int
+    max_length_k: int
+    token_type_ids: torch.Tensor
+    output_hidden_states: Union[bool, list]
+    output_attentions: bool
 
 
 class NeoBERTPreTrainedModel(PreTrainedModel):
@@ -737,7 +755,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         self.decoder = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None, **kwargs):
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
         """`labels`: token ids to predict, -100 where no prediction is scored. Other keyword arguments go to
         `NeoBERT.forward` (packed documents, output_hidden_states, output_attentions)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -801,7 +820,8 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
     """Classification / regression from the first ([CLS]) token, or the mean over tokens (`classifier_pooling`)."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None, **kwargs):
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs))
 
@@ -832,7 +852,8 @@ class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
     """Per-token classification; `labels` of -100 (e.g. padding, sub-word continuations) are not scored."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None, **kwargs):
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._head(out.last_hidden_state)
         loss = None
@@ -855,7 +876,8 @@ class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
                 start_positions=None, end_positions=None, num_items_in_batch=None,
-                return_dict: Optional[bool] = None, **kwargs):
+                return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
         """`start_positions` / `end_positions`: token indices of the answer span; positions outside the sequence
         are clamped to its length and not scored (as in transformers' question-answering models)."""
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
@@ -880,7 +902,8 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
         super().__init__(config, num_outputs=1)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None, **kwargs):
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
         """`labels`: [batch] index of the right choice."""
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
