@@ -15,9 +15,9 @@ Differences from the published code:
   `torch.compile(fullgraph=True)` work on padded batches;
 - padding-free batches (`DataCollatorWithFlattening`: `position_ids` restarting at 0, or `cu_seq_lens_q/k` +
   `max_length_q/k`, or our `cu_seqlens` / `max_seqlen`): tokens never attend across documents. flash-attn's
-  varlen kernel runs them as they are; flex attention uses a document block mask; eager and SDPA regroup the
-  documents into a [documents, longest document] batch, so memory grows with the documents, never with the
-  square of the whole batch;
+  varlen kernel runs them as they are; the other implementations regroup the documents into a
+  [documents, longest document] batch, so memory grows with the documents, never with the square of the whole
+  batch;
 - RoPE cos/sin are computed from the config in each forward (no buffers), so loading on the meta device
   (transformers 5.x) can never leave stale or uninitialised tables behind;
 - optional RoPE scaling (linear / NTK-aware / YaRN) to evaluate beyond the trained length;
@@ -275,10 +275,12 @@ def _is_tracing(tensor: Optional[torch.Tensor] = None) -> bool:
         return True
     if getattr(torch.compiler, "is_exporting", lambda: False)():
         return True
-    from torch.fx._symbolic_trace import is_fx_tracing
+    from torch.fx import _symbolic_trace
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return is_fx_tracing() or isinstance(tensor, FakeTensor)
+    # is_fx_symbolic_tracing where torch has it: is_fx_tracing logs a warning on every first call.
+    fx_tracing = getattr(_symbolic_trace, "is_fx_symbolic_tracing", _symbolic_trace.is_fx_tracing)
+    return fx_tracing() or isinstance(tensor, FakeTensor)
 
 
 def _additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -291,7 +293,7 @@ def _is_flash(attn_implementation: str) -> bool:
     return "flash" in attn_implementation
 
 
-def _flex_block_mask(mask_mod, batch, length: int, device):
+def _flex_block_mask(mask_mod, batch: int, length: int, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     return create_block_mask(mask_mod, batch, None, length, length, device=device)
@@ -396,10 +398,6 @@ class PackedDocuments:
         index = torch.where(valid, self.cu_seqlens[:-1, None].long() + slots, 0)
         return index, valid, self.doc_ids.long() * self.max_seqlen + self.position_ids
 
-    def block_mask(self):
-        doc_ids = self.doc_ids
-        return _flex_block_mask(lambda b, h, q, kv: doc_ids[q] == doc_ids[kv], None, doc_ids.numel(), doc_ids.device)
-
 
 def eager_attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
     """query/key/value [batch, heads, length, dim]; returns ([batch, length, heads, dim], weights)."""
@@ -480,14 +478,16 @@ class NeoBERTAttention(nn.Module):
             out, _ = interface(self, *(t.transpose(0, 1)[None] for t in (q, k, v)), None, dropout=0.0,
                                scaling=self.scaling, is_causal=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
                                max_length_q=longest, max_length_k=longest)
-        elif attn_implementation == "flex_attention":  # one row, a document block mask
-            out, _ = interface(self, *(t.transpose(0, 1)[None] for t in (q, k, v)), documents.block_mask(),
-                               scaling=self.scaling)
         else:  # regroup into [documents, longest document]: memory grows with the documents, not the batch squared
             index, valid, grid = documents.regrouped()
-            out, grouped_weights = interface(self, *(t[index].transpose(1, 2) for t in (q, k, v)),
-                                             _additive_mask(valid, q.dtype)[:, None, None, :], dropout=0.0,
-                                             scaling=self.scaling, is_causal=False)
+            if attn_implementation == "flex_attention":
+                # A key-padding block mask, as for padded batches (a document block mask over the flat tokens
+                # fails to build in torch's CPU inductor backend).
+                mask = _flex_block_mask(lambda b, h, q, kv: valid[b, kv], *valid.shape, valid.device)
+            else:
+                mask = _additive_mask(valid, q.dtype)[:, None, None, :]
+            out, grouped_weights = interface(self, *(t[index].transpose(1, 2) for t in (q, k, v)), mask,
+                                             dropout=0.0, scaling=self.scaling, is_causal=False)
             out = out.reshape(-1, heads, dim)[grid]
             if attn_implementation == "eager":
                 weights = self._scatter_weights(grouped_weights, index, valid, batch * length)
