@@ -377,3 +377,22 @@ def test_sentence_transformers_mean_pooling(exported, cfg, hf_sd):
         with torch.no_grad():
             expected = encoder(ids).last_hidden_state[0].mean(0)
         torch.testing.assert_close(emb, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_exported_tokenizer_loads_with_the_standard_class_alone(exported, monkeypatch, caplog):
+    """No remote code, no prompt, no warning; the same ids as AutoTokenizer with the model's config; no
+    token_type_ids (NeoBERT has no token types)."""
+    import builtins
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    monkeypatch.setattr(builtins, "input", lambda *a: pytest.fail(f"prompted: {a}"))
+    with caplog.at_level("WARNING"):
+        tok = PreTrainedTokenizerFast.from_pretrained(str(exported))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    config = json.loads((exported / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    batch = tok(SENTENCES, padding=True)
+    assert set(batch) == {"input_ids", "attention_mask"}
+    assert batch["input_ids"] == AutoTokenizer.from_pretrained(str(exported), trust_remote_code=True)(
+        SENTENCES, padding=True)["input_ids"]
