@@ -293,10 +293,24 @@ def _is_flash(attn_implementation: str) -> bool:
     return "flash" in attn_implementation
 
 
-def _flex_block_mask(mask_mod, batch: int, length: int, device):
+@functools.lru_cache(maxsize=None)
+def _flex_takes_block_masks() -> bool:
+    """transformers' flex attention takes a BlockMask from 4.50 on; 4.48 only takes a 4D additive tensor."""
+    import inspect
+
+    from transformers.integrations.flex_attention import flex_attention_forward
+
+    return "BlockMask" in str(inspect.signature(flex_attention_forward).parameters["attention_mask"].annotation)
+
+
+def _flex_key_padding_mask(keep: torch.Tensor, dtype: torch.dtype):
+    """Flex attention's mask for a [batch, length] keep mask: a block mask, or a 4D additive view."""
+    batch, length = keep.shape
+    if not _flex_takes_block_masks():
+        return _additive_mask(keep, dtype)[:, None, None, :].expand(batch, 1, length, length)
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(mask_mod, batch, None, length, length, device=device)
+    return create_block_mask(lambda b, h, q, kv: keep[b, kv], batch, None, length, length, device=keep.device)
 
 
 def padded_attention_mask(attention_mask, batch, length, num_heads, dtype, attn_implementation):
@@ -323,7 +337,7 @@ def padded_attention_mask(attention_mask, batch, length, num_heads, dtype, attn_
         if not _is_tracing(mask) and bool(keep.all()):
             return None, keep  # nothing to mask: the unmasked (fastest) kernels
         if attn_implementation == "flex_attention":
-            return _flex_block_mask(lambda b, h, q, kv: keep[b, kv], batch, length, mask.device), keep
+            return _flex_key_padding_mask(keep, dtype), keep
         return _additive_mask(keep, dtype)[:, None, None, :], keep
     if mask.dim() == 4:
         b, h, q, k = mask.shape
@@ -483,7 +497,7 @@ class NeoBERTAttention(nn.Module):
             if attn_implementation == "flex_attention":
                 # A key-padding block mask, as for padded batches (a document block mask over the flat tokens
                 # fails to build in torch's CPU inductor backend).
-                mask = _flex_block_mask(lambda b, h, q, kv: valid[b, kv], *valid.shape, valid.device)
+                mask = _flex_key_padding_mask(valid, q.dtype)
             else:
                 mask = _additive_mask(valid, q.dtype)[:, None, None, :]
             out, grouped_weights = interface(self, *(t[index].transpose(1, 2) for t in (q, k, v)), mask,
