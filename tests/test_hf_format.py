@@ -158,7 +158,8 @@ def test_exported_folder_contents(exported, cfg, hf_sd, tokenizer_dir):
     assert config["model_type"] == "neobert" and config["architectures"] == ["NeoBERTLMHead"]
     assert config["torch_dtype"] == "float32" and config["auto_map"] == AUTO_MAP
     assert set(AUTO_MAP) == {"AutoConfig", "AutoModel", "AutoModelForMaskedLM",
-                             "AutoModelForSequenceClassification", "AutoModelForTokenClassification"}
+                             "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+                             "AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"}
     weights = load_file(str(exported / "model.safetensors"))
     assert set(weights) == set(hf_sd)
     assert all(torch.equal(weights[k], v) for k, v in hf_sd.items())
@@ -324,7 +325,8 @@ def test_read_errors(tmp_path, exported, cfg, hf_sd):
 
 
 def test_auto_classes_load_export(exported, cfg, hf_sd):
-    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice,
+                              AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
 
     reference = NeoBERTLMHead(cfg).eval()
@@ -356,6 +358,11 @@ def test_auto_classes_load_export(exported, cfg, hf_sd):
 
     tagger = AutoModelForTokenClassification.from_pretrained(str(exported), trust_remote_code=True, num_labels=4)
     assert tagger(**batch).logits.shape == batch["input_ids"].shape + (4,)
+
+    qa = AutoModelForQuestionAnswering.from_pretrained(str(exported), trust_remote_code=True)
+    assert qa(**batch).start_logits.shape == batch["input_ids"].shape
+    choices = AutoModelForMultipleChoice.from_pretrained(str(exported), trust_remote_code=True)
+    assert choices(**{k: v[None] for k, v in batch.items()}).logits.shape == (1, 3)
 
 
 def test_sentence_transformers_mean_pooling(exported, cfg, hf_sd):

@@ -27,6 +27,8 @@ AUTO_MAP = {
     "AutoModelForMaskedLM": "modeling_neobert.NeoBERTLMHead",
     "AutoModelForSequenceClassification": "modeling_neobert.NeoBERTForSequenceClassification",
     "AutoModelForTokenClassification": "modeling_neobert.NeoBERTForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_neobert.NeoBERTForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_neobert.NeoBERTForMultipleChoice",
 }
 
 # Fields of the published config.json, then ours.
