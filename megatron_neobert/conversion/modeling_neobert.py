@@ -295,7 +295,7 @@ def _is_flash(attn_implementation: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _flex_takes_block_masks() -> bool:
-    """transformers' flex attention takes a BlockMask from 4.50 on; 4.48 only takes a 4D additive tensor."""
+    """Whether transformers' flex attention takes a BlockMask (recent releases); 4.48's only takes a 4D additive tensor."""
     import inspect
 
     from transformers.integrations.flex_attention import flex_attention_forward
