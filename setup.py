@@ -31,7 +31,7 @@ setup(
         "eval": ["scipy", "scikit-learn", "matplotlib", "datasets", "sentence-transformers", "mteb>=2"],
         # The optional DALI loader; its CPU-only pipelines also run (and are tested) without a GPU.
         "dali": ["nvidia-dali-cuda120"],
-        "test": ["pytest", "pytest-xdist", "scipy", "scikit-learn", "matplotlib", "datasets",
+        "test": ["pytest", "pytest-xdist", "parameterized", "scipy", "scikit-learn", "matplotlib", "datasets",
                  "sentence-transformers", "mteb>=2", "zstandard", "nvidia-dali-cuda120"],
     },
     entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},

@@ -158,7 +158,8 @@ def test_exported_folder_contents(exported, cfg, hf_sd, tokenizer_dir):
     assert config["model_type"] == "neobert" and config["architectures"] == ["NeoBERTLMHead"]
     assert config["torch_dtype"] == "float32" and config["auto_map"] == AUTO_MAP
     assert set(AUTO_MAP) == {"AutoConfig", "AutoModel", "AutoModelForMaskedLM",
-                             "AutoModelForSequenceClassification", "AutoModelForTokenClassification"}
+                             "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+                             "AutoModelForQuestionAnswering", "AutoModelForMultipleChoice"}
     weights = load_file(str(exported / "model.safetensors"))
     assert set(weights) == set(hf_sd)
     assert all(torch.equal(weights[k], v) for k, v in hf_sd.items())
@@ -324,7 +325,8 @@ def test_read_errors(tmp_path, exported, cfg, hf_sd):
 
 
 def test_auto_classes_load_export(exported, cfg, hf_sd):
-    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+    from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForMultipleChoice,
+                              AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification, AutoTokenizer)
 
     reference = NeoBERTLMHead(cfg).eval()
@@ -357,6 +359,11 @@ def test_auto_classes_load_export(exported, cfg, hf_sd):
     tagger = AutoModelForTokenClassification.from_pretrained(str(exported), trust_remote_code=True, num_labels=4)
     assert tagger(**batch).logits.shape == batch["input_ids"].shape + (4,)
 
+    qa = AutoModelForQuestionAnswering.from_pretrained(str(exported), trust_remote_code=True)
+    assert qa(**batch).start_logits.shape == batch["input_ids"].shape
+    choices = AutoModelForMultipleChoice.from_pretrained(str(exported), trust_remote_code=True)
+    assert choices(**{k: v[None] for k, v in batch.items()}).logits.shape == (1, 3)
+
 
 def test_sentence_transformers_mean_pooling(exported, cfg, hf_sd):
     from sentence_transformers import SentenceTransformer
@@ -377,3 +384,22 @@ def test_sentence_transformers_mean_pooling(exported, cfg, hf_sd):
         with torch.no_grad():
             expected = encoder(ids).last_hidden_state[0].mean(0)
         torch.testing.assert_close(emb, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_exported_tokenizer_loads_with_the_standard_class_alone(exported, monkeypatch, caplog):
+    """No remote code, no prompt, no warning; the same ids as AutoTokenizer with the model's config; no
+    token_type_ids (NeoBERT has no token types)."""
+    import builtins
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    monkeypatch.setattr(builtins, "input", lambda *a: pytest.fail(f"prompted: {a}"))
+    with caplog.at_level("WARNING"):
+        tok = PreTrainedTokenizerFast.from_pretrained(str(exported))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    config = json.loads((exported / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    batch = tok(SENTENCES, padding=True)
+    assert set(batch) == {"input_ids", "attention_mask"}
+    assert batch["input_ids"] == AutoTokenizer.from_pretrained(str(exported), trust_remote_code=True)(
+        SENTENCES, padding=True)["input_ids"]

@@ -27,6 +27,8 @@ AUTO_MAP = {
     "AutoModelForMaskedLM": "modeling_neobert.NeoBERTLMHead",
     "AutoModelForSequenceClassification": "modeling_neobert.NeoBERTForSequenceClassification",
     "AutoModelForTokenClassification": "modeling_neobert.NeoBERTForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_neobert.NeoBERTForQuestionAnswering",
+    "AutoModelForMultipleChoice": "modeling_neobert.NeoBERTForMultipleChoice",
 }
 
 # Fields of the published config.json, then ours.
@@ -310,6 +312,20 @@ def _copy_tokenizer(tokenizer_path: PathLike, dst: Path, config: NeoBERTConfig) 
             raise ValueError(f"tokenizer in {src} has {n} tokens but the model's vocab_size is {config.vocab_size}")
     for name in found:
         shutil.copyfile(src / name, dst / name)
+    if (dst / "tokenizer_config.json").is_file():
+        _standardise_tokenizer_config(dst / "tokenizer_config.json")
+
+
+def _standardise_tokenizer_config(path: Path) -> None:
+    """Lets the tokenizer load on its own, with a standard class: `TokenizersBackend` (the name transformers 5
+    saves) becomes `PreTrainedTokenizerFast`, which transformers 4 and 5 both resolve (4.x then skips the
+    model's remote-code config), and NeoBERT's inputs are declared (it has no token types)."""
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["model_input_names"] = ["input_ids", "attention_mask"]
+    _write_json(path, config)
 
 
 def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> None:

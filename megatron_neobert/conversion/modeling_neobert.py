@@ -6,33 +6,71 @@ Module names reproduce the published `chandar-lab/NeoBERT` checkpoint keys exact
 `model.layer_norm`, `decoder`), so this file is a drop-in replacement for the published `model.py`.
 
 Differences from the published code:
-- no xformers, runs on CPU; SDPA by default, an eager path for `output_attentions=True`;
-- `attention_mask` is optional and is always applied as an additive bias (never multiplied into scores);
+- no xformers, runs on CPU; attention goes through transformers' attention interface
+  (`attn_implementation` = "eager", "sdpa", "flash_attention_2", "flex_attention"); `output_attentions=True`
+  computes that call eagerly;
+- `attention_mask` is optional and takes the formats transformers takes: [batch, length] 0/1 or bool, or a
+  4D additive (0 / large negative or -inf) or bool mask; anything else is refused with an error;
+- the padded path has no data-dependent control flow when traced, so `torch.export` and
+  `torch.compile(fullgraph=True)` work on padded batches;
+- padding-free batches (`DataCollatorWithFlattening`: `position_ids` restarting at 0, or `cu_seq_lens_q/k` +
+  `max_length_q/k`, or our `cu_seqlens` / `max_seqlen`): tokens never attend across documents. flash-attn's
+  varlen kernel runs them as they are; the other implementations regroup the documents into a
+  [documents, longest document] batch, so memory grows with the documents, never with the square of the whole
+  batch;
 - RoPE cos/sin are computed from the config in each forward (no buffers), so loading on the meta device
   (transformers 5.x) can never leave stale or uninitialised tables behind;
-- packed inputs (`cu_seqlens`, `max_seqlen`) work in any batch layout: flash-attn's varlen kernel when it
-  is importable and the inputs are fp16/bf16 on CUDA, else SDPA with a block-diagonal mask;
-- optional RoPE scaling (linear / NTK-aware / YaRN) to evaluate beyond the trained length.
+- optional RoPE scaling (linear / NTK-aware / YaRN) to evaluate beyond the trained length;
+- heads for question answering and multiple choice, `classifier_pooling` = "cls" | "mean", and losses that
+  honour the Trainer's `num_items_in_batch` (exact gradient accumulation).
 
-This file must stay self-contained (torch + transformers only; flash_attn lazily): it is copied into
-exported checkpoint folders.
+Supported transformers: 4.48 and later, 5.x included. Features that need newer releases are guarded:
+`output_hidden_states` given as a list of layer indices and hook-free output recording use transformers 5's
+`capture_outputs` (4.x records with plain forward hooks); `every_n_layers` gradient checkpointing needs
+transformers 5; flex attention needs transformers >= 4.48 with torch >= 2.5.
+
+This file must stay self-contained (torch + transformers only): it is copied into exported checkpoint folders.
 """
 
+import functools
 import math
-from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Optional, Tuple, TypedDict, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from typing_extensions import Unpack
+
+try:  # transformers >= 4.52
+    from transformers.modeling_layers import GradientCheckpointingLayer
+except ImportError:
+
+    class GradientCheckpointingLayer(nn.Module):
+        """What transformers >= 4.52 provides: `gradient_checkpointing_enable()` sets `gradient_checkpointing` and
+        `_gradient_checkpointing_func` on every module that has the attribute, and the layer checkpoints itself."""
+
+        gradient_checkpointing = False
+
+        def __call__(self, *args, **kwargs):
+            if self.gradient_checkpointing and self.training:
+                return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
+            return super().__call__(*args, **kwargs)
+
+
+try:  # transformers 5
+    from transformers.utils.output_capturing import capture_outputs
+except ImportError:
+    capture_outputs = None
 
 _ROPE_SCALING_TYPES = ("linear", "ntk", "yarn")
 
@@ -55,6 +93,8 @@ class NeoBERTConfig(PretrainedConfig):
         rope_scaling: `None` or `{"type": "linear" | "ntk" | "yarn", "factor": float,
             "original_max_position_embeddings": int}` (YaRN also takes optional `beta_fast`/`beta_slow`).
         classifier_dropout: dropout of the classification heads.
+        classifier_pooling: what the sequence classification and multiple choice heads read: "cls" (the first
+            token, as published) or "mean" (the mean over real tokens).
     """
 
     model_type = "neobert"
@@ -83,6 +123,7 @@ class NeoBERTConfig(PretrainedConfig):
         classifier_dropout: float = 0.1,
         rope_theta: float = 10000.0,
         rope_scaling: Optional[dict] = None,
+        classifier_pooling: str = "cls",
         **kwargs,
     ):
         # The published config.json stores extra constructor kwargs under a literal "kwargs" key.
@@ -102,6 +143,8 @@ class NeoBERTConfig(PretrainedConfig):
             raise ValueError(
                 f"dim_head ({dim_head}) * num_attention_heads ({num_attention_heads}) must equal hidden_size ({hidden_size})"
             )
+        if classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {classifier_pooling!r}")
         if dim_head % 2 != 0:
             raise ValueError(f"RoPE rotates pairs of dimensions: dim_head must be even, got {dim_head}")
 
@@ -117,6 +160,7 @@ class NeoBERTConfig(PretrainedConfig):
         self.decoder_init_range = decoder_init_range
         self.classifier_init_range = classifier_init_range
         self.classifier_dropout = classifier_dropout
+        self.classifier_pooling = classifier_pooling
         self.rope_theta = float(rope_theta)
         self.rope_scaling = self._validated_rope_scaling(rope_scaling, max_length)
 
@@ -215,17 +259,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 # --------------------------------------------------------------------------------------------------------
-# Attention helpers
+# Attention masks and padding-free batches
 # --------------------------------------------------------------------------------------------------------
 
+MASK_FORMATS = (
+    "attention_mask must be [batch, length] with 1 (or True) for real tokens and 0 (or False) for padding, or 4D "
+    "[batch, 1 or heads, 1 or length, length], either additive float (0 to attend, a large negative number or -inf "
+    "not to) or bool (True to attend)"
+)
 
-@lru_cache(maxsize=None)
-def _flash_attn_varlen_func():
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except Exception:  # not installed, or built against another torch/CUDA
-        return None
-    return flash_attn_varlen_func
+
+def _is_tracing(tensor: Optional[torch.Tensor] = None) -> bool:
+    """Under torch.compile / torch.export / jit or fx tracing: no Python branch may read tensor values then."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return True
+    if getattr(torch.compiler, "is_exporting", lambda: False)():
+        return True
+    from torch.fx import _symbolic_trace
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    # is_fx_symbolic_tracing where torch has it: is_fx_tracing logs a warning on every first call.
+    fx_tracing = getattr(_symbolic_trace, "is_fx_symbolic_tracing", _symbolic_trace.is_fx_tracing)
+    return fx_tracing() or isinstance(tensor, FakeTensor)
 
 
 def _additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -234,8 +289,89 @@ def _additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(keep, zero, torch.finfo(dtype).min)
 
 
-class _PackedBatch:
-    """Document boundaries of packed inputs, flattened to one row of T tokens."""
+def _is_flash(attn_implementation: str) -> bool:
+    return "flash" in attn_implementation
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_takes_block_masks() -> bool:
+    """Whether transformers' flex attention takes a BlockMask (recent releases); 4.48's only takes a 4D additive tensor."""
+    import inspect
+
+    from transformers.integrations.flex_attention import flex_attention_forward
+
+    return "BlockMask" in str(inspect.signature(flex_attention_forward).parameters["attention_mask"].annotation)
+
+
+def _flex_key_padding_mask(keep: torch.Tensor, dtype: torch.dtype):
+    """Flex attention's mask for a [batch, length] keep mask: a block mask, or a 4D additive view."""
+    batch, length = keep.shape
+    if not _flex_takes_block_masks():
+        return _additive_mask(keep, dtype)[:, None, None, :].expand(batch, 1, length, length)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, kv: keep[b, kv], batch, None, length, length, device=keep.device)
+
+
+def padded_attention_mask(attention_mask, batch, length, num_heads, dtype, attn_implementation):
+    """The mask the attention interface takes for a padded batch, and the [batch, length] keep mask (None for 4D).
+
+    Values are checked (0/1 for 2D, no positive value in an additive 4D mask) only when not traced, so a padded
+    batch compiles and exports without data-dependent branches.
+    """
+    mask = attention_mask
+    if mask.dim() == 2:
+        if tuple(mask.shape) != (batch, length):
+            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, the input is [batch, length] = [{batch}, {length}]")
+        if mask.dtype != torch.bool:
+            if mask.dtype.is_complex:
+                raise ValueError(f"{MASK_FORMATS}; got a complex mask")
+            if not _is_tracing(mask) and bool(((mask != 0) & (mask != 1)).any()):
+                raise ValueError(
+                    f"{MASK_FORMATS}. This [batch, length] mask holds values other than 0 and 1 (an additive 0/-inf "
+                    f"mask?): give an additive mask the 4D shape [batch, 1, 1, length], or convert it to 0/1"
+                )
+        keep = mask.bool()
+        if _is_flash(attn_implementation):
+            return keep, keep  # flash-attn unpads the batch with it
+        if not _is_tracing(mask) and bool(keep.all()):
+            return None, keep  # nothing to mask: the unmasked (fastest) kernels
+        if attn_implementation == "flex_attention":
+            return _flex_key_padding_mask(keep, dtype), keep
+        return _additive_mask(keep, dtype)[:, None, None, :], keep
+    if mask.dim() == 4:
+        b, h, q, k = mask.shape
+        if b not in (1, batch) or h not in (1, num_heads) or q not in (1, length) or k != length:
+            raise ValueError(
+                f"4D attention_mask has shape {tuple(mask.shape)}, which does not broadcast to [batch, heads, length, "
+                f"length] = [{batch}, {num_heads}, {length}, {length}]"
+            )
+        if _is_flash(attn_implementation):
+            raise ValueError(
+                f"attn_implementation={attn_implementation!r} takes a [batch, length] padding mask, not a 4D one; "
+                f"use 'sdpa', 'eager' or 'flex_attention' for arbitrary masks"
+            )
+        if mask.dtype == torch.bool:
+            bias = _additive_mask(mask, dtype)
+        elif mask.dtype.is_floating_point:
+            if not _is_tracing(mask) and bool((mask > 0).any()):
+                raise ValueError(
+                    f"{MASK_FORMATS}. This 4D float mask has positive values (a 0/1 mask?): a 4D float mask is "
+                    f"additive; give 0/1 masks as [batch, length] or as bool"
+                )
+            bias = mask.to(dtype).clamp(min=torch.finfo(dtype).min)  # -inf rows would give NaN
+        else:
+            raise ValueError(f"{MASK_FORMATS}; got a 4D {mask.dtype} mask")
+        if attn_implementation == "flex_attention":
+            if h != 1:
+                raise ValueError("flex_attention takes a 4D attention_mask with one head dimension [batch, 1, ...]")
+            bias = bias.expand(batch, 1, length, length)  # flex indexes it per (batch, query, key)
+        return bias, None
+    raise ValueError(f"{MASK_FORMATS}; got shape {tuple(mask.shape)}")
+
+
+class PackedDocuments:
+    """Where the documents of a padding-free batch lie among its flattened batch * length tokens."""
 
     def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int):
         cu_seqlens = cu_seqlens.to(torch.int32).flatten()
@@ -247,16 +383,43 @@ class _PackedBatch:
             # Trailing tokens (pack padding) form their own document, so they never attend into real ones.
             cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([total])])
         self.cu_seqlens = cu_seqlens
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        self.max_seqlen = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
+        self.lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        longest = int(self.lengths.max())
+        if max_seqlen is not None and int(max_seqlen) < longest:
+            raise ValueError(f"max_seqlen={int(max_seqlen)} is shorter than the longest document ({longest} tokens)")
+        self.max_seqlen = longest
         tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
-        self.segment_ids = torch.searchsorted(cu_seqlens[1:], tokens, right=True)
-        self.position_ids = (tokens - cu_seqlens[self.segment_ids]).long()[None, :]
+        self.doc_ids = torch.searchsorted(cu_seqlens[1:], tokens, right=True)
+        self.position_ids = (tokens - cu_seqlens[self.doc_ids]).long()
 
-    def block_diagonal_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        # O(T^2) memory: the fallback for CPU and tests; long packs want flash-attn's varlen kernel.
-        same = self.segment_ids[:, None] == self.segment_ids[None, :]
-        return _additive_mask(same, dtype)[None, None]  # [1, 1, T, T]
+    @classmethod
+    def from_position_ids(cls, position_ids: torch.Tensor) -> Optional["PackedDocuments"]:
+        """Documents of a [batch, length] padding-free batch (a new one wherever positions restart), or None when
+        each row is one sequence."""
+        batch, length = position_ids.shape
+        starts = torch.ones_like(position_ids, dtype=torch.bool)
+        starts[:, 1:] = position_ids[:, 1:] <= position_ids[:, :-1]
+        if not bool(starts[:, 1:].any()):
+            return None
+        cu = torch.cat([starts.flatten().nonzero().flatten(), position_ids.new_tensor([batch * length])])
+        return cls(cu, None, batch * length)
+
+    def regrouped(self):
+        """index [documents, longest] of each document's tokens (0 past its end), valid [documents, longest], and
+        each token's place in that grid (flattened)."""
+        slots = torch.arange(self.max_seqlen, device=self.cu_seqlens.device)
+        valid = slots[None, :] < self.lengths[:, None]
+        index = torch.where(valid, self.cu_seqlens[:-1, None].long() + slots, 0)
+        return index, valid, self.doc_ids.long() * self.max_seqlen + self.position_ids
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
+    """query/key/value [batch, heads, length, dim]; returns ([batch, length, heads, dim], weights)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -293,7 +456,69 @@ class NeoBERTSwiGLU(nn.Module):
         return self.w3(F.silu(gate) * up)
 
 
-class NeoBERTEncoderBlock(nn.Module):
+class NeoBERTAttention(nn.Module):
+    """Softmax attention of rotated q, k and v through transformers' attention interface. Holds no weights: the
+    published checkpoint keeps `qkv` and `wo` on the block. Returns (output [batch, length, heads, dim], weights
+    or None), so `output_attentions` can record the weights here."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
+        self.is_causal = False
+        self.scaling = config.dim_head**-0.5
+
+    @staticmethod
+    def _interface(attn_implementation: str):
+        if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers >= 4.56: validates the name
+            return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
+        return eager_attention_forward if attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS[attn_implementation]
+
+    def forward(self, query, key, value, attention_mask=None, documents: Optional[PackedDocuments] = None,
+                attn_implementation: str = "eager", position_ids=None):
+        if documents is not None:
+            return self._packed(query, key, value, documents, attn_implementation)
+        interface = self._interface(attn_implementation)
+        extra = {"position_ids": position_ids} if _is_flash(attn_implementation) else {}
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return interface(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False, **extra)
+
+    def _packed(self, query, key, value, documents: PackedDocuments, attn_implementation: str):
+        batch, length, heads, dim = query.shape
+        q, k, v = (t.reshape(batch * length, heads, dim) for t in (query, key, value))
+        interface = self._interface(attn_implementation)
+        weights = None
+        if _is_flash(attn_implementation):  # varlen kernel on the flat tokens
+            cu, longest = documents.cu_seqlens, documents.max_seqlen
+            out, _ = interface(self, *(t.transpose(0, 1)[None] for t in (q, k, v)), None, dropout=0.0,
+                               scaling=self.scaling, is_causal=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                               max_length_q=longest, max_length_k=longest)
+        else:  # regroup into [documents, longest document]: memory grows with the documents, not the batch squared
+            index, valid, grid = documents.regrouped()
+            if attn_implementation == "flex_attention":
+                # A key-padding block mask, as for padded batches (a document block mask over the flat tokens
+                # fails to build in torch's CPU inductor backend).
+                mask = _flex_key_padding_mask(valid, q.dtype)
+            else:
+                mask = _additive_mask(valid, q.dtype)[:, None, None, :]
+            out, grouped_weights = interface(self, *(t[index].transpose(1, 2) for t in (q, k, v)), mask,
+                                             dropout=0.0, scaling=self.scaling, is_causal=False)
+            out = out.reshape(-1, heads, dim)[grid]
+            if attn_implementation == "eager":
+                weights = self._scatter_weights(grouped_weights, index, valid, batch * length)
+        return out.reshape(batch, length, heads, dim), weights
+
+    @staticmethod
+    def _scatter_weights(grouped, index, valid, total):
+        """[documents, heads, S, S] weights -> [1, heads, T, T] over the flat tokens (zero across documents)."""
+        pairs = valid[:, :, None] & valid[:, None, :]
+        rows = index[:, :, None].expand_as(pairs)[pairs]
+        cols = index[:, None, :].expand_as(pairs)[pairs]
+        dense = grouped.new_zeros(grouped.shape[1], total, total)
+        dense[:, rows, cols] = grouped.transpose(0, 1)[:, pairs]
+        return dense[None]
+
+
+class NeoBERTEncoderBlock(GradientCheckpointingLayer):
     """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
     def __init__(self, config: NeoBERTConfig):
@@ -304,56 +529,84 @@ class NeoBERTEncoderBlock(nn.Module):
         self.attention_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.attention = NeoBERTAttention(config)
         self.ffn_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.ffn = NeoBERTSwiGLU(config.hidden_size, config.ffn_hidden_size)
 
-    def forward(self, x, cos, sin, attention_bias, packed, output_attentions):
-        attn, weights = self._attention(self.attention_norm(x), cos, sin, attention_bias, packed, output_attentions)
-        x = x + attn
-        x = x + self.ffn(self.ffn_norm(x))
-        return x, weights
-
-    def _attention(self, x, cos, sin, attention_bias, packed, output_attentions):
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, documents=None,
+                attn_implementation: str = "eager", position_ids=None):
+        # hidden_states is positional: reentrant gradient checkpointing only sees positional tensors.
+        cos, sin = position_embeddings
+        x = self.attention_norm(hidden_states)
         batch, length, hidden = x.shape
         # qkv rows are grouped per head ([q_h; k_h; v_h] for each head h), as in the published weights.
         q, k, v = self.qkv(x).view(batch, length, self.num_heads, 3 * self.dim_head).chunk(3, dim=-1)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        attn, _ = self.attention(q, k, v, attention_mask, documents=documents,
+                                 attn_implementation=attn_implementation, position_ids=position_ids)
+        hidden_states = hidden_states + self.wo(attn.reshape(batch, length, hidden))
+        return hidden_states + self.ffn(self.ffn_norm(hidden_states))
 
-        weights = None
-        flash = _flash_attn_varlen_func() if packed is not None else None
-        use_flash = (
-            flash is not None
-            and not output_attentions
-            and q.is_cuda
-            and q.dtype in (torch.float16, torch.bfloat16)
-            and self.config._attn_implementation != "eager"
-        )
-        if use_flash:
-            out = flash(
-                q.reshape(-1, self.num_heads, self.dim_head),
-                k.reshape(-1, self.num_heads, self.dim_head),
-                v.reshape(-1, self.num_heads, self.dim_head),
-                cu_seqlens_q=packed.cu_seqlens,
-                cu_seqlens_k=packed.cu_seqlens,
-                max_seqlen_q=packed.max_seqlen,
-                max_seqlen_k=packed.max_seqlen,
-                dropout_p=0.0,
-                causal=False,
-            ).view(batch, length, self.num_heads, self.dim_head)
-        else:
-            if packed is not None:
-                attention_bias = packed.block_diagonal_mask(q.dtype)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, L, D]
-            if output_attentions or self.config._attn_implementation == "eager":
-                scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dim_head)
-                if attention_bias is not None:
-                    scores = scores + attention_bias
-                weights = scores.float().softmax(dim=-1).to(q.dtype)
-                out = torch.matmul(weights, v)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias, dropout_p=0.0)
-            out = out.transpose(1, 2)
-        return self.wo(out.reshape(batch, length, hidden)), (weights if output_attentions else None)
+
+def _record_outputs_with_hooks(forward):
+    """transformers 4.x stand-in for transformers 5's `capture_outputs`: the same hidden states (each block's input,
+    then the final normed output) and attention weights, recorded by forward hooks."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        return_dict = kwargs.pop("return_dict", None)
+        want_hidden = kwargs.get("output_hidden_states") or (
+            kwargs.get("output_hidden_states") is None and self.config.output_hidden_states)
+        want_attentions = kwargs.get("output_attentions") or (
+            kwargs.get("output_attentions") is None and self.config.output_attentions)
+        hidden, attentions, handles = [], [], []
+        if want_hidden:
+            for layer in self.transformer_encoder:
+                handles.append(layer.register_forward_pre_hook(lambda module, inputs: hidden.append(inputs[0])))
+        if want_attentions:
+            for layer in self.transformer_encoder:
+                handles.append(layer.attention.register_forward_hook(
+                    lambda module, inputs, output: attentions.append(output[1])))
+        try:
+            out = forward(self, *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if want_hidden:
+            out["hidden_states"] = tuple(hidden) + (out.last_hidden_state,)
+        if want_attentions:
+            out["attentions"] = tuple(attentions)
+        return out if self._return_dict(return_dict) else out.to_tuple()
+
+    return wrapper
+
+
+_record_outputs = capture_outputs if capture_outputs is not None else _record_outputs_with_hooks
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None, loss=F.cross_entropy, **kw):
+    """`loss` over the flattened items: their mean, or with the HF Trainer's `num_items_in_batch` (items in the
+    whole accumulated batch) their sum divided by it, so gradient accumulation gives the full batch's gradient."""
+    labels = labels.to(logits.device)
+    if num_items_in_batch is None:
+        return loss(logits.float(), labels, **kw)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return loss(logits.float(), labels, reduction="sum", **kw) / num_items_in_batch
+
+
+class NeoBERTKwargs(TypedDict, total=False):
+    """Keyword arguments the heads pass on to `NeoBERT.forward`."""
+
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    cu_seq_lens_q: torch.Tensor
+    cu_seq_lens_k: torch.Tensor
+    max_length_q: int
+    max_length_k: int
+    token_type_ids: torch.Tensor
+    output_hidden_states: Union[bool, list]
+    output_attentions: bool
 
 
 class NeoBERTPreTrainedModel(PreTrainedModel):
@@ -362,6 +615,11 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["NeoBERTEncoderBlock"]
     _supports_sdpa = True
+    _supports_flash_attn = True  # transformers 5 spelling
+    _supports_flash_attn_2 = True  # transformers 4 spelling
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_record_outputs = {"hidden_states": NeoBERTEncoderBlock, "attentions": NeoBERTAttention}
     # Loading an MLM checkpoint into the bare encoder or a classifier leaves the decoder out, by design.
     _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
 
@@ -404,6 +662,7 @@ class NeoBERT(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value):
         self.encoder = value
 
+    @_record_outputs
     def forward(
         self,
         input_ids: Optional[torch.Tensor] = None,
@@ -412,81 +671,86 @@ class NeoBERT(NeoBERTPreTrainedModel):
         inputs_embeds: Optional[torch.Tensor] = None,
         cu_seqlens: Optional[torch.Tensor] = None,
         max_seqlen: Optional[int] = None,
-        token_type_ids: Optional[torch.Tensor] = None,  # accepted for BERT tokenizers' output, unused
-        output_hidden_states: Optional[bool] = None,
+        cu_seq_lens_q: Optional[torch.Tensor] = None,
+        cu_seq_lens_k: Optional[torch.Tensor] = None,
+        max_length_q: Optional[int] = None,
+        max_length_k: Optional[int] = None,
+        token_type_ids: Optional[torch.Tensor] = None,  # BERT tokenizers' output; NeoBERT has no token types
+        output_hidden_states=None,  # recorded by the decorator
         output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
     ):
         """
         Args:
-            attention_mask: [batch, length], 1 (or True) for real tokens, 0 for padding. Optional.
-            position_ids: RoPE positions; by default 0.. per sequence, counting real tokens only (so left
-                and right padding give the same result), or restarting at each document when packed.
-            cu_seqlens / max_seqlen: packed documents. `cu_seqlens` holds the cumulative document lengths over
-                the flattened `batch * length` tokens; tokens never attend across documents. Tokens after
-                `cu_seqlens[-1]` are treated as one more document.
+            attention_mask: [batch, length] 1 (or True) for real tokens, 0 for padding; or a 4D additive / bool mask
+                (see MASK_FORMATS). Optional.
+            position_ids: RoPE positions; by default 0.. per sequence, counting real tokens only (so left and right
+                padding give the same result). Without an attention_mask, positions that restart (padding-free
+                batches from `DataCollatorWithFlattening`) start a new document.
+            cu_seqlens / max_seqlen (or HF's cu_seq_lens_q/k, max_length_q/k): packed documents. `cu_seqlens` holds
+                the cumulative document lengths over the flattened `batch * length` tokens; tokens never attend
+                across documents and positions restart at each one. Tokens after `cu_seqlens[-1]` form one more
+                document.
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
         x = self.encoder(input_ids) if input_ids is not None else inputs_embeds
         if x.dim() == 2:  # a single unbatched sequence
             x = x[None]
-        batch, length, hidden = x.shape
+        batch, length, _ = x.shape
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        # Attention weights exist only on the eager path; other implementations return none.
+        attn_implementation = "eager" if output_attentions else self.config._attn_implementation
 
-        packed, attention_bias = None, None
+        documents = self._documents(attention_mask, position_ids, batch, length, x.device, cu_seqlens, max_seqlen,
+                                    cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+        mask = None
+        if documents is not None:
+            if position_ids is None:
+                position_ids = documents.position_ids
+        elif attention_mask is not None:
+            mask, keep = padded_attention_mask(attention_mask.to(x.device), batch, length,
+                                               self.config.num_attention_heads, x.dtype, attn_implementation)
+            if position_ids is None and keep is not None:
+                position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        elif position_ids is not None and not _is_flash(attn_implementation):
+            # Traced (so no data-dependent documents): restarting positions become a dense per-row document mask.
+            pos = position_ids.to(x.device).reshape(-1, length).expand(batch, length)
+            starts = torch.cat([torch.ones_like(pos[:, :1], dtype=torch.bool), pos[:, 1:] <= pos[:, :-1]], dim=1)
+            doc = starts.long().cumsum(-1)
+            mask = _additive_mask(doc[:, :, None] == doc[:, None, :], x.dtype)[:, None]
+            if attn_implementation == "flex_attention":
+                mask = mask.expand(batch, 1, length, length)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=x.device)
+        position_ids = position_ids.to(x.device).reshape(-1, length).expand(batch, length)
+        position_embeddings = rope_cos_sin(self.config, position_ids)
+
+        for layer in self.transformer_encoder:
+            x = layer(x, mask, position_embeddings, documents=documents, attn_implementation=attn_implementation,
+                      position_ids=position_ids)
+        return BaseModelOutput(last_hidden_state=self.layer_norm(x))
+
+    @staticmethod
+    def _documents(attention_mask, position_ids, batch, length, device, cu_seqlens, max_seqlen, cu_seq_lens_q,
+                   cu_seq_lens_k, max_length_q, max_length_k) -> Optional[PackedDocuments]:
+        if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+            if cu_seqlens is not None:
+                raise ValueError("Give the documents as cu_seqlens or as cu_seq_lens_q/k, not both")
+            if cu_seq_lens_q is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q, cu_seq_lens_k):
+                raise ValueError("NeoBERT is self-attention only: cu_seq_lens_q and cu_seq_lens_k must be equal")
+            cu_seqlens = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
+            max_seqlen = max_length_q if max_length_q is not None else max_length_k
         if cu_seqlens is not None:
             if attention_mask is not None and not bool(attention_mask.bool().all()):
                 raise ValueError(
                     "Packed inputs (cu_seqlens) take no padding mask: leave padding out of the pack, or put it "
                     "after cu_seqlens[-1] where it forms its own document."
                 )
-            packed = _PackedBatch(cu_seqlens.to(x.device), max_seqlen, batch * length)
-            if position_ids is None:
-                position_ids = packed.position_ids
-            x = x.reshape(1, batch * length, hidden)
-            position_ids = position_ids.reshape(1, batch * length)
-        else:
-            if attention_mask is not None:
-                if attention_mask.dim() != 2 or attention_mask.shape[-1] != length:
-                    raise ValueError(
-                        f"attention_mask must have shape [batch, {length}], got {tuple(attention_mask.shape)}"
-                    )
-                keep = attention_mask.to(x.device).bool()
-                if not bool(keep.all()):
-                    attention_bias = _additive_mask(keep, x.dtype)[:, None, None, :]  # [B, 1, 1, L]
-                if position_ids is None:
-                    position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
-            if position_ids is None:
-                position_ids = torch.arange(length, device=x.device)
-            position_ids = position_ids.to(x.device).reshape(-1, length).expand(batch, length)
-
-        cos, sin = rope_cos_sin(self.config, position_ids)
-
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.transformer_encoder:
-            if output_hidden_states:
-                all_hidden_states += (x.reshape(batch, length, hidden),)
-            if self.gradient_checkpointing and self.training:
-                x, weights = self._gradient_checkpointing_func(
-                    layer.__call__, x, cos, sin, attention_bias, packed, output_attentions
-                )
-            else:
-                x, weights = layer(x, cos, sin, attention_bias, packed, output_attentions)
-            if output_attentions:
-                all_attentions += (weights,)
-
-        x = self.layer_norm(x).reshape(batch, length, hidden)
-        if output_hidden_states:
-            all_hidden_states += (x,)
-
-        if not self._return_dict(return_dict):
-            return tuple(v for v in (x, all_hidden_states, all_attentions) if v is not None)
-        return BaseModelOutput(last_hidden_state=x, hidden_states=all_hidden_states, attentions=all_attentions)
+            return PackedDocuments(cu_seqlens.to(device), max_seqlen, batch * length)
+        if attention_mask is None and position_ids is not None and not _is_tracing(position_ids):
+            return PackedDocuments.from_position_ids(position_ids.to(device).reshape(-1, length).expand(batch, length))
+        return None
 
 
 class NeoBERTLMHead(NeoBERTPreTrainedModel):
@@ -504,54 +768,31 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
     def set_output_embeddings(self, value):
         self.decoder = value
 
-    def forward(
-        self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-        max_seqlen: Optional[int] = None,
-        token_type_ids: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        output_hidden_states: Optional[bool] = None,
-        output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-    ):
-        """`labels`: token ids to predict, -100 where no prediction is scored."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            return_dict=True,
-        )
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
+        """`labels`: token ids to predict, -100 where no prediction is scored. Other keyword arguments go to
+        `NeoBERT.forward` (packed documents, output_hidden_states, output_attentions)."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
         logits = self.decoder(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss(ignore_index=-100)(
-                logits.float().view(-1, logits.shape[-1]), labels.to(logits.device).view(-1)
-            )
-        if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+            loss = token_loss(logits.view(-1, logits.shape[-1]), labels.view(-1), num_items_in_batch, ignore_index=-100)
+        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+        return result if self._return_dict(return_dict) else result.to_tuple()
 
 
 class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
     """Shared by the classification heads: dropout -> dense -> tanh -> dropout -> classifier."""
 
-    def __init__(self, config: NeoBERTConfig):
+    def __init__(self, config: NeoBERTConfig, num_outputs: Optional[int] = None):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = NeoBERT(config)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.classifier_dropout or 0.0)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels if num_outputs is None else num_outputs)
         self.post_init()
 
     def _init_weights(self, module):
@@ -567,38 +808,39 @@ class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
         x = torch.tanh(self.dense(x))
         return self.classifier(self.dropout(x))
 
-    def _encode(self, **kwargs):
-        return self.model(**kwargs, return_dict=True)
+    def _pool(self, states: torch.Tensor, attention_mask: Optional[torch.Tensor], kwargs: dict) -> torch.Tensor:
+        """One vector per sequence: the first real token ("cls", the published head) or the mean over real tokens."""
+        if any(kwargs.get(k) is not None for k in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")):
+            raise ValueError(f"{type(self).__name__} pools one vector per row: it takes padded batches, not packed ones")
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(f"{type(self).__name__} pools over a [batch, length] attention_mask, got a "
+                             f"{attention_mask.dim()}D one")
+        if attention_mask is None:
+            keep = torch.ones(states.shape[:2], dtype=torch.bool, device=states.device)
+        else:
+            keep = attention_mask.to(states.device).bool()
+        if self.config.classifier_pooling == "mean":
+            weights = keep.to(states.dtype)[..., None]
+            return (states * weights).sum(1) / weights.sum(1).clamp(min=1)
+        first = keep.long().argmax(-1)  # the first real token, so left padding works too
+        return states[torch.arange(states.shape[0], device=states.device), first]
+
+    def _encode(self, input_ids, attention_mask, position_ids, inputs_embeds, kwargs):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
 
 
 class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
-    """Classification / regression from the first ([CLS]) token."""
+    """Classification / regression from the first ([CLS]) token, or the mean over tokens (`classifier_pooling`)."""
 
-    def forward(
-        self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        token_type_ids: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        output_hidden_states: Optional[bool] = None,
-        output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-    ):
-        out = self._encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-        )
-        logits = self._head(out.last_hidden_state[:, 0])
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
+        out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
+        logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs))
 
         loss = None
         if labels is not None:
-            labels = labels.to(logits.device)
             problem_type = self.config.problem_type
             if problem_type is None:
                 if self.num_labels == 1:
@@ -609,62 +851,90 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
                     problem_type = "multi_label_classification"
                 self.config.problem_type = problem_type
             if problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = MSELoss()(logits.squeeze(-1).float(), labels.view(-1).float())
-                else:
-                    loss = MSELoss()(logits.float(), labels.float())
+                loss = token_loss(logits.view(labels.shape), labels.float(), num_items_in_batch, loss=F.mse_loss)
             elif problem_type == "single_label_classification":
-                loss = CrossEntropyLoss()(logits.float().view(-1, self.num_labels), labels.view(-1))
+                loss = token_loss(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
             else:
-                loss = BCEWithLogitsLoss()(logits.float(), labels.float())
+                loss = token_loss(logits, labels.float(), num_items_in_batch, loss=F.binary_cross_entropy_with_logits)
 
-        if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
-        )
+        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                          attentions=out.attentions)
+        return result if self._return_dict(return_dict) else result.to_tuple()
 
 
 class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
     """Per-token classification; `labels` of -100 (e.g. padding, sub-word continuations) are not scored."""
 
-    def forward(
-        self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-        max_seqlen: Optional[int] = None,
-        token_type_ids: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        output_hidden_states: Optional[bool] = None,
-        output_attentions: Optional[bool] = None,
-        return_dict: Optional[bool] = None,
-    ):
-        out = self._encode(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-        )
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
+        out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._head(out.last_hidden_state)
         loss = None
         if labels is not None:
             labels = labels.to(logits.device)
-            if attention_mask is not None:
+            if attention_mask is not None and attention_mask.dim() == 2:
                 # Padding never counts, whatever label the collator left there.
                 labels = labels.masked_fill(~attention_mask.to(labels.device).bool(), -100)
-            loss = CrossEntropyLoss(ignore_index=-100)(logits.float().view(-1, self.num_labels), labels.view(-1))
-        if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
+            loss = token_loss(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
+        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                       attentions=out.attentions)
+        return result if self._return_dict(return_dict) else result.to_tuple()
+
+
+class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
+    """Extractive question answering: start and end logits per token (the classifier has 2 outputs)."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__(config, num_outputs=2)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                start_positions=None, end_positions=None, num_items_in_batch=None,
+                return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
+        """`start_positions` / `end_positions`: token indices of the answer span; positions outside the sequence
+        are clamped to its length and not scored (as in transformers' question-answering models)."""
+        out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
+        start_logits, end_logits = self._head(out.last_hidden_state).unbind(-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            length = start_logits.shape[1]
+            start = start_positions.view(-1).clamp(0, length)
+            end = end_positions.view(-1).clamp(0, length)
+            loss = (token_loss(start_logits, start, num_items_in_batch, ignore_index=length)
+                    + token_loss(end_logits, end, num_items_in_batch, ignore_index=length)) / 2
+        result = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
+                                              end_logits=end_logits.contiguous(), hidden_states=out.hidden_states,
+                                              attentions=out.attentions)
+        return result if self._return_dict(return_dict) else result.to_tuple()
+
+
+class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
+    """Multiple choice: inputs [batch, choices, length]; one score per choice from the pooled sequence."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__(config, num_outputs=1)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                num_items_in_batch=None, return_dict: Optional[bool] = None,
+                **kwargs: Unpack[NeoBERTKwargs]):
+        """`labels`: [batch] index of the right choice."""
+        source = input_ids if input_ids is not None else inputs_embeds
+        if source is None:
+            raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        num_choices = source.shape[1]
+
+        def flat(t):
+            return None if t is None else t.reshape(-1, *t.shape[2:])
+
+        if attention_mask is not None and attention_mask.dim() == 3:
+            attention_mask = flat(attention_mask)
+        out = self._encode(flat(input_ids), attention_mask, flat(position_ids), flat(inputs_embeds), kwargs)
+        logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs)).view(-1, num_choices)
+        loss = None if labels is None else token_loss(logits, labels.view(-1), num_items_in_batch)
+        result = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                           attentions=out.attentions)
+        return result if self._return_dict(return_dict) else result.to_tuple()
 
 
 __all__ = [
@@ -674,4 +944,6 @@ __all__ = [
     "NeoBERTLMHead",
     "NeoBERTForSequenceClassification",
     "NeoBERTForTokenClassification",
+    "NeoBERTForQuestionAnswering",
+    "NeoBERTForMultipleChoice",
 ]
