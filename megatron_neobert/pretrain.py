@@ -32,7 +32,7 @@ from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.model import get_arch, padded_vocab_size, transformer_config
 from megatron_neobert.parallel.launch import init_distributed, initialize_model_parallel
 from megatron_neobert.training.arguments import ARCH_OVERRIDES, parse_args
-from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
+from megatron_neobert.training.metrics import attended_pairs, format_duration, memory_gib, peak_tflops, step_flops
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.signals import ExitSignalHandler
@@ -176,8 +176,8 @@ def _poisoned(loss_func):
 def run_micro_batches(chunks, batches: List[dict], forward_only: bool, poison: bool = False,
                       pad_id: Optional[int] = None):
     """megatron-core's schedule over this rank's micro-batches; returns the global
-    [loss sum, correct, masked count, real (non-padding) tokens] on every rank; the last one
-    is 0 without `pad_id`."""
+    [loss sum, correct, masked count, real (non-padding) tokens, attended pairs] on every rank; the
+    last two are 0 without `pad_id`."""
     def forward_step(data_iterator, model):
         output, loss_func = mlm_forward_step(data_iterator, model)
         return output, (_poisoned(loss_func) if poison else loss_func)
@@ -189,12 +189,13 @@ def run_micro_batches(chunks, batches: List[dict], forward_only: bool, poison: b
         model=chunks, num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=forward_only)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    stats = torch.zeros(4, dtype=torch.float64, device=device)
+    stats = torch.zeros(5, dtype=torch.float64, device=device)
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         for r in reports:
             stats[:3] += r["lm loss"].to(stats)
         if pad_id is not None:
             stats[3] = sum(real_tokens(b, pad_id).to(stats) for b in batches)
+            stats[4] = sum(attended_pairs(b, pad_id).to(stats) for b in batches)
         torch.distributed.all_reduce(stats, group=parallel_state.get_data_parallel_group())
     # Only the last stage holds losses: summing over the pipeline hands them to every rank.
     torch.distributed.all_reduce(stats, group=parallel_state.get_pipeline_model_parallel_group())
@@ -349,7 +350,8 @@ def train(args, on_step: Optional[Callable[[dict], None]] = None) -> dict:
             profiler.step_ends(iteration)  # the window holds the steps alone, not evaluations or saves
             record = dict(iteration=iteration, loss=loss, accuracy=(stats[1] / stats[2]).item(), lr=lr,
                           grad_norm=float(grad_norm) if grad_norm is not None else None,
-                          skipped=in_a_row > 0, predicted=int(stats[2].item()), tokens=int(stats[3].item()))
+                          skipped=in_a_row > 0, predicted=int(stats[2].item()), tokens=int(stats[3].item()),
+                          attended=int(stats[4].item()))
             history["train"].append(record)
             window.append(record)
             if on_step:
@@ -404,7 +406,7 @@ def _log(args, arch, vocab, window, elapsed, peak, writer, skipped_total) -> Non
     acc = sum(r["accuracy"] for r in good) / max(len(good), 1) if good else float("nan")
     per_step = elapsed / n
     tokens = sum(r["tokens"] for r in window) / n  # real tokens: padding is no work done
-    flops = sum(step_flops(arch, r["tokens"], r["predicted"], args.seq_length, vocab) for r in window)
+    flops = sum(step_flops(arch, r["tokens"], r["predicted"], r["attended"], vocab) for r in window)
     tflops = flops / elapsed / torch.distributed.get_world_size() / 1e12
     mfu = f"{100 * tflops / peak:.1f}%" if peak else "n/a"
     grad_norm = last["grad_norm"]

@@ -95,13 +95,20 @@ def test_attention_is_bidirectional(single_rank):
         assert not torch.allclose(model(ids)[0, 0], first), "a later token must change token 0"
 
 
-def test_rope_matches_the_interleaved_complex_rotation(single_rank):
+def test_rope_on_rotate_half_rows_matches_the_interleaved_complex_rotation(single_rank):
+    """q and k rows are stored in rotate-half order (conversion permutes them): megatron-core's RoPE
+    on them is NeoBERT's interleaved rotation of the rows in HF order."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
+    from megatron_neobert.conversion.convert import rotate_half_order
+
     model = small_model()
+    assert not model.config.rotary_interleaved
     seq, heads, dim = 10, 2, SMALL["hidden_size"] // SMALL["num_attention_heads"]
-    x = torch.randn(seq, 1, heads, dim)
-    rotated = apply_rotary_pos_emb(x, model.rotary_pos_emb(seq), config=model.config)
+    x = torch.randn(seq, 1, heads, dim)  # HF order
+    order = rotate_half_order(dim)
+    rotated = apply_rotary_pos_emb(x[..., order], model.rotary_pos_emb(seq), config=model.config)
+    rotated = rotated[..., torch.argsort(order)]  # back to HF order
 
     # Independent formula: pairs (2i, 2i+1) as complex numbers, times e^{i * pos * theta_i}.
     theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)

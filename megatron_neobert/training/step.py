@@ -6,38 +6,52 @@ count over the whole global batch (all micro-batches, all data-parallel ranks). 
 the mean over *all* masked tokens of the global batch, whatever the micro-batch split.
 """
 
+from functools import partial
 from typing import Dict, Iterator
 
 import torch
 
+from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 
 
 def model_inputs(batch: Dict[str, torch.Tensor]) -> dict:
-    """Keyword arguments of NeoBERTModel.forward for a collated batch (padded or packed)."""
+    """Keyword arguments of NeoBERTModel.forward for a collated batch (padded or packed).
+
+    Nothing here waits for the GPU: the loader's batches are in pinned memory and copied
+    asynchronously, the masked positions come as a list from the loader (found here, on the host,
+    for a batch without them), and `max_seqlen` is the sample length, the same every step (Transformer
+    Engine then keeps its attention backend; no document is longer)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    tokens, labels = batch["tokens"].to(device), batch["labels"].to(device)
+    if "masked_positions" not in batch:
+        batch = dict(batch)
+        batch["masked_positions"], batch["num_masked"] = masked_position_list(batch["labels"])
+    tokens, labels, positions, num_masked = (
+        batch[k].to(device, non_blocking=True) for k in ("tokens", "labels", "masked_positions", "num_masked"))
+    inputs = dict(masked_positions=positions, num_masked=num_masked)
     if "cu_seqlens" in batch:  # packed: all documents of the micro-batch end to end, [1, b*s]
-        return dict(input_ids=tokens.reshape(1, -1), labels=labels.reshape(1, -1),
+        return dict(inputs, input_ids=tokens.reshape(1, -1), labels=labels.reshape(1, -1),
                     packed_seq_params=packed_seq_params_from_cu_seqlens(
-                        batch["cu_seqlens"].to(device), int(batch["max_seqlen"])))
+                        batch["cu_seqlens"].to(device, non_blocking=True), tokens.shape[1]))
     mask = batch.get("attention_mask")
-    return dict(input_ids=tokens, labels=labels, attention_mask=None if mask is None else mask.to(device))
+    return dict(inputs, input_ids=tokens, labels=labels,
+                attention_mask=None if mask is None else mask.to(device, non_blocking=True))
 
 
-def mlm_loss_func(output):
+def mlm_loss_func(num_masked: torch.Tensor, output):
+    """(loss sum, masked-token count, report) of the model's per-position loss (0 on the padding of
+    the masked-position list) and the count of real positions."""
     per_token_loss, correct = output
-    num_tokens = torch.tensor(per_token_loss.numel(), dtype=torch.int, device=per_token_loss.device)
     loss_sum = per_token_loss.sum()
-    report = torch.stack([loss_sum.detach(), correct.sum().float(), num_tokens.float()])
-    return loss_sum, num_tokens, {"lm loss": report}
+    report = torch.stack([loss_sum.detach(), correct.sum().float(), num_masked.float()])
+    return loss_sum, num_masked, {"lm loss": report}
 
 
 def mlm_forward_step(data_iterator: Iterator, model):
     """`forward_step_func` for `get_forward_backward_func()`: every stage reads the batch (it is
     deterministic and small), since middle stages need the mask or cu_seqlens too."""
-    batch = next(data_iterator)
-    return model(**model_inputs(batch)), mlm_loss_func
+    inputs = model_inputs(next(data_iterator))
+    return model(**inputs), partial(mlm_loss_func, inputs["num_masked"])
 
 
 def real_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
