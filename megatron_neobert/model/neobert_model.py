@@ -126,10 +126,6 @@ class NeoBERTModel(LanguageModule):
         if self.position_embedding_type == "rope":
             seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, self.decoder, hidden, self.config,
                                                              packed_seq_params)
-            if packed_seq_params is not None and seq_len == input_ids.shape[1]:
-                # megatron-core's unfused THD RoPE reads a table exactly as long as the packed
-                # tokens as positions running across documents; ours restart at each document.
-                seq_len += 1
             rotary_pos_emb = self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
         # megatron-core masks are True where attention is *not* allowed: [b, 1, 1, s] over keys.
         mask = None if attention_mask is None else ~attention_mask.bool()[:, None, None, :]

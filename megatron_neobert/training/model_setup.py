@@ -9,6 +9,7 @@ from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.transformer.module import Float16Module
 
 from megatron_neobert.model import NeoBERTArch, build_model, padded_vocab_size
+from megatron_neobert.model.layer_specs import use_transformer_engine
 
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
@@ -20,8 +21,12 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto"
     multiple of 128 x TP. A loaded checkpoint's own size must be passed (its rows are fixed).
 
     With `ddp_config` each chunk is wrapped in megatron-core DDP (grad buffers, bucketed
-    reduce(-scatter)) and `config` gets the hooks the pipeline schedules call.
+    reduce(-scatter)) and `config` gets the hooks the pipeline schedules call (and, with Transformer
+    Engine, `gradient_accumulation_fusion`).
     """
+    if ddp_config is not None and use_transformer_engine(transformer_impl):
+        # TE's linears add their weight gradients straight into DDP's fp32 main_grad buffers.
+        config.gradient_accumulation_fusion = True
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
     tp = parallel_state.get_tensor_model_parallel_world_size()
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, tp)
