@@ -8,6 +8,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
+from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.checkpointing import (load_model_state, model_sharded_state_dict,
                                                      resolve_checkpoint_dir)
@@ -19,8 +20,9 @@ Batch = Dict[str, torch.Tensor]
 
 
 def pipeline_logits(chunks: List[torch.nn.Module], micro_batches: List[Batch]) -> Optional[torch.Tensor]:
-    """Full-vocabulary MLM logits [n, s, padded vocab] through megatron-core's forward-only pipeline
-    schedule; None on ranks that are not on the last pipeline stage."""
+    """Full-vocabulary MLM logits [n, s, padded vocab] (packed micro-batches: [n, b * s, padded vocab])
+    through megatron-core's forward-only pipeline schedule; None on ranks that are not on the last
+    pipeline stage."""
 
     def collect(logits, non_loss_data=False):  # called with non_loss_data=True in forward-only mode
         assert non_loss_data
@@ -28,6 +30,9 @@ def pipeline_logits(chunks: List[torch.nn.Module], micro_batches: List[Batch]) -
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
+        if "cu_seqlens" in batch:  # packed, as the trainer's step gives it
+            params = packed_seq_params_from_cu_seqlens(batch["cu_seqlens"], batch["tokens"].shape[1])
+            return model(input_ids=batch["tokens"].reshape(1, -1), packed_seq_params=params), collect
         return model(input_ids=batch["tokens"], attention_mask=batch["attention_mask"]), collect
 
     for chunk in chunks:

@@ -41,7 +41,9 @@ def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_p
     # FLOPs per real token: the reference's head runs on every token, ours on the masked ones only.
     arch = benchmark_throughput.smoke_arch()
     per_token = {r["label"]: r["tflops_per_gpu"] * 1e12 / r["tokens_per_s"] for r in rows if r["tflops_per_gpu"]}
-    assert per_token["reference-hf-padded"] == pytest.approx(step_flops(arch, 1, 1, 64, arch.vocab_size))
+    # Attention counted per document: below every token attending all 64 positions.
+    assert (step_flops(arch, 1, 1, 0, arch.vocab_size) < per_token["reference-hf-padded"]
+            < step_flops(arch, 1, 1, 64, arch.vocab_size))
     assert per_token["megatron-packed"] < step_flops(arch, 1, 0.3, 64, padded_vocab_size(arch.vocab_size))
     assert len(report["targets"]) == 4 and all(t["status"].startswith("not measured") for t in report["targets"])
     assert out_png.stat().st_size > 10_000

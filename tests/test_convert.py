@@ -19,8 +19,9 @@ from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
 from convert_cases import load_and_forward
-from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
-                                                 hf_state_dict_from_mcore, hf_to_mcore, mcore_to_hf)
+from megatron_neobert.conversion.convert import (ConversionError, arch_for_hf_config, build_single_rank_model,
+                                                 hf_config_for_arch, hf_state_dict_from_mcore, hf_to_mcore,
+                                                 mcore_state_dict_from_hf, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, hf_config_dict, read_hf_folder
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
@@ -175,6 +176,46 @@ def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
     # Real tokens only: what a padded query position computes is each implementation's own business.
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-4)
+
+
+def test_qk_rows_are_stored_rotate_half_per_head_and_permuted_back_bit_exact(config, hf_weights):
+    arch = arch_for_hf_config(config)
+    mcore = mcore_state_dict_from_hf(hf_weights, arch, config, PADDED_VOCAB)
+    heads, d = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    for i in range(config.num_hidden_layers):
+        hf = hf_weights[f"model.transformer_encoder.{i}.qkv.weight"].view(heads, 3, d, -1)
+        ours = mcore[f"decoder.layers.{i}.self_attention.linear_qkv.weight"].view(heads, 3, d, -1)
+        for part in (0, 1):  # q and k: HF's pair (2j, 2j+1) is our (j, j + d/2)
+            assert torch.equal(ours[:, part, :d // 2], hf[:, part, 0::2])
+            assert torch.equal(ours[:, part, d // 2:], hf[:, part, 1::2])
+        assert torch.equal(ours[:, 2], hf[:, 2])  # v as it is
+    back = hf_state_dict_from_mcore(mcore, arch)
+    assert set(back) == set(hf_weights) and all(torch.equal(back[k], v) for k, v in hf_weights.items())
+
+
+def packed_batch(enc):
+    """The sentences' real tokens end to end in one packed micro-batch, as the loader packs them."""
+    docs = [ids[mask.bool()] for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+    lengths = torch.tensor([0] + [len(d) for d in docs])
+    return [dict(tokens=torch.cat(docs)[None], cu_seqlens=torch.cumsum(lengths, 0).to(torch.int32))]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatron_logits_equal_hf_logits_packed_and_padded(round_trip, tp):
+    """The converted checkpoint loaded at TP 1 and TP 2 (megatron-core reshards), packed and padded
+    micro-batches, against the published (interleaved RoPE) layout run by the HF model."""
+    tmp, _, _ = round_trip
+    enc, padded = padded_batch()
+    packed = packed_batch(enc)
+    hf = hf_mlm_logits(tmp / "hf", enc)
+    real = enc["attention_mask"].bool()
+    for micro in (padded, packed):
+        results = run_on_ranks(load_and_forward, tp, str(tmp / "mcore"), Layout(tp=tp), micro)
+        for other in results[1:]:
+            torch.testing.assert_close(other, results[0], rtol=0, atol=0)
+        megatron = results[0][..., :VOCAB_SIZE]
+        megatron = megatron[real] if micro is padded else megatron[0]  # packed: the real tokens in order
+        torch.testing.assert_close(megatron, hf[real], rtol=1e-4, atol=1e-4)
 
 
 def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round_trip, hf_weights):

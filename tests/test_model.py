@@ -95,13 +95,20 @@ def test_attention_is_bidirectional(single_rank):
         assert not torch.allclose(model(ids)[0, 0], first), "a later token must change token 0"
 
 
-def test_rope_matches_the_interleaved_complex_rotation(single_rank):
+def test_rope_on_rotate_half_rows_matches_the_interleaved_complex_rotation(single_rank):
+    """q and k rows are stored in rotate-half order (conversion permutes them): megatron-core's RoPE
+    on them is NeoBERT's interleaved rotation of the rows in HF order."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
+    from megatron_neobert.conversion.convert import rotate_half_order
+
     model = small_model()
+    assert not model.config.rotary_interleaved
     seq, heads, dim = 10, 2, SMALL["hidden_size"] // SMALL["num_attention_heads"]
-    x = torch.randn(seq, 1, heads, dim)
-    rotated = apply_rotary_pos_emb(x, model.rotary_pos_emb(seq), config=model.config)
+    x = torch.randn(seq, 1, heads, dim)  # HF order
+    order = rotate_half_order(dim)
+    rotated = apply_rotary_pos_emb(x[..., order], model.rotary_pos_emb(seq), config=model.config)
+    rotated = rotated[..., torch.argsort(order)]  # back to HF order
 
     # Independent formula: pairs (2i, 2i+1) as complex numbers, times e^{i * pos * theta_i}.
     theta = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -158,3 +165,63 @@ def test_layer_spec_selection_is_explicit():
     if not transformer_engine_available():
         with pytest.raises(RuntimeError, match="transformer_engine does not import"):
             use_transformer_engine("transformer_engine")
+
+
+def test_packed_documents_with_the_whole_pack_as_max_seqlen_equal_each_document_alone(single_rank):
+    """The trainer passes the sample length as max_seqlen; with one sample per micro-batch that is
+    every packed token, and megatron-core's unfused THD RoPE then counts positions from the start of
+    the pack, not of each document: a shift within a document, which RoPE's scores do not see."""
+    model, docs = small_model(), documents()
+    total = sum(len(d) for d in docs)
+    cu_seqlens = torch.tensor([0, 5, 14, 28], dtype=torch.int32)
+    with torch.no_grad():
+        logits = model(torch.cat(docs)[None], packed_seq_params=packed_seq_params_from_cu_seqlens(cu_seqlens, total))[0]
+    for packed, doc in zip(torch.split(logits, [len(d) for d in docs]), docs):
+        torch.testing.assert_close(packed, padded_logits(model, doc, length=32), rtol=1e-5, atol=1e-5)
+
+
+def _masked_lm_batch(packed: bool, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(5, 128, (2, 16), generator=g)
+    labels = torch.where(torch.rand(2, 16, generator=g) < 0.3, tokens, -100)
+    batch = {"tokens": tokens, "labels": labels}
+    if packed:
+        batch["cu_seqlens"] = torch.tensor([0, 7, 16, 21, 32], dtype=torch.int32)
+    else:
+        batch["attention_mask"] = torch.arange(16)[None] < torch.tensor([[16], [11]])
+        batch["labels"] = torch.where(batch["attention_mask"], labels, -100)
+    return batch
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fixed_size_masked_list_gives_the_loss_and_gradients_of_the_labelled_positions(single_rank, packed):
+    """The head on the loader's padded list of masked positions (index_select) against the
+    cross-entropy of the full logits at the labelled positions: same per-token losses, same
+    gradients; the padding of the list adds nothing."""
+    from megatron_neobert.data.loader import masked_position_list
+    from megatron_neobert.training.step import model_inputs
+
+    model = small_model().train()
+    batch = _masked_lm_batch(packed)
+    batch["masked_positions"], batch["num_masked"] = masked_position_list(batch["labels"], mask_rate=0.3)
+    count = int(batch["num_masked"])
+    assert batch["masked_positions"].shape[0] > count  # padded to the fixed length
+
+    inputs = model_inputs(batch)
+    loss, correct = model(**inputs)
+    loss.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    reference_inputs = {k: v for k, v in inputs.items() if k not in ("labels", "masked_positions", "num_masked")}
+    logits = model(**reference_inputs).reshape(-1, 128)
+    labels = batch["labels"].reshape(-1)
+    selected = labels != -100
+    reference = torch.nn.functional.cross_entropy(logits[selected], labels[selected], reduction="none")
+    reference.sum().backward()
+
+    torch.testing.assert_close(loss[:count], reference, rtol=1e-5, atol=1e-6)
+    assert (loss[count:] == 0).all() and not correct[count:].any()
+    assert correct[:count].tolist() == (logits[selected].argmax(-1) == labels[selected]).tolist()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=1e-5, atol=1e-6, msg=name)

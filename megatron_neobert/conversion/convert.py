@@ -12,6 +12,10 @@ staging checkpoint (megatron-core does the resharding, as the trainer's `--load`
 it again from that layout, with the trainer's common "args". Everything is written inside a
 temporary sibling of the target, renamed at the end.
 
+Both directions reorder each head's q and k rows: the HF layout is NeoBERT's (RoPE on interleaved
+pairs), the megatron-core model's is rotate-half (see `rotate_half_order`), so that megatron-core's
+fused RoPE applies; a pure permutation, so round trips are bit-exact.
+
 Both directions check everything they can (checkpoint layout, architecture, vocabulary, shards,
 preset) before writing anything.
 """
@@ -269,9 +273,44 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
 # --------------------------------------------------------------------------------------------------
 
 
+def rotate_half_order(dim_head: int) -> torch.Tensor:
+    """Rows of one head's q (or k) in megatron-core's rotate-half order, as indices into NeoBERT's
+    interleaved order: RoPE turns HF's pair (2i, 2i+1) and megatron-core's (i, i + d/2) by the same
+    angle, so row i is HF row 2i and row i + d/2 is HF row 2i + 1."""
+    return torch.cat([torch.arange(0, dim_head, 2), torch.arange(1, dim_head, 2)])
+
+
+def _permute_qk_rows(state_dict: Dict[str, torch.Tensor], key_format: str, num_layers: int, heads: int,
+                     order: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A copy of `state_dict` whose fused QKV weights (rows [q; k; v] per head) have each head's q
+    and k rows reordered by `order`; v and every other tensor are kept as they are."""
+    out = dict(state_dict)
+    for i in range(num_layers):
+        key = key_format.format(i)
+        qkv = state_dict[key]
+        per_head = qkv.reshape(heads, 3, -1, *qkv.shape[1:])
+        permuted = per_head.clone()
+        permuted[:, :2] = per_head[:, :2, order]
+        out[key] = permuted.reshape(qkv.shape)
+    return out
+
+
 def hf_state_dict_from_mcore(mcore_sd: Dict[str, torch.Tensor], arch: NeoBERTArch) -> Dict[str, torch.Tensor]:
-    """The published HF tensors of a TP=1/PP=1 megatron-core state dict (vocabulary padding cut)."""
-    return mcore_to_hf_state_dict(mcore_sd, hf_config_for_arch(arch))
+    """The published HF tensors of a TP=1/PP=1 megatron-core state dict (vocabulary padding cut;
+    q and k rows back in NeoBERT's interleaved RoPE order)."""
+    hf = mcore_to_hf_state_dict(mcore_sd, hf_config_for_arch(arch))
+    to_interleaved = torch.argsort(rotate_half_order(arch.kv_channels))
+    return _permute_qk_rows(hf, "model.transformer_encoder.{}.qkv.weight", arch.num_layers,
+                            arch.num_attention_heads, to_interleaved)
+
+
+def mcore_state_dict_from_hf(hf_sd: Dict[str, torch.Tensor], arch: NeoBERTArch, config: NeoBERTConfig,
+                             padded_vocab: int) -> Dict[str, torch.Tensor]:
+    """The TP=1/PP=1 megatron-core state dict of published HF tensors (vocabulary padded to
+    `padded_vocab`; q and k rows in megatron-core's rotate-half RoPE order)."""
+    mcore = hf_to_mcore_state_dict(hf_sd, config, padded_vocab_size=padded_vocab)
+    return _permute_qk_rows(mcore, "decoder.layers.{}.self_attention.linear_qkv.weight", arch.num_layers,
+                            arch.num_attention_heads, rotate_half_order(arch.kv_channels))
 
 
 def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path) -> Optional[Path]:
@@ -412,7 +451,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
         _init_single_rank()
         model = build_single_rank_model(arch, padded, DTYPES[dtype])
-        mcore_sd = hf_to_mcore_state_dict(hf_sd, config, padded_vocab_size=padded)
+        mcore_sd = mcore_state_dict_from_hf(hf_sd, arch, config, padded)
         params = dict(model.state_dict())
         unexpected = sorted(set(mcore_sd) - set(params))
         if unexpected:

@@ -8,7 +8,7 @@ chosen; the NGC container ships it, and ``nvidia-dali-cuda120`` from PyPI runs C
 """
 
 import logging
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy
 import torch
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def _output_names(sample: Dict) -> List[str]:
-    names = ["tokens", "labels"]
+    names = ["tokens", "labels", "masked_positions", "num_masked"]
     if "cu_seqlens" in sample:
         names += ["cu_seqlens", "max_seqlen"]
     if "attention_mask" in sample:
@@ -32,19 +32,21 @@ def _output_names(sample: Dict) -> List[str]:
 class _BatchSource:
     """DALI per-iteration callback: batch k of the sampler, as numpy arrays (picklable)."""
 
-    def __init__(self, dataset, sampler: MLMPretrainingSampler, names: List[str]) -> None:
-        self.dataset, self.sampler, self.names = dataset, sampler, names
+    def __init__(self, dataset, sampler: MLMPretrainingSampler, names: List[str], collate: Callable) -> None:
+        self.dataset, self.sampler, self.names, self.collate = dataset, sampler, names, collate
 
     def __call__(self, sample_info):
         k = sample_info.idx_in_epoch
         if k >= len(self.sampler):
             raise StopIteration
-        batch = collate_mlm_batch([self.dataset[i] for i in self.sampler.batch_indices(k)])
+        batch = self.collate([self.dataset[i] for i in self.sampler.batch_indices(k)])
         out = []
         for name in self.names:
             value = batch[name]
             if name == "max_seqlen":
                 value = numpy.array([value], numpy.int64)
+            elif name == "num_masked":  # scalars travel as one-element arrays
+                value = value.reshape(1).numpy()
             elif name == "attention_mask":
                 value = value.numpy().astype(numpy.uint8)  # bool travels as uint8
             else:
@@ -58,7 +60,7 @@ class DALIMLMLoader:
     the python int ``max_seqlen``) or on the CPU when ``device_id`` is None."""
 
     def __init__(self, dataset, sampler: MLMPretrainingSampler, device_id: Optional[int] = None,
-                 num_workers: int = 0, prefetch_batches: int = 2) -> None:
+                 num_workers: int = 0, prefetch_batches: int = 2, collate: Callable = collate_mlm_batch) -> None:
         try:
             from nvidia.dali import fn, pipeline_def
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -67,7 +69,7 @@ class DALIMLMLoader:
                               "or the NGC container); the default loader='torch' does not") from err
         self.sampler = sampler
         self.names = _output_names(dataset[sampler.batch_indices(0)[0]])
-        source = _BatchSource(dataset, sampler, self.names)
+        source = _BatchSource(dataset, sampler, self.names, collate)
         parallel = num_workers > 0
 
         @pipeline_def(batch_size=1, num_threads=1, device_id=device_id,
@@ -107,5 +109,7 @@ class DALIMLMLoader:
                     value = int(value.item())
                 elif name == "attention_mask":
                     value = value.to(torch.bool)
+                elif name == "num_masked":
+                    value = value.reshape(())
                 batch[name] = value
             yield batch

@@ -1,24 +1,59 @@
 """Batches for the trainer: collation, a resumable data-parallel sampler, torch or DALI loaders."""
 
+import functools
 import logging
-from typing import Dict, Iterator, List
+import math
+from typing import Dict, Iterator, List, Optional
 
 import numpy
 import torch
 
+from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
+
 logger = logging.getLogger(__name__)
 
 
-def collate_mlm_batch(samples: List[Dict]) -> Dict:
+# Positions of the masked-position list are padded to a multiple of this.
+MASKED_LIST_MULTIPLE = 64
+
+
+def masked_list_capacity(num_tokens: int, mask_rate: float) -> int:
+    """Length of the masked-position list of a batch of `num_tokens` tokens masked at `mask_rate`:
+    fixed for a run (the head's shapes do not change between steps), above the binomial mean by six
+    standard deviations (a batch beyond it about once in 10^9 gets a longer list, never a cut one)."""
+    mean = num_tokens * mask_rate
+    bound = math.ceil(mean + 6 * math.sqrt(mean * (1 - mask_rate)))
+    return min(num_tokens, -(-bound // MASKED_LIST_MULTIPLE) * MASKED_LIST_MULTIPLE)
+
+
+def masked_position_list(labels: torch.Tensor, mask_rate: Optional[float] = None):
+    """(`masked_positions` int64 ``[P]``, `num_masked` int32 0-d): the indices of the labelled
+    tokens in the flattened ``labels`` in order, then zeros up to ``masked_list_capacity`` (no
+    padding without ``mask_rate``)."""
+    found = (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+    count = found.shape[0]
+    capacity = count
+    if mask_rate is not None:
+        capacity = max(masked_list_capacity(labels.numel(), mask_rate),
+                       -(-count // MASKED_LIST_MULTIPLE) * MASKED_LIST_MULTIPLE)
+    positions = torch.zeros(capacity, dtype=torch.int64, device=labels.device)
+    positions[:count] = found
+    return positions, torch.tensor(count, dtype=torch.int32)
+
+
+def collate_mlm_batch(samples: List[Dict], mask_rate: Optional[float] = None) -> Dict:
     """Stack MLM samples into a batch.
 
     ``tokens``/``labels`` (and ``attention_mask``) become ``[B, S]``. Packed samples' cu_seqlens
     are offset by ``i * S`` and joined into one int32 ``cu_seqlens`` over the flattened ``B*S``
     tokens (the model reads packed batches as ``[1, B*S]``), with ``max_seqlen`` (a python int).
+    ``masked_positions``/``num_masked``: see ``masked_position_list`` (a list of one length for
+    every batch of a run when the dataset's ``mask_rate`` is given).
     A blend's ``dataset_id`` becomes an int64 ``[B]`` tensor.
     """
     batch = {"tokens": torch.stack([s["tokens"] for s in samples]),
              "labels": torch.stack([s["labels"] for s in samples])}
+    batch["masked_positions"], batch["num_masked"] = masked_position_list(batch["labels"], mask_rate)
     if "attention_mask" in samples[0]:
         batch["attention_mask"] = torch.stack([s["attention_mask"] for s in samples])
     if "cu_seqlens" in samples[0]:
@@ -103,16 +138,17 @@ def build_data_loader(dataset, micro_batch_size: int, consumed_samples: int = 0,
         return None
     sampler = MLMPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
                                     data_parallel_rank, data_parallel_size, drop_last)
+    collate = functools.partial(collate_mlm_batch, mask_rate=dataset.config.mask_rate)
     if loader == "torch":
         logger.info("data loader: torch DataLoader, %d workers, from sample %d",
                     num_workers, consumed_samples)
         return torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, num_workers=num_workers,
-            collate_fn=collate_mlm_batch, pin_memory=pin_memory and torch.cuda.is_available(),
+            collate_fn=collate, pin_memory=pin_memory and torch.cuda.is_available(),
             persistent_workers=num_workers > 0,
             prefetch_factor=prefetch_batches if num_workers > 0 else None)
     if loader == "dali":
         from megatron_neobert.data.dali_loader import DALIMLMLoader
         return DALIMLMLoader(dataset, sampler, device_id=device_id, num_workers=num_workers,
-                             prefetch_batches=prefetch_batches)
+                             prefetch_batches=prefetch_batches, collate=collate)
     raise ValueError(f"unknown loader {loader!r}; expected 'torch' or 'dali'")

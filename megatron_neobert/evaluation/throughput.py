@@ -22,8 +22,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model import NeoBERTArch, padded_vocab_size
-from megatron_neobert.training.metrics import peak_tflops, step_flops
+from megatron_neobert.training.metrics import attended_pairs, peak_tflops, step_flops
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ def mlm_batch(lengths: List[int], seq_length: int, vocab_size: int, packed: bool
         extra = dict(attention_mask=real)
     selected = (torch.rand(b, seq_length, generator=g) < mask_rate) & real
     labels = torch.where(selected, tokens, torch.full_like(tokens, -100))
-    return dict(tokens=torch.where(selected, torch.full_like(tokens, 4), tokens), labels=labels, **extra)
+    positions, num_masked = masked_position_list(labels, mask_rate)  # as the loader's list
+    return dict(tokens=torch.where(selected, torch.full_like(tokens, 4), tokens), labels=labels,
+                masked_positions=positions, num_masked=num_masked, **extra)
 
 
 def mlm_micro_batches(seq_length: int, micro_batch: int, count: int, vocab_size: int, packed: bool,
@@ -308,7 +311,9 @@ def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], 
     # what it computes (on real tokens), at the vocabulary size it computes.
     predicted = real if reference else sum(int((b["labels"] != -100).sum()) for b in batches)
     vocab = arch.vocab_size if reference else padded_vocab_size(arch.vocab_size)
-    tflops = step_flops(arch, real, predicted, row.seq_length, vocab) / seconds / 1e12
+    # Synthetic tokens are >= 5: none is padding (id 0), so every packed piece is a document.
+    pairs = sum(int(attended_pairs(b, pad_id=0)) for b in batches)
+    tflops = step_flops(arch, real, predicted, pairs, vocab) / seconds / 1e12
     peak = peak_tflops(fp8=row.precision == "fp8")
     return dataclasses.replace(row, tokens_per_s=real / seconds, peak_memory_gib=_peak_memory_gib(),
                                tflops_per_gpu=tflops, mfu=tflops / peak if peak else None)

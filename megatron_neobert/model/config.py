@@ -67,6 +67,13 @@ def _uniform_init(tensor: torch.Tensor, init_range: float) -> torch.Tensor:
     return torch.nn.init.uniform_(tensor, -init_range, init_range)
 
 
+def fused_rope_available() -> bool:
+    """Transformer Engine's fused RoPE kernels, through megatron-core (absent without TE)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return rope_utils.fused_apply_rotary_pos_emb_thd is not None
+
+
 def transformer_config(arch: NeoBERTArch, **kwargs):
     """megatron-core `TransformerConfig` for `arch`; kwargs set parallelism, precision, etc."""
     from megatron.core.transformer import TransformerConfig
@@ -88,13 +95,18 @@ def transformer_config(arch: NeoBERTArch, **kwargs):
         add_qkv_bias=arch.add_bias_linear,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        rotary_interleaved=True,  # NeoBERT rotates adjacent pairs (2i, 2i+1)
+        # NeoBERT rotates adjacent pairs (2i, 2i+1) of each head's q and k. Here each head's Q and K
+        # rows are stored in rotate-half order (pairs (i, i + d/2)): conversion permutes them, q.k is
+        # unchanged, and megatron-core's fused THD RoPE (which ignores rotary_interleaved) is right.
+        rotary_interleaved=False,
         init_method=init,
         output_layer_init_method=init,
         embedding_init_method=init,
-        # The jit/TE fusions only pay (and only all work) on GPUs.
-        apply_rope_fusion=False,
-        bias_activation_fusion=on_gpu and swiglu and arch.add_bias_linear,
+        # The jit/TE fusions only pay (and only all work) on GPUs. SwiGLU's fusion takes no bias;
+        # GELU's needs one.
+        apply_rope_fusion=on_gpu and arch.position_embedding_type == "rope" and fused_rope_available(),
+        bias_activation_fusion=on_gpu and (swiglu or arch.add_bias_linear),
+        cross_entropy_loss_fusion=on_gpu,
         bias_dropout_fusion=on_gpu,
         masked_softmax_fusion=False,
         persist_layer_norm=False,

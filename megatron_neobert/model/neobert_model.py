@@ -9,13 +9,17 @@ Inputs, as the data loader gives them:
 - packed: `input_ids [1, t]` (documents laid end to end) and `packed_seq_params` (THD, with
   `cu_seqlens`); RoPE positions restart at each document and attention never crosses one.
 With `labels [b, s]` (-100 where there is no target) the output layer and the vocab-parallel
-cross-entropy run only on the labelled positions.
+cross-entropy run only on the labelled positions: those of `masked_positions` (a fixed-size list
+from the loader, indices into the flattened `[b * s]` labels, its first `num_masked` real), picked
+with `index_select` and no host sync; without it the model finds them itself (a host sync).
 """
 
+import copy
 from typing import Optional, Tuple
 
 import torch
 from megatron.core import tensor_parallel
+from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.common.language_module.language_module import LanguageModule
@@ -25,7 +29,15 @@ from megatron.core.transformer.transformer_block import TransformerBlock, Transf
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
+from megatron_neobert.model.attention import BidirectionalAttention
+
 IGNORE_INDEX = -100
+
+
+def _apex_wgrad_fusion_available() -> bool:
+    from megatron.core.tensor_parallel import layers
+
+    return layers._grad_accum_fusion_available
 
 
 def packed_seq_params_from_cu_seqlens(cu_seqlens: Tensor, max_seqlen: int) -> PackedSeqParams:
@@ -64,9 +76,20 @@ class NeoBERTModel(LanguageModule):
         self.decoder = TransformerBlock(config=config, spec=block_spec,
                                         pre_process=pre_process, post_process=post_process,
                                         pg_collection=self.pg_collection, vp_stage=vp_stage)
+        # Our bidirectional attention takes padded input without a mask; Transformer Engine's,
+        # built for `AttnMaskType.padding`, asserts that one is given.
+        layer_specs = block_spec.layer_specs
+        self.padded_input_needs_mask = bool(layer_specs) and (
+            layer_specs[0].submodules.self_attention.submodules.core_attention is not BidirectionalAttention)
         if post_process:
+            head_config = config
+            if config.gradient_accumulation_fusion and not _apex_wgrad_fusion_available():
+                # TE's linears fuse the weight-gradient accumulation themselves; this megatron-core
+                # linear needs apex's extension for it, else accumulates as usual.
+                head_config = copy.copy(config)
+                head_config.gradient_accumulation_fusion = False
             self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size, vocab_size, config=config, init_method=config.init_method,
+                config.hidden_size, vocab_size, config=head_config, init_method=config.init_method,
                 bias=True, skip_bias_add=False, gather_output=False, tp_group=self.pg_collection.tp)
             # The head sees only the labelled positions, gathered out of the sequence-parallel
             # layout in forward(); it must not gather them again.
@@ -82,15 +105,21 @@ class NeoBERTModel(LanguageModule):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, packed_seq_params: Optional[PackedSeqParams] = None,
-                position_ids: Optional[Tensor] = None, return_hidden_states: bool = False):
+                position_ids: Optional[Tensor] = None, return_hidden_states: bool = False,
+                masked_positions: Optional[Tensor] = None, num_masked: Optional[Tensor] = None):
         """Returns hidden states on a non-last pipeline stage; on the last one the logits
         `[b, s, vocab/tp]` without labels, or `(per-token loss, per-token correct)` over the
-        labelled positions (in `[s, b]` order) with them. `return_hidden_states` gives the
-        final-normed encoder output `[b, s, h]` instead (embeddings for inference)."""
+        labelled positions (in `[b, s]` order; 0 and False on the padding of `masked_positions`)
+        with them. `return_hidden_states` gives the final-normed encoder output `[b, s, h]`
+        instead (embeddings for inference)."""
         if packed_seq_params is not None and attention_mask is not None:
             raise ValueError("give either an attention_mask (padded) or packed_seq_params, not both")
+        if (masked_positions is None) != (num_masked is None):
+            raise ValueError("give masked_positions and num_masked together")
         if self.position_embedding_type == "learned_absolute" and position_ids is None:
             position_ids = self._default_position_ids(input_ids, packed_seq_params)
+        if attention_mask is None and packed_seq_params is None and self.padded_input_needs_mask:
+            attention_mask = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
 
         hidden = self.embedding(input_ids=input_ids, position_ids=position_ids) if self.pre_process else None
         rotary_pos_emb = None
@@ -114,18 +143,38 @@ class NeoBERTModel(LanguageModule):
         if labels is None:
             logits, _ = self.output_layer(hidden)
             return logits.transpose(0, 1).contiguous()
-        return self.masked_lm_loss(hidden, labels)
+        return self.masked_lm_loss(hidden, labels, masked_positions, num_masked)
 
-    def masked_lm_loss(self, hidden: Tensor, labels: Tensor) -> Tuple[Tensor, Tensor]:
+    def masked_lm_loss(self, hidden: Tensor, labels: Tensor, masked_positions: Optional[Tensor] = None,
+                       num_masked: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Output layer and cross-entropy on the labelled positions only."""
-        labels = labels.transpose(0, 1)  # [s, b], as the hidden states
-        selected = labels != IGNORE_INDEX
-        logits, _ = self.output_layer(hidden[selected].unsqueeze(1))  # [n, 1, vocab/tp]
-        targets = labels[selected].unsqueeze(1)
+        flat_labels = labels.reshape(-1)
+        if masked_positions is None:
+            masked_positions = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+            real = None
+        else:
+            real = torch.arange(masked_positions.shape[0], device=labels.device) < num_masked
+        targets = flat_labels.index_select(0, masked_positions)
+        # Position p of the [b, s] labels is row (p % s) * b + p // s of the [s, b] hidden states
+        # (packed input is [1, t]: row p).
+        b, s = labels.shape
+        rows = (masked_positions % s) * b + masked_positions // s
+        selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
+        if real is not None:  # the padding of the list reads position 0; its target is any valid id
+            targets = torch.where(real, targets, 0)
+        logits, _ = self.output_layer(selected.unsqueeze(1))  # [n, 1, vocab/tp]
+        targets = targets.unsqueeze(1)
         with torch.no_grad():
             correct = self._vocab_parallel_argmax(logits.detach()) == targets
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), targets)
-        return loss.squeeze(1), correct.squeeze(1)
+        if self.config.cross_entropy_loss_fusion and logits.dtype == torch.bfloat16:
+            # megatron-core's fused kernel returns bf16 gradients: it applies to bf16 logits only.
+            loss = fused_vocab_parallel_cross_entropy(logits, targets, self.pg_collection.tp)
+        else:
+            loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), targets)
+        loss, correct = loss.squeeze(1), correct.squeeze(1)
+        if real is not None:
+            loss, correct = torch.where(real, loss, 0.0), correct & real
+        return loss, correct
 
     def _vocab_parallel_argmax(self, logits: Tensor) -> Tensor:
         tp_group = self.pg_collection.tp

@@ -13,9 +13,23 @@ import torch.multiprocessing as mp
 
 from megatron_neobert.parallel.cpu import enable_cpu_execution
 
+# Set to 1 to run on the CPU with a CUDA build of torch that sees no GPU.
+ALLOW_CPU_ENV = "NEOBERT_ALLOW_CPU"
+
+
+def check_cpu_fallback() -> None:
+    """A CPU build of torch runs on the CPU. A CUDA build that sees no GPU is a broken node (no
+    GPUs in the container, a wrong CUDA_VISIBLE_DEVICES): that fails unless asked for."""
+    if torch.version.cuda is None or os.environ.get(ALLOW_CPU_ENV) == "1":
+        return
+    raise RuntimeError(
+        f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); was the container "
+        f"started with GPUs? To run on the CPU anyway, set {ALLOW_CPU_ENV}=1")
+
 
 def init_distributed(timeout_minutes: int = 30, store: Optional[torch.distributed.Store] = None) -> None:
-    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU.
+    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
     (MASTER_ADDR/MASTER_PORT). A lone process without that environment (a tool, a notebook)
@@ -27,6 +41,7 @@ def init_distributed(timeout_minutes: int = 30, store: Optional[torch.distribute
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         backend = "nccl"
     else:
+        check_cpu_fallback()
         enable_cpu_execution()
         backend = "gloo"
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

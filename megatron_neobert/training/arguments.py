@@ -14,6 +14,7 @@ from typing import List, Optional
 import yaml
 
 from megatron_neobert.model import PRESETS
+from megatron_neobert.training.validation import validate_precision_args
 
 # Architecture overrides of the preset (Megatron-LM names) -> NeoBERTArch fields.
 ARCH_OVERRIDES = {
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "megatron-core's, max(40M, 1M x DP))")
 
     g = p.add_argument_group("precision")
-    g.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights")
+    g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 weights and activations, fp32 main weights (default: on with a GPU, off on CPU)")
     g.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="needs Transformer Engine")
     g.add_argument("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
 
@@ -177,4 +179,4 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the
         # export and a resume find it from any working directory.
         args.tokenizer_model = os.path.abspath(args.tokenizer_model)
-    return args
+    return validate_precision_args(args)

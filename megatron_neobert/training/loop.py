@@ -140,7 +140,8 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
-                skipped=state.skipped_in_a_row > 0, predicted=stats.predicted, tokens=stats.real_tokens)
+                skipped=state.skipped_in_a_row > 0, predicted=stats.predicted, tokens=stats.real_tokens,
+                attended=stats.attended_pairs)
 
 
 def train(args, forward_step: ForwardStep = mlm_forward_step,

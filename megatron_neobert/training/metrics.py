@@ -1,13 +1,14 @@
 """Throughput figures for the log: FLOPs per step, TFLOP/s per GPU, MFU, memory.
 
 FLOPs follow the spec (section 5): 6 x non-embedding parameters per token, plus attention
-(12 x layers x hidden x sequence length per token, forward and backward), plus the MLM head
-(6 x hidden x vocab) on the positions where logits are computed, i.e. the masked ones. Packed
-batches attend within documents, so the attention term (at the full length) is an upper bound.
+(12 x layers x hidden per query-key pair, forward and backward), plus the MLM head
+(6 x hidden x vocab) on the positions where logits are computed, i.e. the masked ones. The pairs
+are those attention computes usefully: L^2 per document of length L (packed documents attend
+within themselves; a padded sample's real tokens among themselves), padding excluded.
 Activation recomputation is not counted, as is usual for MFU.
 """
 
-from typing import Optional
+from typing import Dict, Optional
 
 import psutil
 import torch
@@ -28,12 +29,26 @@ def non_embedding_params(arch: NeoBERTArch) -> int:
     return arch.num_layers * (attn + mlp + norms)
 
 
-def step_flops(arch: NeoBERTArch, num_tokens: int, num_predicted: int, seq_length: int,
+def step_flops(arch: NeoBERTArch, num_tokens: int, num_predicted: int, attended_pairs: int,
                vocab_size: int) -> float:
     """Training FLOPs (forward + backward) of a step over `num_tokens` tokens, of which
-    `num_predicted` go through the MLM head."""
-    dense = 6 * non_embedding_params(arch) + 12 * arch.num_layers * arch.hidden_size * seq_length
-    return float(num_tokens * dense + num_predicted * 6 * arch.hidden_size * vocab_size)
+    `num_predicted` go through the MLM head, and whose documents hold `attended_pairs` query-key
+    pairs (see `attended_pairs`; one sequence of length s: s^2)."""
+    return float(num_tokens * 6 * non_embedding_params(arch)
+                 + attended_pairs * 12 * arch.num_layers * arch.hidden_size
+                 + num_predicted * 6 * arch.hidden_size * vocab_size)
+
+
+def attended_pairs(batch: Dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
+    """Sum over the documents of a collated micro-batch of their length squared, as a 0-d int64
+    tensor on the batch's device: packed, each piece of `cu_seqlens` but the padding pieces (which
+    start with padding; documents start with [CLS]); padded, each sample's real tokens."""
+    if "cu_seqlens" not in batch:
+        return (batch["attention_mask"].sum(dim=1, dtype=torch.int64) ** 2).sum()
+    cu = batch["cu_seqlens"].to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    real = batch["tokens"].reshape(-1)[cu[:-1]] != pad_id
+    return (lengths ** 2 * real).sum()
 
 
 def peak_tflops(fp8: bool) -> Optional[float]:

@@ -14,6 +14,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 
 from megatron_neobert.model import NeoBERTArch, build_model, get_arch, padded_vocab_size, transformer_config
+from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.arguments import ARCH_OVERRIDES
 
@@ -27,8 +28,12 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto"
     multiple of 128 x TP. A loaded checkpoint's own size must be passed (its rows are fixed).
 
     With `ddp_config` each chunk is wrapped in megatron-core DDP (grad buffers, bucketed
-    reduce(-scatter)) and `config` gets the hooks the pipeline schedules call.
+    reduce(-scatter)) and `config` gets the hooks the pipeline schedules call (and, with Transformer
+    Engine, `gradient_accumulation_fusion`).
     """
+    if ddp_config is not None and use_transformer_engine(transformer_impl):
+        # TE's linears add their weight gradients straight into DDP's fp32 main_grad buffers.
+        config.gradient_accumulation_fusion = True
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
     tp = parallel_state.get_tensor_model_parallel_world_size()
     vocab = padded_vocab or padded_vocab_size(arch.vocab_size, tp)

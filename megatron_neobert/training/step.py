@@ -7,40 +7,55 @@ the mean over *all* masked tokens of the global batch, whatever the micro-batch 
 """
 
 import dataclasses
+from functools import partial
 from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
+from megatron_neobert.training.metrics import attended_pairs
 
 
 def model_inputs(batch: Dict[str, torch.Tensor]) -> dict:
-    """Keyword arguments of NeoBERTModel.forward for a collated batch (padded or packed)."""
+    """Keyword arguments of NeoBERTModel.forward for a collated batch (padded or packed).
+
+    Nothing here waits for the GPU: the loader's batches are in pinned memory and copied
+    asynchronously, the masked positions come as a list from the loader (found here, on the host,
+    for a batch without them), and `max_seqlen` is the sample length, the same every step (Transformer
+    Engine then keeps its attention backend; no document is longer)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    tokens, labels = batch["tokens"].to(device), batch["labels"].to(device)
+    if "masked_positions" not in batch:
+        batch = dict(batch)
+        batch["masked_positions"], batch["num_masked"] = masked_position_list(batch["labels"])
+    tokens, labels, positions, num_masked = (
+        batch[k].to(device, non_blocking=True) for k in ("tokens", "labels", "masked_positions", "num_masked"))
+    inputs = dict(masked_positions=positions, num_masked=num_masked)
     if "cu_seqlens" in batch:  # packed: all documents of the micro-batch end to end, [1, b*s]
-        return dict(input_ids=tokens.reshape(1, -1), labels=labels.reshape(1, -1),
+        return dict(inputs, input_ids=tokens.reshape(1, -1), labels=labels.reshape(1, -1),
                     packed_seq_params=packed_seq_params_from_cu_seqlens(
-                        batch["cu_seqlens"].to(device), int(batch["max_seqlen"])))
+                        batch["cu_seqlens"].to(device, non_blocking=True), tokens.shape[1]))
     mask = batch.get("attention_mask")
-    return dict(input_ids=tokens, labels=labels, attention_mask=None if mask is None else mask.to(device))
+    return dict(inputs, input_ids=tokens, labels=labels,
+                attention_mask=None if mask is None else mask.to(device, non_blocking=True))
 
 
-def mlm_loss_func(output):
+def mlm_loss_func(num_masked: torch.Tensor, output):
+    """(loss sum, masked-token count, report) of the model's per-position loss (0 on the padding of
+    the masked-position list) and the count of real positions."""
     per_token_loss, correct = output
-    num_tokens = torch.tensor(per_token_loss.numel(), dtype=torch.int, device=per_token_loss.device)
     loss_sum = per_token_loss.sum()
-    report = torch.stack([loss_sum.detach(), correct.sum().float(), num_tokens.float()])
-    return loss_sum, num_tokens, {"lm loss": report}
+    report = torch.stack([loss_sum.detach(), correct.sum().float(), num_masked.float()])
+    return loss_sum, num_masked, {"lm loss": report}
 
 
 def mlm_forward_step(data_iterator: Iterator, model):
     """`forward_step_func` for `get_forward_backward_func()`: every stage reads the batch (it is
     deterministic and small), since middle stages need the mask or cu_seqlens too."""
-    batch = next(data_iterator)
-    return model(**model_inputs(batch)), mlm_loss_func
+    inputs = model_inputs(next(data_iterator))
+    return model(**inputs), partial(mlm_loss_func, inputs["num_masked"])
 
 
 def real_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
@@ -65,6 +80,7 @@ class StepStats:
     correct: float  # masked tokens predicted right
     predicted: int  # masked tokens: what the loss and accuracy average over
     real_tokens: int = 0  # non-padding tokens (counted when the pad id is given)
+    attended_pairs: int = 0  # query-key pairs attention computes: sum of squared document lengths
 
     @property
     def loss(self) -> float:
@@ -92,17 +108,18 @@ def run_micro_batches(chunks, batches: List[dict], forward_only: bool, forward_s
         model=chunks, num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=forward_only)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # the StepStats fields, in order
+    sums = torch.zeros(5, dtype=torch.float64, device=device)  # the StepStats fields, in order
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         for r in reports:
             sums[:3] += r["lm loss"].to(sums)
         if pad_id is not None:
             sums[3] = sum(real_tokens(b, pad_id).to(sums) for b in batches)
+            sums[4] = sum(attended_pairs(b, pad_id).to(sums) for b in batches)
         torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
     # Only the last stage holds losses: summing over the pipeline hands them to every rank.
     torch.distributed.all_reduce(sums, group=parallel_state.get_pipeline_model_parallel_group())
-    loss_sum, correct, predicted, tokens = sums.tolist()
-    return StepStats(loss_sum, correct, int(predicted), int(tokens))
+    loss_sum, correct, predicted, tokens, pairs = sums.tolist()
+    return StepStats(loss_sum, correct, int(predicted), int(tokens), int(pairs))
 
 
 def grads_are_finite(chunks) -> bool:

@@ -42,7 +42,7 @@ class TrainingLog:
         acc = sum(r["accuracy"] for r in good) / len(good) if good else float("nan")
         per_step = elapsed / n
         tokens = sum(r["tokens"] for r in window) / n  # real tokens: padding is no work done
-        flops = sum(step_flops(self.arch, r["tokens"], r["predicted"], args.seq_length, self.padded_vocab)
+        flops = sum(step_flops(self.arch, r["tokens"], r["predicted"], r["attended"], self.padded_vocab)
                     for r in window)
         tflops = flops / elapsed / torch.distributed.get_world_size() / 1e12
         mfu = f"{100 * tflops / self.peak:.1f}%" if self.peak else "n/a"
