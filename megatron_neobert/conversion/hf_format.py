@@ -310,6 +310,11 @@ def _copy_tokenizer(tokenizer_path: PathLike, dst: Path, config: NeoBERTConfig) 
             raise ValueError(f"tokenizer in {src} has {n} tokens but the model's vocab_size is {config.vocab_size}")
     for name in found:
         shutil.copyfile(src / name, dst / name)
+    # The tokenizer announces the model's length, as config.json's max_length and
+    # sentence_bert_config.json's max_seq_length do.
+    if (dst / "tokenizer_config.json").is_file():
+        _write_json(dst / "tokenizer_config.json",
+                    {**_read_json(dst / "tokenizer_config.json"), "model_max_length": config.max_length})
 
 
 def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> None:
@@ -389,9 +394,16 @@ def _load_weight_file(path: Path) -> StateDict:
     return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
+def _read_json(path: Path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err})") from None
+
+
 def _load_sharded(src: Path, index_name: str) -> StateDict:
-    with open(src / index_name, encoding="utf-8") as f:
-        weight_map = json.load(f)["weight_map"]
+    weight_map = _read_json(src / index_name)["weight_map"]
     state_dict = {}
     for shard in sorted(set(weight_map.values())):
         if not (src / shard).is_file():
@@ -431,8 +443,7 @@ def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
         raise FileNotFoundError(f"{src} is not a folder")
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src} has no config.json: not a Hugging Face checkpoint folder")
-    with open(src / "config.json", encoding="utf-8") as f:
-        config_dict = json.load(f)
+    config_dict = _read_json(src / "config.json")
     model_type = config_dict.get("model_type")
     architectures = config_dict.get("architectures") or []
     if model_type != "neobert" or any(not a.startswith("NeoBERT") for a in architectures):
