@@ -18,6 +18,7 @@ import zlib
 from typing import Dict, List, Optional
 
 import torch
+from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
@@ -156,7 +157,9 @@ def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> No
     failure = None
     try:
         save_fn()
-    except Exception as err:  # reported by every rank below, so that no rank waits for the others
+    # Reported by every rank below, so that no rank waits for the others. megatron-core raises a
+    # writer's failure as torch's CheckpointException, a BaseException.
+    except (Exception, CheckpointException) as err:
         failure = err
     reports = _all_gather((_one_line(failure), failure is not None and is_disk_full(failure)))
     if not any(text for text, _ in reports):
