@@ -111,6 +111,9 @@ def previous_complete(root: str, before: int) -> Optional[int]:
 
 def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
     """Collective: raise a one-line TrainingError when the folder does not match its manifest."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)) and torch.distributed.get_rank() == 0:
+        print(f"{folder} has no {MANIFEST} (saved before checksums, or by a converter): its files are not "
+              f"verified", flush=True)
     problem = folder_problem(folder)
     if problem is None:
         return

@@ -36,7 +36,10 @@ class ExitSignalHandler:
 
 def stop_requested(handler: Optional[ExitSignalHandler], started: float,
                    exit_duration_in_mins: Optional[float]) -> Optional[str]:
-    """"signal", "exit-duration" or None, agreed by all ranks (a collective: call it on all)."""
+    """"signal", "exit-duration" or None, agreed by all ranks (a collective: call it on all; none
+    without a handler or a duration, which all ranks' flags agree on)."""
+    if handler is None and not exit_duration_in_mins:
+        return None
     over_time = bool(exit_duration_in_mins) and (time.time() - started) / 60.0 > exit_duration_in_mins
     flags = torch.tensor([1.0 if handler and handler.received else 0.0, 1.0 if over_time else 0.0],
                          device="cuda" if torch.cuda.is_available() else "cpu")
