@@ -2,8 +2,9 @@
 out of disk space.
 
 `checksums.json` in an iteration folder lists every file of the folder with its size and CRC-32
-(zlib's: ~1 GB/s per core, no extra dependency). The ranks share the hashing, reading the files
-back after every rank has written its own, and rank 0 writes the manifest before the marker
+(zlib's, no extra dependency; 0.4 GB/s measured on one core of this project's busy 2-core test
+machine, so ~1 s per rank for a 250M model's 3 GB checkpoint on 8 ranks). The ranks share the
+hashing, reading the files back after every rank has written its own, and rank 0 writes the manifest before the marker
 moves, so a folder the marker names always has one. At load the ranks again share the files;
 a file that is missing, shorter or longer, or whose bytes changed (a flipped block keeps the
 size) stops the run with one line naming the file and the checkpoint, and the newest older
