@@ -310,11 +310,6 @@ def _copy_tokenizer(tokenizer_path: PathLike, dst: Path, config: NeoBERTConfig) 
             raise ValueError(f"tokenizer in {src} has {n} tokens but the model's vocab_size is {config.vocab_size}")
     for name in found:
         shutil.copyfile(src / name, dst / name)
-    # The tokenizer announces the model's length, as config.json's max_length and
-    # sentence_bert_config.json's max_seq_length do.
-    if (dst / "tokenizer_config.json").is_file():
-        _write_json(dst / "tokenizer_config.json",
-                    {**_read_json(dst / "tokenizer_config.json"), "model_max_length": config.max_length})
 
 
 def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> None:
@@ -371,6 +366,7 @@ def write_hf_folder(
         shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
         if tokenizer_path is not None:
             _copy_tokenizer(tokenizer_path, tmp, config)
+            _announce_length(tmp / "tokenizer_config.json", config.max_length)
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
 
@@ -400,6 +396,13 @@ def _read_json(path: Path):
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err})") from None
+
+
+def _announce_length(tokenizer_config: Path, max_length: int) -> None:
+    """The tokenizer announces the model's length, as config.json's max_length and
+    sentence_bert_config.json's max_seq_length do."""
+    if tokenizer_config.is_file():
+        _write_json(tokenizer_config, {**_read_json(tokenizer_config), "model_max_length": max_length})
 
 
 def _load_sharded(src: Path, index_name: str) -> StateDict:
