@@ -116,7 +116,8 @@ def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run
 
 
 def test_disk_full_during_a_save_leaves_the_last_checkpoint(one_rank_run, data, tmp_path, monkeypatch):
-    """megatron-core's writer processes (forked: they inherit the patch) run out of space half-way
+    """First less free space than the last checkpoint took (refused before writing); then
+    megatron-core's writer processes (forked: they inherit the patch) run out of space half-way
     through their shard files."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
@@ -125,6 +126,13 @@ def test_disk_full_during_a_save_leaves_the_last_checkpoint(one_rank_run, data, 
     shutil.rmtree(iteration_dir(root, 8))
     with open(os.path.join(root, LATEST_MARKER), "w") as f:
         f.write("6")
+    usage = shutil.disk_usage(root)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2**20))
+    with pytest.raises(TrainingError, match=rf"^no space left on {re.escape(root)} \(a checkpoint takes \d+\.\d MiB, "
+                                            rf"1\.0 MiB are free\): the checkpoint of iteration 8 was not saved"):
+        train_here(data, "--train-iters", "8", "--load", root, "--save", root)
+    assert not os.path.exists(iteration_dir(root, 8)) and read_latest_iteration(root) == 6
+    monkeypatch.undo()
 
     class FullDisk:
         def __init__(self, file):

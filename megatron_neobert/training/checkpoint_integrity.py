@@ -137,15 +137,17 @@ def is_disk_full(err: BaseException) -> bool:
     return False
 
 
-def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool) -> TrainingError:
+def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool,
+                detail: str = "") -> TrainingError:
     """Rank 0 removes the partial folder; the marker still names the last complete checkpoint."""
     if torch.distributed.get_rank() == 0:
         shutil.rmtree(folder, ignore_errors=True)
     latest = read_latest_iteration(root)
     kept = f"the latest complete checkpoint is still iteration {latest}" if latest is not None else "no complete checkpoint exists"
     if disk_full:
-        return TrainingError(f"no space left on {root}: the checkpoint of iteration {iteration} was not saved "
-                             f"and its partial folder was removed; {kept}")
+        why = f" ({detail})" if detail else ""
+        return TrainingError(f"no space left on {root}{why}: the checkpoint of iteration {iteration} was not "
+                             f"saved and its partial folder was removed; {kept}")
     first = next(e for e in errors if e)
     return TrainingError(f"saving iteration {iteration} to {root} failed ({first}); the partial folder was "
                          f"removed; {kept}")
@@ -155,9 +157,27 @@ def _one_line(err: Optional[BaseException]) -> Optional[str]:
     return None if err is None else (f"{type(err).__name__}: {err}".splitlines() or ["?"])[0]
 
 
+def space_shortage(root: str) -> Optional[str]:
+    """Why `root` cannot hold another checkpoint of the size of its latest (known from its
+    manifest), or None. Checked before a save, since a write that fails on rank 0 alone, before
+    megatron-core's collectives, would leave the other ranks waiting in them."""
+    latest = read_latest_iteration(root)
+    manifest = os.path.join(iteration_dir(root, latest), MANIFEST) if latest is not None else None
+    if manifest is None or not os.path.isfile(manifest):
+        return None
+    with open(manifest) as f:
+        need = sum(entry["bytes"] for entry in json.load(f)["files"].values())
+    free = shutil.disk_usage(root).free
+    return f"a checkpoint takes {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free" if free < need else None
+
+
 def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
     """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
     any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""
+    shortage = [space_shortage(root) if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(shortage, src=0)
+    if shortage[0]:
+        raise failed_save(root, folder, iteration, [], disk_full=True, detail=shortage[0])
     failure = None
     try:
         save_fn()
