@@ -38,10 +38,12 @@ ARGS=(
 
 if [ "${SLURM_TASK_PER_GPU:-0}" = 1 ]; then
     # One SLURM task per GPU (examples/pretrain_neobert.slurm): no torchrun; every rank gets the
-    # scheduler's signals itself.
+    # scheduler's signals itself: SIGUSR1 (#SBATCH --signal=USR1@300) asks for the save.
     export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS
-    exec python -m megatron_neobert.pretrain "${ARGS[@]}" "$@"
+    exec python -m megatron_neobert.pretrain "${ARGS[@]}" --exit-signal SIGUSR1 "$@"
 fi
+# torchrun forwards SIGTERM (--exit-signal's default) to the ranks and kills them --shutdown-timeout
+# seconds later: longer than a save.
 exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" \
     -m megatron_neobert.pretrain "${ARGS[@]}" "$@"

@@ -9,6 +9,9 @@
 #
 # LOAD_OPTIM=1 (default): continue the stage-1 run with its optimizer state and schedule (at step
 #   1M the schedule is in its constant tail, 6e-5), iterations 1,000,001 .. 1,050,000.
+#   The optimizer state loads only into the setup that saved it (here --bf16
+#   --use-distributed-optimizer); a stage 1 trained otherwise (as the quickstart) is refused with a
+#   line saying what differs: pass --no-load-optim to keep its weights, iteration and schedule.
 # LOAD_OPTIM=0: the stage-1 weights only (--finetune): a fresh optimizer, iterations 1 .. 50,000,
 #   at the constant 6e-5 after a short warmup.
 # The data position restarts at the start of the new blend (the trainer sees that the data

@@ -21,16 +21,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron.core import parallel_state
 
     from megatron_neobert.parallel.launch import init_distributed
-    from megatron_neobert.training.loop import NonFiniteLossError, train
+    from megatron_neobert.training.errors import TrainingError
+    from megatron_neobert.training.loop import train
     from megatron_neobert.training.train_log import print_rank_0
 
-    init_distributed()
+    init_distributed(args.distributed_timeout_minutes)
     try:
         history = train(args)
         print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
         return 0
-    except NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+    except TrainingError as err:  # raised alike on every rank: rank 0 says it
+        if torch.distributed.get_rank() == 0:
+            print(f"error: {err}", file=sys.stderr, flush=True)
         return 1
     finally:
         if parallel_state.model_parallel_is_initialized():

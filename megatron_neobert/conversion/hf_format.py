@@ -382,6 +382,7 @@ def write_hf_folder(
         shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
         if tokenizer_path is not None:
             _copy_tokenizer(tokenizer_path, tmp, config)
+            _announce_length(tmp / "tokenizer_config.json", config.max_length)
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
 
@@ -405,9 +406,23 @@ def _load_weight_file(path: Path) -> StateDict:
     return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
+def _read_json(path: Path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err})") from None
+
+
+def _announce_length(tokenizer_config: Path, max_length: int) -> None:
+    """The tokenizer announces the model's length, as config.json's max_length and
+    sentence_bert_config.json's max_seq_length do."""
+    if tokenizer_config.is_file():
+        _write_json(tokenizer_config, {**_read_json(tokenizer_config), "model_max_length": max_length})
+
+
 def _load_sharded(src: Path, index_name: str) -> StateDict:
-    with open(src / index_name, encoding="utf-8") as f:
-        weight_map = json.load(f)["weight_map"]
+    weight_map = _read_json(src / index_name)["weight_map"]
     state_dict = {}
     for shard in sorted(set(weight_map.values())):
         if not (src / shard).is_file():
@@ -447,8 +462,7 @@ def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
         raise FileNotFoundError(f"{src} is not a folder")
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src} has no config.json: not a Hugging Face checkpoint folder")
-    with open(src / "config.json", encoding="utf-8") as f:
-        config_dict = json.load(f)
+    config_dict = _read_json(src / "config.json")
     model_type = config_dict.get("model_type")
     architectures = config_dict.get("architectures") or []
     if model_type != "neobert" or any(not a.startswith("NeoBERT") for a in architectures):

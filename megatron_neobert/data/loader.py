@@ -117,7 +117,8 @@ class MLMPretrainingSampler:
 def build_data_loader(dataset, micro_batch_size: int, consumed_samples: int = 0,
                       data_parallel_rank: int = 0, data_parallel_size: int = 1,
                       num_workers: int = 2, loader: str = "torch", drop_last: bool = True,
-                      pin_memory: bool = True, device_id=None, prefetch_batches: int = 2):
+                      pin_memory: bool = True, device_id=None, prefetch_batches: int = 2,
+                      worker_init_fn=None):
     """An iterable of collated batches (see ``collate_mlm_batch``) for one data-parallel rank.
 
     Args:
@@ -133,6 +134,8 @@ def build_data_loader(dataset, micro_batch_size: int, consumed_samples: int = 0,
         drop_last: drop a final incomplete global batch.
         pin_memory: pin host batches (torch loader, when CUDA is available).
         prefetch_batches: batches prepared ahead (torch prefetch_factor per worker / DALI queue).
+        worker_init_fn: run first in each torch DataLoader worker (the trainer's makes workers
+            ignore pre-emption signals and die with their rank).
     """
     if dataset is None:
         return None
@@ -145,7 +148,7 @@ def build_data_loader(dataset, micro_batch_size: int, consumed_samples: int = 0,
         return torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, num_workers=num_workers,
             collate_fn=collate, pin_memory=pin_memory and torch.cuda.is_available(),
-            persistent_workers=num_workers > 0,
+            persistent_workers=num_workers > 0, worker_init_fn=worker_init_fn,
             prefetch_factor=prefetch_batches if num_workers > 0 else None)
     if loader == "dali":
         from megatron_neobert.data.dali_loader import DALIMLMLoader

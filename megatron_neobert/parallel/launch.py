@@ -28,7 +28,7 @@ def check_cpu_fallback() -> None:
         f"started with GPUs? To run on the CPU anyway, set {ALLOW_CPU_ENV}=1")
 
 
-def init_distributed(timeout_minutes: int = 30, store: Optional[torch.distributed.Store] = None) -> None:
+def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distributed.Store] = None) -> None:
     """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
@@ -58,8 +58,9 @@ def init_distributed(timeout_minutes: int = 30, store: Optional[torch.distribute
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: Optional[int] = None,
-                              seed: int = 1234) -> None:
-    """megatron-core's parallel groups and its tensor-parallel RNG tracker."""
+                              seed: int = 1234, distributed_timeout_minutes: float = 30) -> None:
+    """megatron-core's parallel groups (their collectives time out after
+    `distributed_timeout_minutes`) and its tensor-parallel RNG tracker."""
     from megatron.core import parallel_state, tensor_parallel
 
     init_distributed()
@@ -69,6 +70,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        distributed_timeout_minutes=distributed_timeout_minutes,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 

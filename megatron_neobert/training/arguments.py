@@ -110,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--finetune", action="store_true",
                    help="load the model only; iteration, data position, optimizer and schedule start at 0")
     g.add_argument("--exit-signal-handler", action="store_true",
-                   help="on SIGTERM/SIGUSR1 save a checkpoint and exit cleanly")
+                   help="on --exit-signal save a checkpoint and exit cleanly")
     g.add_argument("--exit-interval", type=int, default=None, help="save and exit at this iteration")
+
+    add_fault_tolerance_args(p)
 
     g = p.add_argument_group("logging and evaluation")
     g.add_argument("--log-interval", type=int, default=100)
@@ -127,6 +129,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pytorch-profiler-collect-callstack", action="store_true",
                    help="Python stacks in the trace (larger trace, slower profiled steps)")
     return p
+
+
+def add_fault_tolerance_args(p: argparse.ArgumentParser) -> None:
+    """Pre-emption, hangs, and what may be written to --save or loaded from --load."""
+    g = p.add_argument_group("fault tolerance")
+    g.add_argument("--exit-signal", default="SIGTERM", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"],
+                   help="the signal --exit-signal-handler answers (as Megatron-LM)")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save and exit once the run has lasted this long (all ranks stop at the same step)")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10,
+                   help="timeout of collectives; a watchdog line names the step after half of it")
+    g.add_argument("--ckpt-step", type=int, default=None,
+                   help="load this iteration of --load instead of the one its marker names")
+    g.add_argument("--no-verify-checkpoint", action="store_true",
+                   help="load without checking the files against the checkpoint's checksums")
+    g.add_argument("--break-save-lock", action="store_true",
+                   help="take over --save's lock held by a process on another host (when it is known dead)")
+    g.add_argument("--overwrite-save", action="store_true",
+                   help="start in a --save that holds another run's checkpoints, deleting them")
 
 
 def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:

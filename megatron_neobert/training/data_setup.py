@@ -8,6 +8,7 @@ from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.loader import build_data_loader
 from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.training.processes import data_worker_init
 
 
 def num_evaluations(args) -> int:
@@ -30,7 +31,8 @@ def build_data(args, consumed_train: int, consumed_valid: int):
 
     def loader(dataset, consumed):
         return build_data_loader(dataset, args.micro_batch_size, consumed, dp_rank, dp_size,
-                                 num_workers=args.num_workers, loader=args.data_loader, device_id=device_id)
+                                 num_workers=args.num_workers, loader=args.data_loader, device_id=device_id,
+                                 worker_init_fn=data_worker_init)
 
     valid = None
     if valid_ds is not None and num_evals and args.eval_iters:

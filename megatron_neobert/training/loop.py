@@ -19,16 +19,21 @@ from megatron.core import parallel_state
 
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.parallel.launch import init_distributed
+from megatron_neobert.training.checkpoint_integrity import read_verified_checkpoint
 from megatron_neobert.training.data_setup import build_data
+from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, resolve_padded_vocab_size,
                                                    resume_param_sync, setup_model_and_optimizer)
 from megatron_neobert.training.profiling import StepProfiler
-from megatron_neobert.training.signals import ExitSignalHandler
+from megatron_neobert.training.processes import exit_with_launcher, keep_write_results_in_process
+from megatron_neobert.training.run_checks import check_optimizer_setup, trained_length
+from megatron_neobert.training.save_lock import claim_save_dir
+from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
 from megatron_neobert.training.step import ForwardStep, StepStats, grads_are_finite, mlm_forward_step, run_micro_batches
 from megatron_neobert.training.train_log import TrainingLog, print_rank_0
-from megatron_neobert.training.trainer_checkpoint import (holds_training_state, load_checkpoint, read_checkpoint,
-                                                          save_checkpoint)
+from megatron_neobert.training.trainer_checkpoint import holds_training_state, load_checkpoint, save_checkpoint
+from megatron_neobert.training.watchdog import ProgressWatchdog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
@@ -36,7 +41,7 @@ DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "token
                     "tokenizer_model")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(TrainingError):
     pass
 
 
@@ -77,13 +82,15 @@ def describe_layout(args, arch, padded_vocab: int, num_chunks: int, num_micro: i
 
 def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, finetune: bool) -> TrainState:
     """Load the checkpoint; the state the run goes on from (iteration 0 for a fine-tune start)."""
+    if not (finetune or args.no_load_optim):
+        check_optimizer_setup(args, checkpoint, common)
     load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
                     load_rng=not args.no_load_rng, finetune=finetune)
     state = TrainState()
     if not finetune:
         saved = common["train_state"]
         state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
-                           last_saved=common["iteration"])
+                           skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_saved=common["iteration"])
         if saved["data_stream"] == data_stream(args):
             state.consumed_samples = saved["consumed_samples"]
         else:  # stage 2: new data or length; the old position means nothing there
@@ -93,21 +100,25 @@ def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, fi
     return state
 
 
-def stop_reason(args, state: TrainState, handler: Optional[ExitSignalHandler]) -> Optional[str]:
-    if handler and handler.any_rank_signalled():
-        return "signal"
+def stop_reason(args, state: TrainState, handler: Optional[ExitSignalHandler], started: float) -> Optional[str]:
+    requested = stop_requested(handler, started, args.exit_duration_in_mins)
+    if requested:
+        return requested
     if args.exit_interval and state.iteration % args.exit_interval == 0:
         return "exit-interval"
     return None
 
 
 def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
-    """Save at the interval, at the end and when stopping early, but never a step that was skipped
-    (its weights are those of the last good step, already saved or about to be)."""
-    if not args.save or state.skipped_in_a_row:
+    """Save at the interval, at the end and when stopping early. At the interval a skipped step is
+    not saved (its weights are those of the last good step, already saved or about to be); at the
+    end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds
+    the last finite state at the position the uninterrupted run would be at."""
+    if not args.save:
         return False
-    return bool(stop or state.iteration == args.train_iters
-                or (args.save_interval and state.iteration % args.save_interval == 0))
+    if stop or state.iteration == args.train_iters:
+        return True
+    return bool(args.save_interval and state.iteration % args.save_interval == 0 and not state.skipped_in_a_row)
 
 
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
@@ -147,14 +158,37 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
 def train(args, forward_step: ForwardStep = mlm_forward_step,
           on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
-    [records], "iteration", "exit": "finished" | "signal" | "exit-interval", "skipped"}.
+    [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval",
+    "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
     function), for training and validation. `on_step(record)` is called after each step.
     """
-    init_distributed()
-    arch = model_arch(args)
-    checkpoint, common = read_checkpoint(args.load) if args.load else (None, None)
+    started = time.time()
+    # The handler first: a pre-emption signal during the set-up must not kill the rank either.
+    handler = ExitSignalHandler(args.exit_signal).__enter__() if args.exit_signal_handler else None
+    watchdog = lock = None
+    try:
+        init_distributed(args.distributed_timeout_minutes)
+        exit_with_launcher()
+        keep_write_results_in_process()
+        watchdog = ProgressWatchdog(args.distributed_timeout_minutes * 30, args.distributed_timeout_minutes)
+        lock = claim_save_dir(args)
+        return _train(args, forward_step, on_step, handler, watchdog, started)
+    finally:
+        if watchdog:
+            watchdog.close()
+        if lock:
+            lock.release()
+        if handler:
+            handler.__exit__(None, None, None)
+
+
+def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
+           watchdog: ProgressWatchdog, started: float) -> dict:
+    checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
+                          if args.load else (None, None))
+    arch = trained_length(args, model_arch(args), common)
     finetune = args.finetune
     if checkpoint and not finetune and not holds_training_state(common):
         print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
@@ -180,21 +214,27 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
                       world_size=torch.distributed.get_world_size())
 
     def save():
+        watchdog.at(state.iteration, "checkpoint save")
         finish_param_sync(chunks)
         save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
                         dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
-                             skipped_iters=state.skipped_iters), saved_args, args.keep_last_n_checkpoints)
+                             skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
+                        saved_args, args.keep_last_n_checkpoints)
         resume_param_sync(chunks)
         state.last_saved = state.iteration
         print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
+        if state.skipped_in_a_row:
+            print_rank_0(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "
+                         f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
+                         f"finite step")
 
     history = {"train": [], "eval": [], "exit": "finished"}
     log = TrainingLog(args, arch, padded_vocab)
     profiler = StepProfiler(args)
-    handler = ExitSignalHandler().__enter__() if args.exit_signal_handler else None
     window_start = time.perf_counter()
     try:
         while state.iteration < args.train_iters:
+            watchdog.at(state.iteration + 1, "training step")
             profiler.step_begins(state.iteration)
             batches = [next(train_iter) for _ in range(num_micro)]
             record = train_step(args, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
@@ -207,11 +247,13 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
             if report:
                 window_start = time.perf_counter()
             if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
+                watchdog.at(state.iteration, "evaluation")
                 stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
                 result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration)
                 history["eval"].append(result)
                 log.evaluation(result)
-            stop = stop_reason(args, state, handler)
+            watchdog.at(state.iteration, "agreeing whether to stop")
+            stop = stop_reason(args, state, handler, started)
             if should_save(args, state, stop):
                 save()
             if stop:
@@ -220,8 +262,6 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
                 break
         profiler.stop()  # a run stopped inside the window still writes it
     finally:
-        if handler:
-            handler.__exit__(None, None, None)
         log.close()
     history.update(iteration=state.iteration, skipped=state.skipped_iters)
     return history

@@ -123,7 +123,8 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
     vpp = None
     if args.num_layers_per_virtual_pipeline_stage:
         vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
-    initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp)
+    initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp,
+                              distributed_timeout_minutes=args.distributed_timeout_minutes)
     set_random_seed(args.seed)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     recompute = {}

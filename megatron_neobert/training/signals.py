@@ -1,20 +1,23 @@
-"""Pre-emption: SIGTERM / SIGUSR1 ask the run to save a checkpoint and exit.
+"""Pre-emption: the `--exit-signal` (SIGTERM by default, as Megatron-LM) or the
+`--exit-duration-in-mins` wall-clock limit asks the run to save a checkpoint and exit.
 
-A handler only sets a flag; the training loop asks `any_rank_signalled()` once per step, an
+A handler only sets a flag; the training loop asks `stop_requested()` once per step, one
 all-reduce, so that all ranks stop at the same step even when the scheduler signalled one
-process (as Megatron-LM's DistributedSignalHandler does).
+process (as Megatron-LM's DistributedSignalHandler does) or one rank's clock ran out first.
 """
 
 import signal
+import time
+from typing import Optional
 
 import torch
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from megatron_neobert.training.processes import EXIT_SIGNALS
 
 
 class ExitSignalHandler:
-    def __init__(self, signals=SIGNALS):
-        self.signals = signals
+    def __init__(self, signal_name: str = "SIGTERM"):
+        self.signals = (EXIT_SIGNALS[signal_name],)
         self.received = None
         self._previous = {}
 
@@ -30,8 +33,17 @@ class ExitSignalHandler:
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
 
-    def any_rank_signalled(self) -> bool:
-        flag = torch.tensor([1.0 if self.received else 0.0],
-                            device="cuda" if torch.cuda.is_available() else "cpu")
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+
+def stop_requested(handler: Optional[ExitSignalHandler], started: float,
+                   exit_duration_in_mins: Optional[float]) -> Optional[str]:
+    """"signal", "exit-duration" or None, agreed by all ranks (a collective: call it on all; none
+    without a handler or a duration, which all ranks' flags agree on)."""
+    if handler is None and not exit_duration_in_mins:
+        return None
+    over_time = bool(exit_duration_in_mins) and (time.time() - started) / 60.0 > exit_duration_in_mins
+    flags = torch.tensor([1.0 if handler and handler.received else 0.0, 1.0 if over_time else 0.0],
+                         device="cuda" if torch.cuda.is_available() else "cpu")
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    if flags[0].item():
+        return "signal"
+    return "exit-duration" if flags[1].item() else None

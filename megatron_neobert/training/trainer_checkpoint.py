@@ -34,6 +34,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
+from megatron_neobert.training.checkpoint_integrity import write_verified_folder
 from megatron_neobert.training.checkpointing import (
     LATEST_MARKER,
     iteration_dir,
@@ -150,8 +151,8 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
-    dist_checkpointing.save(state, path, sharded_strategy=strategy)
-    torch.distributed.barrier()  # every rank's shards are on disk
+    # Every rank's shards on disk, checksummed, or the partial folder removed and an error raised.
+    write_verified_folder(lambda: dist_checkpointing.save(state, path, sharded_strategy=strategy), root, path, iteration)
     if rank0:
         write_latest_marker(root, iteration)
         if keep_last_n:

@@ -1,0 +1,219 @@
+"""Checkpoint integrity: a checksum manifest written at save, verified at load; a save that runs
+out of disk space.
+
+`checksums.json` in an iteration folder lists every file of the folder with its size and CRC-32
+(zlib's, no extra dependency; 0.4 GB/s measured on one core of this project's busy 2-core test
+machine, so ~1 s per rank for a 250M model's 3 GB checkpoint on 8 ranks). The ranks share the
+hashing, reading the files back after every rank has written its own, and rank 0 writes the manifest before the marker
+moves, so a folder the marker names always has one. At load the ranks again share the files;
+a file that is missing, shorter or longer, or whose bytes changed (a flipped block keeps the
+size) stops the run with one line naming the file and the checkpoint, and the newest older
+folder that verifies is offered (`--ckpt-step`).
+"""
+
+import errno
+import json
+import os
+import shutil
+import zlib
+from typing import Dict, List, Optional
+
+import torch
+from torch.distributed.checkpoint import CheckpointException
+
+from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+from megatron_neobert.training.errors import TrainingError
+
+MANIFEST = "checksums.json"
+_CHUNK = 16 << 20
+
+
+def file_crc32(path: str) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def _all_gather(obj) -> list:
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _my_share(names: List[str]) -> List[str]:
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return sorted(names)[rank::world]
+
+
+def write_manifest(folder: str) -> None:
+    """Collective: checksum every file of a complete iteration folder; rank 0 writes the manifest."""
+    names = [n for n in _folder_files(folder) if n != MANIFEST] if torch.distributed.get_rank() == 0 else None
+    shared = [names]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    mine = {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": file_crc32(os.path.join(folder, n))}
+            for n in _my_share(shared[0])}
+    files: Dict[str, dict] = {}
+    for part in _all_gather(mine):
+        files.update(part)
+    if torch.distributed.get_rank() == 0:
+        write_json_atomic(os.path.join(folder, MANIFEST), {"algorithm": "crc32", "files": dict(sorted(files.items()))})
+
+
+def _folder_files(folder: str) -> List[str]:
+    found = []
+    for base, _, names in os.walk(folder):
+        found += [os.path.relpath(os.path.join(base, n), folder) for n in names]
+    return found
+
+
+def _check_file(folder: str, name: str, expected: dict) -> Optional[str]:
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return f"{name} is missing"
+    size = os.path.getsize(path)
+    if size != expected["bytes"]:
+        return f"{name} is {'truncated' if size < expected['bytes'] else 'longer than written'} ({size} bytes, {expected['bytes']} written)"
+    crc = file_crc32(path)
+    if crc != expected["crc32"]:
+        return f"{name} is corrupted (CRC-32 {crc}, {expected['crc32']} written)"
+    return None
+
+
+def folder_problem(folder: str) -> Optional[str]:
+    """Collective: the first problem of an iteration folder against its manifest, agreed by all
+    ranks, or None. A folder without a manifest (saved before manifests, or by a converter) is
+    not checked."""
+    manifest_path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        return None
+    try:
+        with open(manifest_path) as f:
+            files = json.load(f)["files"]
+    except (ValueError, KeyError) as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    problems = [p for n in _my_share(list(files)) if (p := _check_file(folder, n, files[n]))]
+    found = sorted(p for part in _all_gather(problems) for p in part)
+    return found[0] if found else None
+
+
+def previous_complete(root: str, before: int) -> Optional[int]:
+    """Collective: the newest iteration folder under `root` older than `before` that verifies."""
+    from megatron_neobert.training.trainer_checkpoint import saved_iterations
+
+    for it in reversed([i for i in saved_iterations(root) if i < before]):
+        folder = iteration_dir(root, it)
+        if os.path.isfile(os.path.join(folder, "metadata.json")) and folder_problem(folder) is None:
+            return it
+    return None
+
+
+def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
+    """Collective: raise a one-line TrainingError when the folder does not match its manifest."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST)) and torch.distributed.get_rank() == 0:
+        print(f"{folder} has no {MANIFEST} (saved before checksums, or by a converter): its files are not "
+              f"verified", flush=True)
+    problem = folder_problem(folder)
+    if problem is None:
+        return
+    older = previous_complete(root, iteration)
+    offer = (f"the previous complete checkpoint is iteration {older}: resume from it with --load {root} "
+             f"--ckpt-step {older}" if older is not None else "no older complete checkpoint is in " + root)
+    raise TrainingError(f"checkpoint {folder}: {problem}; {offer} (or --no-verify-checkpoint to load it anyway)")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether an error (megatron-core wraps its writers' errors) comes from a full disk."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(err) or "ENOSPC" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool,
+                detail: str = "") -> TrainingError:
+    """Rank 0 removes the partial folder; the marker still names the last complete checkpoint."""
+    if torch.distributed.get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    latest = read_latest_iteration(root)
+    kept = f"the latest complete checkpoint is still iteration {latest}" if latest is not None else "no complete checkpoint exists"
+    if disk_full:
+        why = f" ({detail})" if detail else ""
+        return TrainingError(f"no space left on {root}{why}: the checkpoint of iteration {iteration} was not "
+                             f"saved and its partial folder was removed; {kept}")
+    first = next(e for e in errors if e)
+    return TrainingError(f"saving iteration {iteration} to {root} failed ({first}); the partial folder was "
+                         f"removed; {kept}")
+
+
+def _one_line(err: Optional[BaseException]) -> Optional[str]:
+    return None if err is None else (f"{type(err).__name__}: {err}".splitlines() or ["?"])[0]
+
+
+def space_shortage(root: str) -> Optional[str]:
+    """Why `root` cannot hold another checkpoint of the size of its latest (known from its
+    manifest), or None. Checked before a save, since a write that fails on rank 0 alone, before
+    megatron-core's collectives, would leave the other ranks waiting in them."""
+    latest = read_latest_iteration(root)
+    manifest = os.path.join(iteration_dir(root, latest), MANIFEST) if latest is not None else None
+    if manifest is None or not os.path.isfile(manifest):
+        return None
+    with open(manifest) as f:
+        need = sum(entry["bytes"] for entry in json.load(f)["files"].values())
+    free = shutil.disk_usage(root).free
+    return f"a checkpoint takes {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free" if free < need else None
+
+
+def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
+    """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
+    any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""
+    shortage = [space_shortage(root) if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(shortage, src=0)
+    if shortage[0]:
+        raise failed_save(root, folder, iteration, [], disk_full=True, detail=shortage[0])
+    failure = None
+    try:
+        save_fn()
+    # Reported by every rank below, so that no rank waits for the others. megatron-core raises a
+    # writer's failure as torch's CheckpointException, a BaseException.
+    except (Exception, CheckpointException) as err:
+        failure = err
+    reports = _all_gather((_one_line(failure), failure is not None and is_disk_full(failure)))
+    if not any(text for text, _ in reports):
+        try:
+            write_manifest(folder)
+        except OSError as err:
+            failure = err
+        reports = _all_gather((_one_line(failure), failure is not None and is_disk_full(failure)))
+    if any(text for text, _ in reports):
+        raise failed_save(root, folder, iteration, [text for text, _ in reports],
+                          any(full for _, full in reports)) from failure
+
+
+def read_verified_checkpoint(root: str, ckpt_step: Optional[int] = None, verify: bool = True):
+    """Collective: (iteration folder, common state) of the checkpoint to load from `root` (the
+    marker's, or iteration `ckpt_step`), checked against its manifest; (None, None) when the root
+    holds none. The common state is read after the check: a damaged common.pt is named too."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.training.trainer_checkpoint import find_checkpoint
+
+    if ckpt_step is None:
+        path = find_checkpoint(root)
+        iteration = read_latest_iteration(root) if path else None
+    else:
+        path, iteration = iteration_dir(root, ckpt_step), ckpt_step
+        if not os.path.isfile(os.path.join(path, "metadata.json")):
+            raise TrainingError(f"--ckpt-step {ckpt_step}: {path} is missing or incomplete (no metadata.json)")
+    if path is None:
+        return None, None
+    if verify:
+        verify_checkpoint(path, root, iteration)
+    return path, dist_checkpointing.load_common_state_dict(path)

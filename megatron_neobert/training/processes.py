@@ -1,0 +1,75 @@
+"""Helper processes that neither steal the pre-emption signal nor outlive the job.
+
+A scheduler's pre-emption signal reaches whole process groups (torchrun forwards it to each
+rank's group, SLURM signals every process of a step), so the rank's helpers get it too:
+- DataLoader workers would die of it, and the rank's next batch fails before it can save.
+  `data_worker_init` makes them ignore the exit signals and die with their rank.
+- megatron-core 0.16 collects a synchronous save's write results through a queue of a spawned
+  `multiprocessing.Manager` server (filesystem_async._get_write_results_queue): that server dies
+  of the signal in the middle of a save (BrokenPipeError), and survives a rank killed with -9
+  (~370 MB each). The save is synchronous here, so the results never leave the rank's process:
+  `keep_write_results_in_process` gives megatron-core an in-process queue instead, and no server
+  is started. Its per-file writers are forked children that inherit the rank's handlers and exit
+  when their file is written.
+- The ranks themselves: under torchrun, `exit_with_launcher` ends a rank whose torchrun is gone
+  (`kill -9` of torchrun, or of its node's agent) instead of training on unwatched.
+"""
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+EXIT_SIGNALS = {name: getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")}
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent exits."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the DataLoader's own parent check remains
+        pass
+
+
+def ignore_exit_signals() -> None:
+    for sig in EXIT_SIGNALS.values():
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def data_worker_init(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the rank handles pre-emption; the worker only dies with it."""
+    ignore_exit_signals()
+    die_with_parent()
+
+
+def keep_write_results_in_process() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
+
+
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Under torchrun (TORCHELASTIC_RUN_ID set), exit when the parent torchrun is gone.
+
+    A thread compares the parent pid with the one at start: the main thread may be blocked in a
+    collective. Outside torchrun nothing is watched (a `nohup` run must survive its shell).
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    launcher = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != launcher:
+                print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
+                      f"without saving (the latest complete checkpoint stays the one to resume from)",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

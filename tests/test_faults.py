@@ -1,0 +1,456 @@
+"""Fault injection: what the trainer does when the cluster, the disk or the user gets it wrong.
+
+Faults that need a process tree run the real CLI under torchrun (2 gloo ranks, each in its own
+session as torchrun starts them) and signal or kill processes as a scheduler or a crash would;
+the others run one rank inside the test process. Every run trains the tiny cut of
+tests/pretrain_cases.py. A resumed run is compared loss for loss with an uninterrupted one of the
+same --train-iters (the number of samples drawn decides the data order), stopped where needed
+with --exit-interval.
+"""
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.checkpoint_integrity import MANIFEST
+from megatron_neobert.training.checkpointing import LATEST_MARKER, iteration_dir, read_latest_iteration
+from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.training.save_lock import LOCK_NAME, SaveLock, process_start_ticks
+from pretrain_cases import run_train, run_train_until_nonfinite, tiny_argv
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SCHEDULE = ["--lr-decay-iters", "20"]
+LONG = "400"  # --train-iters of the runs a signal stops
+
+
+def argv(data, *extra):
+    return tiny_argv(data[0], data[1], *SCHEDULE, *extra)
+
+
+def losses(history, start=0):
+    return [r["loss"] for r in history["train"] if r["iteration"] > start]
+
+
+def train_here(data, *extra) -> dict:
+    """One rank, in this process."""
+    return run_train(argv(data, *extra))
+
+
+@pytest.fixture(scope="module")
+def one_rank_run(data, tmp_path_factory):
+    """(history, root) of 8 steps on one rank, a checkpoint every 2."""
+    root = str(tmp_path_factory.mktemp("one_rank") / "ckpt")
+    return train_here(data, "--train-iters", "8", "--save", root, "--save-interval", "2"), root
+
+
+def copy_root(root: str, dst) -> str:
+    shutil.copytree(root, dst)
+    return str(dst)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint integrity
+# --------------------------------------------------------------------------------------------------
+
+
+def largest_shard(folder: str) -> str:
+    return max((n for n in os.listdir(folder) if n.endswith(".distcp")),
+               key=lambda n: os.path.getsize(os.path.join(folder, n)))
+
+
+def damage(folder: str, how: str) -> str:
+    """Damage one file of an iteration folder as disks and copies do; returns its name."""
+    name = "common.pt" if how == "truncate common.pt" else largest_shard(folder)
+    path = os.path.join(folder, name)
+    if how == "overwrite 4 KB":  # same size: only the checksum can tell
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            f.write(os.urandom(4096))
+    elif how == "missing":
+        os.remove(path)
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    return name
+
+
+@pytest.mark.parametrize("how,problem", [("overwrite 4 KB", "is corrupted"), ("truncate shard", "is truncated"),
+                                         ("truncate common.pt", "is truncated"), ("missing", "is missing")])
+def test_a_damaged_checkpoint_is_named_and_the_previous_one_offered(how, problem, one_rank_run, data, tmp_path):
+    reference, root = one_rank_run
+    root = copy_root(root, tmp_path / "ckpt")
+    name = damage(iteration_dir(root, 8), how)
+    with pytest.raises(TrainingError) as err:
+        train_here(data, "--train-iters", "10", "--load", root)
+    message = str(err.value)
+    assert f"checkpoint {iteration_dir(root, 8)}: {name} {problem}" in message
+    assert f"the previous complete checkpoint is iteration 6: resume from it with --load {root} --ckpt-step 6" in message
+    assert "\n" not in message
+    if how == "overwrite 4 KB":  # the offered checkpoint resumes the run exactly
+        resumed = train_here(data, "--train-iters", "8", "--load", root, "--ckpt-step", "6")
+        assert losses(resumed) == losses(reference, 6)
+
+
+def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run, data, tmp_path):
+    root = copy_root(one_rank_run[1], tmp_path / "ckpt")
+    damage(iteration_dir(root, 8), "truncate shard")
+    damage(iteration_dir(root, 6), "overwrite 4 KB")  # the older one is damaged too: iteration 4 is offered
+    cli = subprocess.run([sys.executable, "-m", "megatron_neobert.pretrain", *argv(data, "--train-iters", "10",
+                                                                                   "--load", root)],
+                         capture_output=True, text=True, timeout=300)
+    errors = [line for line in cli.stderr.splitlines() if line.startswith("error:")]
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr[-3000:]
+    assert len(errors) == 1 and "--ckpt-step 4" in errors[0], cli.stderr[-3000:]
+
+
+def test_disk_full_during_a_save_leaves_the_last_checkpoint(one_rank_run, data, tmp_path, monkeypatch):
+    """First less free space than the last checkpoint took (refused before writing); then
+    megatron-core's writer processes (forked: they inherit the patch) run out of space half-way
+    through their shard files."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    reference, root = one_rank_run
+    root = copy_root(one_rank_run[1], tmp_path / "ckpt")
+    shutil.rmtree(iteration_dir(root, 8))
+    with open(os.path.join(root, LATEST_MARKER), "w") as f:
+        f.write("6")
+    usage = shutil.disk_usage(root)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2**20))
+    with pytest.raises(TrainingError, match=rf"^no space left on {re.escape(root)} \(a checkpoint takes \d+\.\d MiB, "
+                                            rf"1\.0 MiB are free\): the checkpoint of iteration 8 was not saved"):
+        train_here(data, "--train-iters", "8", "--load", root, "--save", root)
+    assert not os.path.exists(iteration_dir(root, 8)) and read_latest_iteration(root) == 6
+    monkeypatch.undo()
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file, self.left = file, 4096
+
+        def write(self, data):
+            if len(data) > self.left:
+                self.file.write(bytes(data)[:self.left])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.left -= len(data)
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(filesystem_async, "open", lambda path, mode: FullDisk(open(path, mode)), raising=False)
+    with pytest.raises(TrainingError) as err:
+        train_here(data, "--train-iters", "8", "--load", root, "--save", root)
+    assert str(err.value).startswith(f"no space left on {root}: the checkpoint of iteration 8 was not saved")
+    assert "the latest complete checkpoint is still iteration 6" in str(err.value)
+    assert not os.path.exists(iteration_dir(root, 8)) and read_latest_iteration(root) == 6
+    monkeypatch.undo()
+    resumed = train_here(data, "--train-iters", "8", "--load", root, "--save", root)
+    assert losses(resumed) == losses(reference, 6) and read_latest_iteration(root) == 8
+
+
+# --------------------------------------------------------------------------------------------------
+# Non-finite last step, foreign checkpoints, the lock, start-time checks
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_nonfinite_last_step_still_saves_the_last_finite_state(data, tmp_path):
+    root = str(tmp_path / "ckpt")
+    stopped, error = run_train_until_nonfinite(argv(data, "--train-iters", "7", "--exit-interval", "5",
+                                                    "--save", root), [5])
+    assert error is None and stopped[-1]["iteration"] == 5 and stopped[-1]["skipped"]
+    assert read_latest_iteration(root) == 5
+    uninterrupted, _ = run_train_until_nonfinite(argv(data, "--train-iters", "7"), [5])
+    resumed = train_here(data, "--train-iters", "7", "--load", root)
+    assert losses(resumed) == [r["loss"] for r in uninterrupted[5:]]
+
+
+def test_a_save_folder_with_another_runs_checkpoints_is_refused(one_rank_run, data, tmp_path):
+    root = copy_root(one_rank_run[1], tmp_path / "ckpt")
+    with pytest.raises(TrainingError, match=rf"--save {re.escape(root)} holds another run's checkpoints "
+                                            rf"\(iterations \[2, 4, 6, 8\], latest 8\); resume from them"):
+        train_here(data, "--train-iters", "1", "--save", root)
+    assert read_latest_iteration(root) == 8
+    train_here(data, "--train-iters", "1", "--lr-warmup-iters", "0", "--save", root, "--overwrite-save")
+    assert read_latest_iteration(root) == 1 and not os.path.exists(iteration_dir(root, 8))
+
+
+def write_lock(save: str, **owner) -> None:
+    os.makedirs(save, exist_ok=True)
+    with open(os.path.join(save, LOCK_NAME), "w") as f:
+        json.dump(owner, f)
+
+
+def test_the_save_lock_refuses_a_live_writer_and_takes_over_a_dead_ones(data, tmp_path):
+    import socket
+
+    host, save = socket.gethostname(), str(tmp_path / "ckpt")
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        write_lock(save, host=host, pid=live.pid, start_ticks=process_start_ticks(live.pid), started="t0")
+        with pytest.raises(TrainingError, match=rf"{re.escape(save)} is being written by another run, pid {live.pid}"):
+            train_here(data, "--train-iters", "1", "--save", save)
+        # The same pid started at another time is another process: the owner is gone.
+        write_lock(save, host=host, pid=live.pid, start_ticks="1", started="t0")
+        SaveLock(save).release()
+    finally:
+        live.kill()
+        live.wait()
+    write_lock(save, host=host, pid=live.pid, start_ticks=process_start_ticks(os.getpid()), started="t0")
+    lock = SaveLock(save)  # a dead pid
+    assert json.load(open(os.path.join(save, LOCK_NAME)))["pid"] == os.getpid()
+    lock.release()
+    assert not os.path.exists(os.path.join(save, LOCK_NAME))
+    write_lock(save, host="node-17", pid=1234, start_ticks="99", started="t0")
+    with pytest.raises(TrainingError, match="held by pid 1234 on host node-17 .* pass --break-save-lock"):
+        SaveLock(save)
+    SaveLock(save, break_lock=True).release()
+
+
+def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, tmp_path):
+    from megatron_neobert.conversion.convert import mcore_to_hf
+
+    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of "
+                                            "--model-preset ablation-m0"):
+        train_here(data, "--model-preset", "ablation-m0", "--max-position-embeddings", "32", "--train-iters", "1")
+    root, hf = str(tmp_path / "ckpt"), tmp_path / "hf"
+    # RoPE with a 32-position preset trained at 64: allowed, and 64 is what the export announces.
+    train_here(data, "--max-position-embeddings", "32", "--train-iters", "1", "--lr-warmup-iters", "0", "--save", root)
+    mcore_to_hf(root, hf, progress=False)
+    read = lambda name: json.loads((hf / name).read_text())
+    assert read("config.json")["max_length"] == 64
+    assert read("tokenizer_config.json")["model_max_length"] == 64
+    assert read("sentence_bert_config.json")["max_seq_length"] == 64
+
+
+def test_an_optimizer_state_of_another_setup_is_refused_with_the_way_out(one_rank_run, data):
+    _, root = one_rank_run
+    with pytest.raises(TrainingError, match=r"holds optimizer state of another setup \(--use-distributed-optimizer "
+                                            r"off there, on here\); start with a fresh optimizer state with "
+                                            r"--no-load-optim"):
+        train_here(data, "--train-iters", "9", "--load", root, "--use-distributed-optimizer")
+    resumed = train_here(data, "--train-iters", "9", "--load", root, "--use-distributed-optimizer", "--no-load-optim")
+    assert [r["iteration"] for r in resumed["train"]] == [9]
+
+
+def test_an_invalid_hf_config_json_is_named(tmp_path):
+    from megatron_neobert.conversion.convert import ConversionError, hf_to_mcore
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "neobert",')
+    with pytest.raises(ConversionError, match=rf"{re.escape(str(tmp_path / 'hf' / 'config.json'))} is not valid JSON"):
+        hf_to_mcore(tmp_path / "hf", tmp_path / "out", progress=False)
+
+
+def test_fault_flags_have_megatron_lm_defaults(data):
+    args = parse_args(argv(data))
+    assert args.exit_signal == "SIGTERM" and args.distributed_timeout_minutes == 10
+    assert args.exit_duration_in_mins is None and not args.no_verify_checkpoint
+
+
+def test_exit_duration_saves_and_stops_all_ranks_at_one_step(data, tmp_path):
+    root = str(tmp_path / "ckpt")
+    history = run_on_ranks(run_train, 2, argv(data, "--train-iters", "50", "--exit-duration-in-mins", "0.0001",
+                                              "--save", root))
+    assert [h["exit"] for h in history] == ["exit-duration"] * 2
+    assert history[0]["iteration"] == history[1]["iteration"] == read_latest_iteration(root)
+
+
+# --------------------------------------------------------------------------------------------------
+# Process trees under torchrun
+# --------------------------------------------------------------------------------------------------
+
+
+def processes() -> dict:
+    """{pid: (parent pid, session id)} of every process."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = open(f"/proc/{name}/stat").read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            found[int(name)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+class Job:
+    """`torchrun --nproc-per-node 2 -m megatron_neobert.pretrain ...` in its own session; its
+    output (stdout and stderr) collected line by line."""
+
+    def __init__(self, train_argv, *torchrun_flags):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             *torchrun_flags, "-m", "megatron_neobert.pretrain", *train_argv],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+        self.lines, self.sessions = [], set()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+        deadline, ended = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:  # the reader may still hold the last lines
+                ended = ended or time.monotonic()
+                if time.monotonic() - ended > 2:
+                    break
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} in the output:\n{self.output[-4000:]}")
+
+    def ranks(self) -> list:
+        """The rank processes (torchrun's children), once both are up; each leads its own session."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            children = sorted(pid for pid, (ppid, _) in processes().items() if ppid == self.proc.pid)
+            if len(children) == 2:
+                self.sessions |= set(children)
+                return children
+            time.sleep(0.2)
+        raise AssertionError("torchrun did not start 2 ranks")
+
+    def errors(self) -> list:
+        """Lines that report an error, but torchrun's own report of the signal it got."""
+        return [line for line in self.lines if re.search(r"Error|Exception|killed by signal", line)
+                and "SignalException" not in line]
+
+    def survivors(self) -> list:
+        return [pid for pid, (_, sid) in processes().items() if sid in self.sessions]
+
+    def wait_until_gone(self, timeout: float) -> float:
+        """Seconds until no process of the ranks' sessions is left."""
+        start = time.monotonic()
+        while self.survivors():
+            assert time.monotonic() - start < timeout, (self.survivors(), self.output[-3000:])
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    def close(self):
+        for pid in self.survivors() + [self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def job_factory():
+    jobs = []
+
+    def start(*args, **kwargs):
+        jobs.append(Job(*args, **kwargs))
+        return jobs[-1]
+
+    yield start
+    for job in jobs:
+        job.close()
+
+
+def long_run(data, root, *extra):
+    return argv(data, "--train-iters", LONG, "--log-interval", "1", "--save", root, *extra)
+
+
+def stopped_iteration(job: Job) -> int:
+    return int(job.wait_for(r"stopping at iteration (\d+) \(signal\)").group(1))
+
+
+def test_sigterm_to_torchrun_with_data_workers_saves_and_resumes_exactly(data, tmp_path, job_factory):
+    """torchrun forwards SIGTERM to each rank's process group, DataLoader workers included."""
+    root = str(tmp_path / "ckpt")
+    job = job_factory(long_run(data, root, "--exit-signal-handler", "--num-workers", "1"))
+    job.ranks()
+    job.wait_for(r"iteration +2/")
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    stop = stopped_iteration(job)
+    job.wait_for(rf"done: iteration {stop} \(signal\)")
+    job.proc.wait(timeout=120)
+    job.wait_until_gone(30)
+    assert not job.errors(), job.errors()
+    assert read_latest_iteration(root) == stop and os.path.isfile(os.path.join(iteration_dir(root, stop), MANIFEST))
+    until = ["--train-iters", LONG, "--exit-interval", str(stop + 2)]
+    resumed = run_on_ranks(run_train, 2, argv(data, *until, "--load", root))[0]
+    uninterrupted = run_on_ranks(run_train, 2, argv(data, *until))[0]
+    assert len(losses(resumed)) == 2 and losses(resumed) == losses(uninterrupted, stop)
+
+
+def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, job_factory):
+    """No DataLoader workers: the signal reaches the rank and its checkpoint writers."""
+    root = str(tmp_path / "ckpt")
+    job = job_factory(long_run(data, root, "--exit-signal-handler", "--exit-signal", "SIGUSR1",
+                               "--save-interval", "1"))
+    _, rank1 = job.ranks()
+    job.wait_for(r"saved checkpoint at iteration 2 ")
+    os.killpg(rank1, signal.SIGUSR1)
+    stop = stopped_iteration(job)
+    assert job.proc.wait(timeout=120) == 0, job.output[-3000:]
+    assert not job.errors() and read_latest_iteration(root) == stop, job.errors()
+    job.wait_until_gone(30)
+
+
+def test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock(data, tmp_path, job_factory):
+    root = str(tmp_path / "ckpt")
+    job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
+    job.ranks()
+    job.wait_for(r"iteration +2/")
+    os.kill(job.proc.pid, signal.SIGKILL)
+    print(f"ranks gone {job.wait_until_gone(30):.1f} s after torchrun")
+    job.wait_for(r"torchrun \(pid \d+\) is gone; exiting without saving")
+    lock = SaveLock(root)  # the dead run's lock is taken over
+    lock.release()
+    latest = read_latest_iteration(root)
+    assert latest >= 1 and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+
+
+def test_kill_9_of_a_rank_leaves_no_process_behind(data, tmp_path, job_factory):
+    root = str(tmp_path / "ckpt")
+    job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
+    rank0, _ = job.ranks()
+    job.wait_for(r"saved checkpoint at iteration 2 ")
+    os.kill(rank0, signal.SIGKILL)
+    assert job.proc.wait(timeout=120) != 0
+    print(f"all gone {job.wait_until_gone(60):.1f} s after torchrun")
+    latest = read_latest_iteration(root)
+    assert latest >= 2 and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+
+
+def test_a_frozen_peer_is_reported_by_the_watchdog_then_times_out(data, tmp_path, job_factory):
+    root = str(tmp_path / "ckpt")
+    job = job_factory(long_run(data, root, "--distributed-timeout-minutes", "0.4", "--save-interval", "2"),
+                      "--shutdown-timeout", "2")
+    _, rank1 = job.ranks()
+    job.wait_for(r"iteration +3/")
+    os.kill(rank1, signal.SIGSTOP)
+    start = time.monotonic()
+    found = job.wait_for(r"watchdog: rank 0 has made no progress for \d+ s in iteration (\d+) \(([a-z ]+)\)", 120)
+    assert job.proc.wait(timeout=180) != 0
+    print(f"watchdog line: {found.group(0)!r}; job ended {time.monotonic() - start:.0f} s after the freeze")
+    assert int(found.group(1)) >= 3 and time.monotonic() - start < 150
+    assert read_latest_iteration(root) >= 2
