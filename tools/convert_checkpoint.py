@@ -35,6 +35,8 @@ def parse_args(argv=None):
                    help="HF tokenizer folder or name. mcore-to-hf: copied into the export (default: the "
                         "checkpoint's, if a local folder); hf-to-mcore: recorded in the checkpoint args "
                         "(default: the source's)")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="mcore-to-hf: export without tokenizer files (otherwise a missing tokenizer is an error)")
     p.add_argument("--model-preset", choices=sorted(PRESETS), default=None,
                    help="fail unless the weights have this preset's architecture")
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
         if args.direction == "mcore-to-hf":
             summary = mcore_to_hf(args.load, args.save, dtype=args.dtype, tokenizer=args.tokenizer,
                                   model_preset=args.model_preset, overwrite=args.overwrite,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, no_tokenizer=args.no_tokenizer)
         else:
             summary = hf_to_mcore(args.load, args.save, args.tensor_model_parallel_size or 1,
                                   args.pipeline_model_parallel_size or 1, dtype=args.dtype,
