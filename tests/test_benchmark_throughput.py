@@ -1,5 +1,5 @@
 """The throughput benchmark runs in its CPU mode (no timing asserts), its accounting is right, and
-it judges the issue's targets from its measurements."""
+it judges the project's targets from its measurements."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Inference and training throughput of NeoBERT against its baselines, side by side, judged
-against the issue's targets (neobert-250m on one H100/H200).
+against the project's targets (neobert-250m on one H100/H200).
 
     python tools/benchmark_throughput.py --fp8 --compile   # GPU: the paper's settings
     python tools/benchmark_throughput.py --cpu-smoke       # CI: tiny, seconds, no timing claims

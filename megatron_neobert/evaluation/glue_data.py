@@ -68,7 +68,7 @@ def get_task(name: str) -> GlueTask:
     """Accepts the paper's, nyu-mll/glue's or the TSV folder's spelling: "STS-B", "stsb", "sts-b"."""
     key = str(name).lower().replace("-", "").replace("_", "")
     if key == "wnli":
-        raise ValueError("WNLI is excluded: the paper does not report it (see spec section 4)")
+        raise ValueError("WNLI is excluded: the paper does not report it")
     if key not in _ALIASES:
         raise ValueError(f"unknown GLUE task {name!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[_ALIASES[key]]

@@ -9,7 +9,7 @@
   released NeoBERT trains: HF model, padded batches, AdamW, bf16 autocast, PyTorch SDPA, the MLM
   head on every position, the same micro-batches. Every figure is also a ratio to its baseline.
 - With `compile`, torch.compile'd variants run beside their eager models (ratio "x eager").
-- `check_targets` judges a run against the issue's targets for one H100/H200.
+- `check_targets` judges a run against the project's targets for one H100/H200.
 """
 
 import dataclasses
@@ -374,7 +374,7 @@ def _ratios(results: List[Measurement], baseline: str) -> None:
             r.ratio_to_eager = r.tokens_per_s / eager[r.model, r.precision, r.seq_length]
 
 
-# ---- targets (the issue's, for neobert-250m on one H100/H200) --------------------------------------
+# ---- targets (the project's, for neobert-250m on one H100/H200) --------------------------------------
 TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
 TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
 MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.45, 3.0, 1.5
@@ -402,7 +402,7 @@ def _failures(rows: List[Measurement]) -> str:
 
 
 def check_targets(results: List[Measurement], device: str, preset: str) -> List[TargetCheck]:
-    """The issue's targets against a run's measurements. `device`: the GPU's name (or "cpu")."""
+    """The project's targets against a run's measurements. `device`: the GPU's name (or "cpu")."""
     scope = None
     if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
         scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"

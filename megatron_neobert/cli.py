@@ -1,0 +1,33 @@
+"""What every tools/*.py shares: flags spelled with dashes as Megatron-LM's (the underscore spellings of
+earlier versions are still read, without showing in --help), and every flag's default shown in --help.
+
+Kept free of heavy imports (torch, transformers, megatron-core) so that `--help` answers at once.
+"""
+
+import argparse
+import sys
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The tool's docstring as written, and "(default: ...)" after each flag's help."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser that reads `--max_length` as `--max-length` when only the dashed flag exists."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _dashed(self, arg: str) -> str:
+        if not arg.startswith("--") or "_" not in arg:
+            return arg
+        flag, sep, value = arg.partition("=")
+        dashed = flag.replace("_", "-")
+        if flag in self._option_string_actions or dashed not in self._option_string_actions:
+            return arg
+        return dashed + sep + value
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args([self._dashed(a) for a in args], namespace)
