@@ -31,3 +31,16 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         return super().parse_known_args([self._dashed(a) for a in args], namespace)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, defaults, helps: dict) -> None:
+    """One flag per field of the dataclass instance `defaults` (`--warmup-steps` for warmup_steps), its value
+    the default; Optional[bool] fields become --flag / --no-flag with None (decided at run time) as default."""
+    import dataclasses
+
+    for f in dataclasses.fields(defaults):
+        value, flag = getattr(defaults, f.name), "--" + f.name.replace("_", "-")
+        if value is None:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=helps[f.name])
+        else:
+            parser.add_argument(flag, type=type(value), default=value, help=helps[f.name])

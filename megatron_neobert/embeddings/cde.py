@@ -28,7 +28,7 @@ from torch import nn
 from megatron_neobert.conversion.hf_format import replace_folder
 
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
-from .finetune import load_encoder, lr_lambda, save_encoder
+from .finetune import load_encoder, lr_lambda, lr_reached, save_encoder
 from .instructions import format_query, load_instructions
 
 logger = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(
     logger.info("%d pairs in %d contextual batches of %d", len(docs), len(batches), config.batch_size)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    lr_reached(config.warmup_steps, config.steps, config.lr, "CDE")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, config.steps))
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 
