@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron_neobert.evaluation.throughput import (Measurement, _attempt, check_targets, document_lengths,
-                                                    format_markdown, format_table, mlm_batch, training_runs)
+                                                    format_markdown, format_table, mlm_batch, plot, training_runs)
 from megatron_neobert.model import padded_vocab_size
 from megatron_neobert.training.metrics import step_flops
 
@@ -156,3 +156,11 @@ def test_packed_benchmark_batches_fill_rows_and_keep_documents_inside_them():
     assert padded["attention_mask"].sum(1).tolist() == lengths
     assert (padded["labels"][~padded["attention_mask"]] == -100).all()
     assert torch.equal(packed["tokens"] == 4, packed["labels"] != -100)
+
+
+def test_plot_ticks_the_measured_lengths(tmp_path):
+    rows = [_row("inference", "neobert-hf", 1000.0, seq=seq) for seq in (64, 128, 512)]
+    axes = plot(rows + [_row("training", "megatron-packed", 500.0, seq=64)], str(tmp_path / "p.png"))
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["64", "128", "512"]
+    assert list(axes[0].get_xticks()) == [64, 128, 512] and axes[0].get_xscale() == "log"
+    assert (tmp_path / "p.png").stat().st_size > 10_000
