@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from embed_fixtures import N_TOPICS, load_tool, make_model_folder, make_tokenizer, topic_pairs
-from megatron_neobert.embeddings.contrastive import full_batch_step, grad_cache_step, info_nce_loss
+from megatron_neobert.embeddings.contrastive import grad_cache_step, info_nce_loss
 from megatron_neobert.embeddings.data import (MixtureBatchSampler, load_pair_dataset, mixture_probabilities,
                                               parse_dataset_spec)
 from megatron_neobert.embeddings.finetune import load_encoder, lr_lambda, lr_reached
@@ -19,6 +19,13 @@ from megatron_neobert.embeddings.instructions import finetune_instruction, forma
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INSTRUCTION = "Retrieve semantically similar text."
+
+
+def full_batch_step(encode, batches, loss_fn):
+    """The uncached reference: one graph over the whole batch."""
+    loss = loss_fn(*[encode(b).float() for b in batches])
+    loss.backward()
+    return loss.detach()
 
 
 @pytest.fixture(scope="module")

@@ -107,14 +107,11 @@ class ContextualNeoBERT(nn.Module):
         return mean_pool(hidden[:, j:], attention_mask)
 
 
-def _encode_chunks(fn, batch, chunk_size):
-    return torch.cat([fn(**c) for c in split_batch(batch, chunk_size)])
-
-
 def cde_grad_cache_step(model: ContextualNeoBERT, context_batch, batches: Sequence[dict],
                         loss_fn: Callable[..., torch.Tensor], chunk_size: int,
                         to_device: Callable = lambda b: b, autocast: Callable = contextlib.nullcontext) -> torch.Tensor:
-    """Two-stage GradCache: gradients equal those of `cde_full_step`; only one chunk has a graph at a time.
+    """Two-stage GradCache: gradients equal those of one graph over the whole batch and context; only one chunk
+    has a graph at a time.
     `autocast` wraps the forward passes (not the backward ones)."""
     ctx_chunks = [to_device(c) for c in split_batch(context_batch, chunk_size)]
     chunked = [[to_device(c) for c in split_batch(b, chunk_size)] for b in batches]
@@ -138,13 +135,6 @@ def cde_grad_cache_step(model: ContextualNeoBERT, context_batch, batches: Sequen
             emb = model.embed_context(**c)
         emb.backward(gradient=context_leaf.grad[start:start + emb.shape[0]].to(emb.dtype))
         start += emb.shape[0]
-    return loss.detach()
-
-
-def cde_full_step(model: ContextualNeoBERT, context_batch, batches, loss_fn) -> torch.Tensor:
-    context = model.embed_context(**context_batch)
-    loss = loss_fn(*[model(**b, context=context).float() for b in batches])
-    loss.backward()
     return loss.detach()
 
 
