@@ -9,7 +9,13 @@ import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The tool's docstring as written, and "(default: ...)" after each flag's help."""
+    """The tool's docstring as written, and "(default: ...)" after the help of each flag that has a default
+    (not after required flags, switches, or flags whose help says what their absence means)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):

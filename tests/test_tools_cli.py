@@ -41,6 +41,10 @@ for tool in sys.argv[1:]:
                         shared_parser=parser is not None,
                         no_help=[a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
                         if parser else None,
+                        no_default=[a.option_strings[0] for a in parser._actions if a.option_strings
+                                    and a.default not in (None, False, "==SUPPRESS==") and not a.required
+                                    and "(default: " not in parser._get_formatter()._get_help_string(a)]
+                        if parser else None,
                         help=parser.format_help() if parser else "")
 print("REPORT" + json.dumps(report))
 """
@@ -61,7 +65,7 @@ def test_help_without_megatron_with_help_and_defaults(help_report, tool):
     assert r["code"] == 0 and r["shared_parser"], r
     assert r["megatron"] == [], f"--help imported megatron-core: {r['megatron'][:5]}"
     assert r["no_help"] == [], f"flags without help text: {r['no_help']}"
-    assert "(default: " in r["help"]
+    assert r["no_default"] == [], f"defaults not shown: {r['no_default']}"
     dashed_only = [w for w in r["help"].split() if w.startswith("--") and "_" in w.split("=")[0]]
     assert dashed_only == [], f"underscore flags shown: {dashed_only}"
 
@@ -76,5 +80,6 @@ def test_underscore_spellings_parse_and_stay_hidden():
     assert p.parse_args(["--max_length=5"]).max_length == 5
     assert p.parse_args(["--max-length", "--x_y"][:1] + ["6"]).max_length == 6
     assert "--max_length" not in p.format_help() and "(default: 8)" in p.format_help()
+    assert "(default: False)" not in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--unknown_flag", "1"])

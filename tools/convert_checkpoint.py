@@ -31,9 +31,9 @@ def build_parser() -> ArgumentParser:
                    help="mcore-to-hf: checkpoint root or iteration folder; hf-to-mcore: HF folder or hub name")
     p.add_argument("--save", required=True, help="the folder to create (refused if it exists, see --overwrite)")
     p.add_argument("--tensor-model-parallel-size", type=int, default=None,
-                   help="hf-to-mcore: TP of the written checkpoint (None: 1)")
+                   help="hf-to-mcore: TP of the written checkpoint (default: 1)")
     p.add_argument("--pipeline-model-parallel-size", type=int, default=None,
-                   help="hf-to-mcore: PP of the written checkpoint (None: 1)")
+                   help="hf-to-mcore: PP of the written checkpoint (default: 1)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of the written weights")
     p.add_argument("--tokenizer", default=None,
                    help="HF tokenizer folder or name. mcore-to-hf: copied into the export (default: the one "

@@ -27,21 +27,21 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", required=True, help="exported NeoBERT folder (or a CDE folder with --cde)")
     p.add_argument("--output", required=True, help="summary.md and summary.json go here")
     p.add_argument("--tasks", nargs="+", default=None,
-                   help=f"MTEB task and/or benchmark names (None: {DEFAULT_BENCHMARK}, unless --local-task is given)")
+                   help=f"MTEB task and/or benchmark names (default: {DEFAULT_BENCHMARK}, unless --local-task is given)")
     p.add_argument("--local-task", nargs="+", default=[], action="extend", metavar="FOLDER",
                    help="tasks from local files, no Hub needed: retrieval, STS or classification folders "
                         "(docs/mteb.md gives the files)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="the paper evaluates in float16")
     p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per text (None: the model's maximum)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's maximum)")
     p.add_argument("--no-instructions", action="store_true", help="encode queries without the paper's instructions")
-    p.add_argument("--name", default=None, help="model name in mteb's cache (None: the folder name)")
-    p.add_argument("--cache", default=None, help="mteb's result cache (None: <output>/mteb_cache)")
+    p.add_argument("--name", default=None, help="model name in mteb's cache (default: the folder name)")
+    p.add_argument("--cache", default=None, help="mteb's result cache (default: <output>/mteb_cache)")
     p.add_argument("--overwrite", action="store_true", help="re-run tasks already in the cache")
-    p.add_argument("--device", default=None, help="None: cuda when available, else cpu")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--cde", action="store_true", help="the folder is a contextual (CDE) model")
     p.add_argument("--cde-context-size", type=int, default=None,
-                   help="context documents per task (None: the J it was trained with)")
+                   help="context documents per task (default: the J it was trained with)")
     return p
 
 
