@@ -323,3 +323,12 @@ def test_missing_mnli_transfer_source_fails_before_any_run(model_dir, glue_dir, 
               "--tasks", "CoLA", "RTE", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0",
               "--no-progress"])
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_missing_task_files_fail_before_any_run(model_dir, glue_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr("megatron_neobert.evaluation.glue_grid.fine_tune",
+                        lambda **kw: pytest.fail(f"ran {kw['spec'].key} before checking the files"))
+    with pytest.raises(FileNotFoundError, match=r"lacks 4 GLUE file\(s\): .*MRPC/train.tsv, .*MRPC/dev.tsv, "
+                                                r".*QNLI/train.tsv, .*QNLI/dev.tsv \(docs/glue.md"):
+        run_glue(model_dir, tmp_path / "out", grid_specs(["CoLA", "QNLI", "MRPC"], [16], [1e-3], [0.0], transfer=False),
+                 Protocol(), data_dir=glue_dir, devices=["cpu"], progress=False)

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
 
 from .glue import fine_tune
-from .glue_data import HF_DATASET, TASKS, get_task
+from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
 from .glue_metrics import PAPER_AVERAGE, PAPER_SCORES, glue_average
 from .glue_protocol import PAPER_GRID, Protocol, RunSpec, data_source
 
@@ -232,6 +232,10 @@ def run_glue(
     pending = [s for s in dict.fromkeys(specs) if s.key not in done]
     if len(pending) < len(specs):
         logger.info("%d of %d GLUE runs already finished in %s", len(specs) - len(pending), len(specs), output_dir)
+    missing = missing_tsv_files(sorted({s.task for s in pending}), data_dir) if data_dir is not None else []
+    if missing:  # checked before any run, so that a grid never stops halfway for a file it could have named
+        raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
+                                f"(docs/glue.md gives the layout)")
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
             s.task == "MNLI" for s in pending):
