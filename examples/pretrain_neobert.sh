@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NeoBERT stage 1 (spec section 3): 1M steps at length 1024, 2M tokens per step, on one 8-GPU node
+# NeoBERT stage 1: 1M steps at length 1024, 2M tokens per step, on one 8-GPU node
 # as in the paper (8 GPUs x 32 sequences x 8 accumulation x 1024 tokens). Multi-node: set NNODES,
 # NODE_RANK, MASTER_ADDR on every node; the global batch stays 2048 (accumulation shrinks).
 #

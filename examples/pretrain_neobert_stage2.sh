@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NeoBERT stage 2 (spec section 3): 50k more steps at length 4096 with the same 2M tokens per step
+# NeoBERT stage 2: 50k more steps at length 4096 with the same 2M tokens per step
 # (512 x 4096), each batch drawn from RefinedWeb / RefinedWeb1024+ / RefinedWeb2048+ with
 # probabilities 0.2 / 0.4 / 0.4. Make the subsets first:
 #

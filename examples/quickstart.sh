@@ -5,13 +5,21 @@
 #   pip install .            # from the repository root
 #   bash examples/quickstart.sh
 #
-# Settings through the environment: WORK_DIR (outputs), NPROC (ranks), TRAIN_ITERS.
+# Settings through the environment: WORK_DIR (outputs), NPROC (ranks), TRAIN_ITERS (steps, at least 2; the
+# warmup is a tenth of them, at most 30), MASTER_PORT (torchrun's). Arguments go to the trainer after ours, so
+# they override them (e.g. `bash examples/quickstart.sh --lr 1e-3 --lr-warmup-iters 10`).
 # Runs from any directory; needs only the installed package (its assets and modules).
 set -euo pipefail
 
 WORK_DIR=${WORK_DIR:-neobert_quickstart}
 NPROC=${NPROC:-2}
 TRAIN_ITERS=${TRAIN_ITERS:-300}
+if ! [[ "$TRAIN_ITERS" =~ ^[0-9]+$ ]] || (( TRAIN_ITERS < 2 )); then
+    echo "error: TRAIN_ITERS=$TRAIN_ITERS: give a whole number of steps, at least 2" >&2
+    exit 2
+fi
+# The schedule warms up over a tenth of the run (30 steps at most) and decays over 90% of it.
+WARMUP=$(( TRAIN_ITERS / 10 < 30 ? TRAIN_ITERS / 10 : 30 ))
 mkdir -p "$WORK_DIR"
 TOKENIZER=$(python -c "from megatron_neobert.data.assets import SAMPLE_TOKENIZER; print(SAMPLE_TOKENIZER)")
 SAMPLE_CORPUS=$(python -c "from megatron_neobert.data.assets import SAMPLE_CORPUS; print(SAMPLE_CORPUS)")
@@ -25,16 +33,16 @@ stats = preprocess_data([SAMPLE_CORPUS], sys.argv[1], tokenizer_model=SAMPLE_TOK
 print(stats.summary())
 PY
 
-echo "== 2/5 pre-train neobert-tiny for $TRAIN_ITERS steps on $NPROC ranks (watch the loss fall)"
+echo "== 2/5 pre-train neobert-tiny for $TRAIN_ITERS steps ($WARMUP warmup) on $NPROC ranks (watch the loss fall)"
 # Length 128, 16 sequences (2k tokens) per step, the paper's optimizer and masking, a short
-# schedule: 30 warmup steps to 2e-3, cosine to 10% over 90% of the steps. Re-running resumes.
+# schedule: warmup to 2e-3 over a tenth of the steps (30 at most), cosine to 10% over 90% of the steps. Re-running resumes.
 torchrun --nproc-per-node "$NPROC" --master-port "${MASTER_PORT:-29511}" -m megatron_neobert.pretrain \
     --model-preset neobert-tiny \
     --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER" \
     --data-path "$WORK_DIR/data/sample_content_document" --split 98,2,0 \
     --data-cache-path "$WORK_DIR/data/cache" --num-workers 1 \
     --seq-length 128 --micro-batch-size 8 --global-batch-size 16 \
-    --train-iters "$TRAIN_ITERS" --lr 2e-3 --lr-warmup-iters 30 \
+    --train-iters "$TRAIN_ITERS" --lr 2e-3 --lr-warmup-iters "$WARMUP" \
     --log-interval 20 --eval-interval 100 --eval-iters 4 \
     --save "$WORK_DIR/checkpoints" --load "$WORK_DIR/checkpoints" --save-interval 100 \
     --tensorboard-dir "$WORK_DIR/tensorboard" \
@@ -49,7 +57,7 @@ python "$REPO/tools/convert_checkpoint.py" --direction mcore-to-hf --load "$WORK
 
 echo "== 5/5 evaluate: pseudo-perplexity of the exported model on 16 sample documents"
 python "$REPO/tools/pseudo_perplexity.py" --model "$WORK_DIR/hf" --texts "$SAMPLE_CORPUS" \
-    --text_field content --num_texts 16 --max_length 128 --min_length 16 --buckets 32 64 128 \
-    --device cpu --output "$WORK_DIR/pseudo_perplexity" --no_progress
+    --text-field content --num-texts 16 --max-length 128 --min-length 16 --buckets 32 64 128 \
+    --device cpu --output "$WORK_DIR/pseudo_perplexity" --no-progress
 
 echo "done: TensorBoard logs in $WORK_DIR/tensorboard (tensorboard --logdir $WORK_DIR/tensorboard)"

@@ -30,17 +30,11 @@ def probe(name: str) -> Optional[str]:
     return str(getattr(module, "__version__", "unknown version"))
 
 
-def uses_transformer_engine(transformer_impl: str) -> bool:
-    """The same choice as `model.layer_specs.get_layer_spec`."""
-    from megatron_neobert.model.layer_specs import transformer_engine_available
-
-    return transformer_impl == "transformer_engine" or (
-        transformer_impl == "auto" and torch.cuda.is_available() and transformer_engine_available())
-
-
 def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:
     """What runs each part of a training step, in words."""
-    te = uses_transformer_engine(transformer_impl)
+    from megatron_neobert.model.layer_specs import use_transformer_engine
+
+    te = use_transformer_engine(transformer_impl, log=False)  # the choice the model's layer spec makes
     gpu = torch.cuda.is_available()
     if te:
         layers = f"Transformer Engine {probe('transformer_engine')} (fused norm+linear, fused attention)"

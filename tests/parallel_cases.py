@@ -6,7 +6,7 @@ import os
 import torch
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
@@ -61,17 +61,27 @@ def read_full_state_dict(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
     return {k: v.clone() for k, v in unwrap(chunks[0]).state_dict().items() if "_extra_state" not in k}
 
 
-def gradient_step(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_size: int):
-    """Load weights, run forward/backward over the global batch, take one optimizer step whose
-    update is the gradient, save. Returns the global mean MLM loss (on last-stage ranks)."""
+def _gather_reduce_scattered_grads(chunk) -> None:
+    """With the distributed optimizer each DP rank holds only its shard of a bucket's reduced gradient: gather
+    the shards so that every rank holds the whole reduced gradient."""
+    for group in chunk.bucket_groups + chunk.expert_parallel_bucket_groups:
+        if not group.ddp_config.use_distributed_optimizer:
+            continue
+        for bucket in group.buckets:
+            shards = shard_buffer(bucket.grad_data, group.intra_distributed_optimizer_instance_size)
+            mine = shards[group.intra_distributed_optimizer_instance_rank].clone()
+            torch.distributed.all_gather(shards, mine, group=group.intra_distributed_optimizer_instance_group)
+
+
+def gradients(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_size: int):
+    """Load weights, run forward/backward over the global batch through megatron-core's schedule (which
+    finishes the DP, TP and embedding gradient reductions), then save the gradients themselves: each
+    parameter's data is replaced by its reduced gradient and the model saved as a distributed checkpoint,
+    which `read_full_state_dict` reads back at TP=1/PP=1. Returns the global mean MLM loss (on last-stage
+    ranks)."""
     config, chunks = setup(layout)
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_in)
     load_model_state(chunks, state)
-    optimizer = get_megatron_optimizer(
-        # Adam's first step with eps = lr = 1e6 moves each weight by g * eps / (|g| + eps): the
-        # gradient to ~1e-7 relative (the distributed optimizer supports only Adam).
-        OptimizerConfig(optimizer="adam", lr=1e6, adam_eps=1e6, weight_decay=0.0, clip_grad=0.0,
-                        use_distributed_optimizer=layout.distributed_optimizer), chunks)
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     per_rank = len(batches) // dp_size
@@ -80,12 +90,15 @@ def gradient_step(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_ba
     iterators = [iter(mine) for _ in chunks]
     for chunk in chunks:
         chunk.zero_grad_buffer()
-    optimizer.zero_grad()
     reports = get_forward_backward_func()(
         forward_step_func=mlm_forward_step, data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks, num_microbatches=len(mine), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=False)
-    optimizer.step()
+    with torch.no_grad():
+        for chunk in chunks:
+            _gather_reduce_scattered_grads(chunk)
+            for param in chunk.parameters():
+                param.copy_(param.main_grad)
     if torch.distributed.get_rank() == 0:
         os.makedirs(ckpt_out, exist_ok=True)
     torch.distributed.barrier()

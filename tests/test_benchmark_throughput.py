@@ -1,5 +1,5 @@
 """The throughput benchmark runs in its CPU mode (no timing asserts), its accounting is right, and
-it judges the issue's targets from its measurements."""
+it judges the project's targets from its measurements."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron_neobert.evaluation.throughput import (Measurement, _attempt, check_targets, document_lengths,
-                                                    format_markdown, format_table, mlm_batch, training_runs)
+                                                    format_markdown, format_table, mlm_batch, plot, training_runs)
 from megatron_neobert.model import padded_vocab_size
 from megatron_neobert.training.metrics import step_flops
 
@@ -21,9 +21,12 @@ H100 = "NVIDIA H100 80GB HBM3"
 def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_path, monkeypatch):
     import benchmark_throughput
 
-    # Inductor takes minutes on CPU even at these sizes: the compiled variants run as their
-    # models here, which checks that they are listed, measured and compared with eager.
-    monkeypatch.setattr(torch, "compile", lambda model, *args, **kwargs: model)
+    # Inductor's code generation takes minutes on CPU even at these sizes, so the compiled variants go through
+    # dynamo for real (graph capture, guards, graph breaks) and run the captured graphs with the eager backend.
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kwargs: real_compile(model, backend="eager"))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     out_json, out_png, out_md = tmp_path / "t.json", tmp_path / "t.png", tmp_path / "t.md"
     benchmark_throughput.main(["--cpu-smoke", "--compile", "--output-json", str(out_json),
                                "--output-png", str(out_png), "--markdown", str(out_md)])
@@ -36,7 +39,12 @@ def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_p
                                       "megatron-packed", "megatron-packed+compile")} <= labels
     assert all(r["error"] is None and r["tokens_per_s"] > 0 and r["peak_memory_gib"] is None for r in rows)
     assert all(r["micro_batches"] == 2 for r in rows if r["benchmark"] == "training")
-    assert all(r["ratio_to_eager"] > 0 for r in rows if r["compiled"])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # dynamo captured the compiled variants
+    eager = {(r["benchmark"], r["model"], r["seq_length"]): r["tokens_per_s"] for r in rows if not r["compiled"]}
+    for r in rows:
+        if r["compiled"]:  # each compiled variant against its own eager model at the same length
+            ratio = r["tokens_per_s"] / eager[(r["benchmark"], r["model"], r["seq_length"])]
+            assert r["ratio_to_eager"] == pytest.approx(ratio, rel=1e-3)
     assert [r["ratio_to_baseline"] for r in rows if r["label"] == "reference-hf-padded"] == [1.0]
     # FLOPs per real token: the reference's head runs on every token, ours on the masked ones only.
     arch = benchmark_throughput.smoke_arch()
@@ -158,3 +166,11 @@ def test_packed_benchmark_batches_fill_rows_and_keep_documents_inside_them():
     assert padded["attention_mask"].sum(1).tolist() == lengths
     assert (padded["labels"][~padded["attention_mask"]] == -100).all()
     assert torch.equal(packed["tokens"] == 4, packed["labels"] != -100)
+
+
+def test_plot_ticks_the_measured_lengths(tmp_path):
+    rows = [_row("inference", "neobert-hf", 1000.0, seq=seq) for seq in (64, 128, 512)]
+    axes = plot(rows + [_row("training", "megatron-packed", 500.0, seq=64)], str(tmp_path / "p.png"))
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["64", "128", "512"]
+    assert list(axes[0].get_xticks()) == [64, 128, 512] and axes[0].get_xscale() == "log"
+    assert (tmp_path / "p.png").stat().st_size > 10_000

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embed_fixtures import load_tool, make_model_folder, make_tokenizer, topic_pairs
-from megatron_neobert.embeddings.cde import (CDEEncoder, ContextualNeoBERT, cde_full_step, cde_grad_cache_step,
+from megatron_neobert.embeddings.cde import (CDEEncoder, ContextualNeoBERT, cde_grad_cache_step,
                                              contextual_batches, load_cde, save_cde)
 from megatron_neobert.embeddings.contrastive import info_nce_loss
 from megatron_neobert.embeddings.finetune import load_encoder
@@ -22,6 +22,14 @@ def folders(tmp_path_factory):
     tok = make_tokenizer(root / "tok")
     return make_model_folder(root / "first", seed=0, tokenizer_dir=tok), make_model_folder(
         root / "second", seed=1, tokenizer_dir=tok, hidden_size=48, num_attention_heads=4, intermediate_size=96), tok
+
+
+def cde_full_step(model, context_batch, batches, loss_fn):
+    """The uncached reference: one graph over the context and the whole batch."""
+    context = model.embed_context(**context_batch)
+    loss = loss_fn(*[model(**b, context=context).float() for b in batches])
+    loss.backward()
+    return loss.detach()
 
 
 def build(folders, context_size=4):

@@ -11,14 +11,21 @@ import torch
 import torch.nn.functional as F
 
 from embed_fixtures import N_TOPICS, load_tool, make_model_folder, make_tokenizer, topic_pairs
-from megatron_neobert.embeddings.contrastive import full_batch_step, grad_cache_step, info_nce_loss
+from megatron_neobert.embeddings.contrastive import grad_cache_step, info_nce_loss
 from megatron_neobert.embeddings.data import (MixtureBatchSampler, load_pair_dataset, mixture_probabilities,
                                               parse_dataset_spec)
-from megatron_neobert.embeddings.finetune import load_encoder
+from megatron_neobert.embeddings.finetune import load_encoder, lr_lambda, lr_reached
 from megatron_neobert.embeddings.instructions import finetune_instruction, format_query, load_instructions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INSTRUCTION = "Retrieve semantically similar text."
+
+
+def full_batch_step(encode, batches, loss_fn):
+    """The uncached reference: one graph over the whole batch."""
+    loss = loss_fn(*[encode(b).float() for b in batches])
+    loss.backward()
+    return loss.detach()
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +181,25 @@ def test_finetuning_learns_retrieval_and_exports(model_dir, tmp_path):
     texts = [format_query(INSTRUCTION, "qw1 qw2"), "pw1 pw2"]
     ours, _, _ = load_encoder(out)
     torch.testing.assert_close(st.encode(texts, convert_to_tensor=True), ours.eval().encode(texts), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("warmup, steps", [(1000, 20), (10, 20), (0, 5)])
+def test_warmup_longer_than_the_run_is_reported_with_the_peak_it_reaches(warmup, steps, caplog):
+    """CDE's default of 1000 warmup steps in a 20-step run peaks at 2% of --lr: say so, with the real peak."""
+    lr = 1e-3
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, steps))
+    used = []
+    for _ in range(steps):
+        used.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    with caplog.at_level("WARNING"):
+        peak = lr_reached(warmup, steps, lr, "CDE")
+    assert peak == pytest.approx(max(used))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if warmup > steps:
+        assert warned == [f"CDE: --warmup-steps {warmup} is longer than the run's {steps} steps: the learning rate "
+                          f"peaks at 2e-05, 2% of --lr 0.001; pass a shorter --warmup-steps (e.g. 2, a tenth of the run)"]
+    else:
+        assert warned == []

@@ -12,6 +12,8 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from convert_cases import load_and_forward
 from megatron_neobert.conversion.convert import (ConversionError, arch_for_hf_config, build_single_rank_model,
                                                  hf_config_for_arch, hf_state_dict_from_mcore, hf_to_mcore,
                                                  mcore_state_dict_from_hf, mcore_to_hf)
-from megatron_neobert.conversion.hf_format import AUTO_MAP, hf_config_dict, read_hf_folder
+from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
@@ -32,6 +34,7 @@ from pretrain_cases import run_train, tiny_argv
 from test_hf_format import random_hf_state_dict
 from tools.convert_checkpoint import main as cli
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "cats sleep",
              "a model reads long text with rotary positions", "red birds sing"]
 TP2PP2 = Layout(tp=2, pp=2)
@@ -399,6 +402,40 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     with pytest.raises(ConversionError, match="neither a local folder nor a downloadable hub repository"):
         hf_to_mcore("chandar-lab/NeoBERT-not-cached", tmp_path / "e")  # offline in tests
     assert sorted(os.listdir(tmp_path)) == ["vocab"]
+
+
+def test_export_needs_the_tokenizer_unless_told(round_trip, tmp_path):
+    """A tokenizer the checkpoint names but this machine lacks is an error naming it; --no-tokenizer exports
+    the weights alone, --tokenizer supplies another."""
+    cases = [(dict(tokenizer_model="runs/../tok"), r"runs/\.\./tok \(relative: looked up from .*\) is not a folder"),
+             (dict(tokenizer_model=str(tmp_path / "gone")), f"tokenizer {tmp_path / 'gone'} is not a folder here"),
+             (dict(tokenizer_model="not-a-cached-hub-tokenizer"), "neither a folder in .* nor a hub tokenizer"),
+             (dict(tokenizer_type="NullTokenizer"), "args name no Hugging Face tokenizer")]
+    for changes, message in cases:
+        src = tampered_checkpoint(round_trip, tmp_path, **changes)
+        with pytest.raises(ConversionError, match="(?s)" + message + ".*--no-tokenizer"):
+            mcore_to_hf(src, tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
+        shutil.rmtree(src)
+    src = tampered_checkpoint(round_trip, tmp_path, tokenizer_model=str(tmp_path / "gone"))
+    mcore_to_hf(src, tmp_path / "bare", no_tokenizer=True)
+    bare = set(os.listdir(tmp_path / "bare"))
+    assert "model.safetensors" in bare and not bare & set(TOKENIZER_FILES)
+    mcore_to_hf(src, tmp_path / "given", tokenizer=SAMPLE_TOKENIZER)
+    assert (tmp_path / "given" / "vocab.txt").is_file()
+    with pytest.raises(ConversionError, match="contradict"):
+        mcore_to_hf(src, tmp_path / "both", tokenizer=SAMPLE_TOKENIZER, no_tokenizer=True)
+
+
+def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
+    """A lone conversion needs no rendezvous even when the shell exports MASTER_PORT (and no RANK)."""
+    env = dict(os.environ, MASTER_PORT="29533", PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("RANK", None)
+    out = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "mcore-to-hf", "--load",
+                          str(round_trip[0] / "mcore"), "--save", str(tmp_path / "hf"), "--no-progress"],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "28 tensors" in out.stdout and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):

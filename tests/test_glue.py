@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -290,3 +291,44 @@ def test_cli_with_process_pool(model_dir, glue_dir, tmp_path, monkeypatch):
     assert sorted(r["learning_rate"] for r in records) == [1e-3, 3e-3]
     assert all(r["task"] == "CoLA" and "matthews" in r["metrics"] for r in records)
     assert "| ours | " in (out / "results.md").read_text()
+
+
+def test_results_of_other_settings_are_not_reused(model_dir, glue_dir, tmp_path):
+    """A finished run counts only with the same protocol and data: another --epochs, --max-length or data folder
+    is refused by name, not reported with the old scores."""
+    out = tmp_path / "glue"
+    specs = grid_specs(["SST-2"], [16], [1e-3], [0.0])
+    protocol = Protocol(epochs=1, max_length=32)
+    run_glue(model_dir, out, specs, protocol, data_dir=glue_dir, devices=["cpu"], progress=False)
+    other_data = tmp_path / "glue_copy"
+    shutil.copytree(glue_dir, other_data)
+    for changed, message in [(dict(protocol=Protocol(epochs=2, max_length=32)), r"epochs=1 \(now 2\)"),
+                             (dict(protocol=Protocol(epochs=1, max_length=64)), r"max_length=32 \(now 64\)"),
+                             (dict(data_dir=other_data), "data=.*glue.* \\(now .*glue_copy'\\)")]:
+        kwargs = dict(dict(protocol=protocol, data_dir=glue_dir), **changed)
+        with pytest.raises(ValueError, match="holds run SST-2_bs16_lr0.001_wd0_seed0_pretrained made with other "
+                                             "settings: " + message):
+            run_glue(model_dir, out, specs, kwargs["protocol"], data_dir=kwargs["data_dir"], devices=["cpu"],
+                     progress=False)
+    assert len(glue_grid.load_records(out)) == 1
+
+
+def test_missing_mnli_transfer_source_fails_before_any_run(model_dir, glue_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr("megatron_neobert.evaluation.glue_grid.fine_tune",
+                        lambda **kw: pytest.fail(f"ran {kw['spec'].key} before checking the transfer"))
+    from tools.run_glue import main
+
+    with pytest.raises(ValueError, match=r"\['RTE'\] start from the best MNLI checkpoint.*--no-transfer"):
+        main(["--model", str(model_dir), "--output-dir", str(tmp_path / "out"), "--data-dir", str(glue_dir),
+              "--tasks", "CoLA", "RTE", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0",
+              "--no-progress"])
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_missing_task_files_fail_before_any_run(model_dir, glue_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr("megatron_neobert.evaluation.glue_grid.fine_tune",
+                        lambda **kw: pytest.fail(f"ran {kw['spec'].key} before checking the files"))
+    with pytest.raises(FileNotFoundError, match=r"lacks 4 GLUE file\(s\): .*MRPC/train.tsv, .*MRPC/dev.tsv, "
+                                                r".*QNLI/train.tsv, .*QNLI/dev.tsv \(docs/glue.md"):
+        run_glue(model_dir, tmp_path / "out", grid_specs(["CoLA", "QNLI", "MRPC"], [16], [1e-3], [0.0], transfer=False),
+                 Protocol(), data_dir=glue_dir, devices=["cpu"], progress=False)

@@ -133,18 +133,44 @@ def test_mlm_loss_runs_only_on_labelled_positions(single_rank):
     assert correct.tolist() == (logits[[0, 1], [3, 6]].argmax(-1) == torch.tensor([17, 42])).tolist()
 
 
+def hf_logits(model, arch, ids, mask):
+    """The same weights in our Hugging Face modeling file: an implementation written independently of
+    megatron-core's layers."""
+    from megatron_neobert.conversion.convert import hf_config_for_arch, hf_state_dict_from_mcore
+    from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+
+    state = {k: v for k, v in model.state_dict().items() if "_extra_state" not in k}
+    hf = NeoBERTLMHead(hf_config_for_arch(arch)).eval()
+    hf.load_state_dict(hf_state_dict_from_mcore(state, arch))
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask).logits
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_builds_and_runs_reduced(single_rank, preset):
-    arch = PRESETS[preset]
+    """Each preset, cut to a small size: its block is the one it names (biases, positions), padding changes
+    nothing at the real positions, and a NeoBERT-block preset gives the HF model's logits."""
+    arch = dataclasses.replace(PRESETS[preset], **SMALL)
     model = small_model(preset)
     assert model.position_embedding_type == arch.position_embedding_type
-    ids = torch.randint(5, 128, (2, 8))
-    mask = torch.ones(2, 8, dtype=torch.bool)
-    mask[1, 5:] = False
-    logits = model(ids, attention_mask=mask)
-    assert logits.shape == (2, 8, 128) and torch.isfinite(logits).all()
     has_bias = any(n.endswith("linear_qkv.bias") for n, _ in model.named_parameters())
     assert has_bias == arch.add_bias_linear
+    ids = torch.randint(5, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask)
+        alone = model(ids[1:, :5], attention_mask=mask[1:, :5])
+        other_padding = ids.clone()
+        other_padding[1, 5:] = 7
+        repadded = model(other_padding, attention_mask=mask)
+    assert logits.shape == (2, 8, 128)
+    torch.testing.assert_close(logits[1, :5], alone[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(repadded[:, :5], logits[:, :5], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(logits[0, 0], logits[0, 1], rtol=0, atol=1e-3)  # positions differ: not degenerate
+    if arch.position_embedding_type == "rope" and not arch.add_bias_linear:
+        hf = hf_logits(model, arch, ids, mask)
+        torch.testing.assert_close(logits[mask], hf[mask], rtol=1e-4, atol=1e-5)
 
 
 def test_ablation_m0_is_bert_like_and_m1_is_neobert_block():

@@ -182,3 +182,50 @@ def test_half_precision_embeddings_match_float32(model_dir, dtype):
     assert half.dtype == torch.float32 and F.cosine_similarity(half, full).min() > 0.999
     with pytest.raises(ValueError, match="dtype 'int8'"):
         NeoBERTEncoder(model_dir, dtype="int8")
+
+
+def _write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_local_task_files_score_as_the_same_tasks_in_python(model_dir, tmp_path):
+    """--local-task folders (BEIR retrieval files, STS pairs, classification) give the scores of the same data
+    defined through mteb's Python classes; the CLI runs without the Hub."""
+    q, p = topic_pairs(PAIRS)
+    nf = tmp_path / "tasks" / "NFCorpus"
+    _write_jsonl(nf / "corpus.jsonl", [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(p)])
+    _write_jsonl(nf / "queries.jsonl", [{"_id": f"q{i}", "text": t} for i, t in enumerate(q)])
+    (nf / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(q))))
+    sts = LocalSTS()
+    sts.load_data()
+    _write_jsonl(tmp_path / "tasks" / "LocalTopicSTS" / "test.jsonl", sts.dataset["test"].to_list())
+    cls = tmp_path / "tasks" / "TopicClassification"
+    for split, n in (("train", 16), ("test", 8)):
+        _write_jsonl(cls / f"{split}.jsonl", [{"text": f"pw{i % 2} the cat", "label": i % 2} for i in range(n)])
+
+    summary = load_tool("run_mteb").main(["--model", str(model_dir), "--output", str(tmp_path / "files"),
+                                          "--dtype", "float32", "--batch-size", "4", "--local-task",
+                                          *(str(tmp_path / "tasks" / n) for n in
+                                            ("NFCorpus", "LocalTopicSTS", "TopicClassification"))])
+    reference = run_mteb(NeoBERTEncoder(model_dir, dtype="float32"), [LocalRetrieval(), LocalSTS()], tmp_path / "py")
+    for name in ("NFCorpus", "LocalTopicSTS"):
+        assert summary["tasks"][name] == reference["tasks"][name]
+    # the two classes differ by one word: a logistic regression on any non-degenerate embedding separates them
+    assert summary["tasks"]["TopicClassification"] == {"type": "Classification", "main_score": 100.0}
+
+
+def test_local_task_errors_name_the_file(tmp_path):
+    from megatron_neobert.embeddings.mteb_local import local_task
+
+    with pytest.raises(FileNotFoundError, match="no corpus.jsonl .*docs/mteb.md"):
+        local_task(tmp_path)
+    task = tmp_path / "Broken"
+    _write_jsonl(task / "corpus.jsonl", [{"_id": "d0", "text": "a"}])
+    _write_jsonl(task / "queries.jsonl", [{"_id": "q0", "text": "b"}])
+    (task / "qrels.tsv").write_text("q0\td9\t1\n")
+    with pytest.raises(ValueError, match=r"qrels.tsv names ids missing from corpus.jsonl / queries.jsonl: \['d9'\]"):
+        local_task(task)
+    _write_jsonl(task / "queries.jsonl", [{"_id": "q0", "query": "b"}])
+    with pytest.raises(ValueError, match=r"queries.jsonl line 1: no field 'text'"):
+        local_task(task)

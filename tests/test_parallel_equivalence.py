@@ -1,16 +1,16 @@
 """Same weights, same global batch: loss and every gradient agree across parallel layouts.
 
 Each layout runs on its own set of gloo ranks, loads the same TP=1 weights from a distributed
-checkpoint, runs forward/backward through megatron-core's pipeline schedules and DDP, and takes
-one Adam step whose update is the gradient (see parallel_cases.gradient_step). The updated
-weights are saved as a distributed checkpoint and read back at TP=1 for comparison.
+checkpoint and runs forward/backward through megatron-core's pipeline schedules and DDP; the reduced
+gradients themselves are saved as a distributed checkpoint and read back at TP=1, where every tensor's
+gradient is compared with the single-rank one (see parallel_cases.gradients).
 """
 
 import pytest
 import torch
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from parallel_cases import Layout, read_full_state_dict, save_initial_weights, gradient_step
+from parallel_cases import Layout, gradients, read_full_state_dict, save_initial_weights
 
 SEQ, MICRO_BATCH, NUM_MICRO_BATCHES = 16, 2, 4
 
@@ -44,7 +44,7 @@ _reference = {}
 
 def run_layout(layout: Layout, initial: str, tmp_path, packed: bool):
     out = str(tmp_path / "after")
-    losses = run_on_ranks(gradient_step, layout.world_size, layout, initial, out, make_batches(packed),
+    losses = run_on_ranks(gradients, layout.world_size, layout, initial, out, make_batches(packed),
                           MICRO_BATCH)
     losses = [l for l in losses if l is not None]
     assert len(set(losses)) == 1, f"last-stage ranks disagree on the loss: {losses}"
@@ -71,14 +71,12 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_loss_and_gradients_match_single_rank(name, initial_checkpoint, tmp_path, tmp_path_factory):
     layout, packed = LAYOUTS[name]
-    initial = run_on_ranks(read_full_state_dict, 1, initial_checkpoint)[0] if name == "tp2" else None
-    ref_loss, ref_weights = reference(initial_checkpoint, tmp_path_factory, packed)
-    loss, weights = run_layout(layout, initial_checkpoint, tmp_path, packed)
+    ref_loss, ref_grads = reference(initial_checkpoint, tmp_path_factory, packed)
+    loss, grads = run_layout(layout, initial_checkpoint, tmp_path, packed)
 
     assert loss == pytest.approx(ref_loss, rel=1e-6, abs=1e-6)
-    assert weights.keys() == ref_weights.keys()
-    for key in ref_weights:
-        torch.testing.assert_close(weights[key], ref_weights[key], rtol=1e-5, atol=1e-7, msg=key)
-    if initial is not None:  # the step really moved every tensor: gradients are not all zero
-        for key in ref_weights:
-            assert (initial[key] - ref_weights[key]).abs().max() > 0, f"{key} got no gradient"
+    assert grads.keys() == ref_grads.keys()
+    for key, ref in ref_grads.items():
+        assert ref.abs().max() > 0, f"{key} got no gradient"
+        # float32 sums in another order (split GEMMs, reductions): relative to the tensor's largest gradient
+        torch.testing.assert_close(grads[key], ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item(), msg=key)

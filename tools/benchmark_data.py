@@ -7,7 +7,6 @@
     python tools/benchmark_data.py [--corpus X.parquet] [--tokenizer-model DIR] [--workers 2]
 """
 
-import argparse
 import os
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
 
 
@@ -37,14 +37,13 @@ def real_token_share(prefix, tokenizer, seq_length, packed, micro_batch_size):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", default=SAMPLE_CORPUS)
-    parser.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
-    parser.add_argument("--tokenizer-model", default=SAMPLE_TOKENIZER)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seq-length", type=int, default=1024)
-    parser.add_argument("--micro-batch-size", type=int, default=8)
+    parser = ArgumentParser(description=__doc__)
+    parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="RefinedWeb-style Parquet file to tokenize")
+    parser.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", help="as Megatron-LM's")
+    parser.add_argument("--tokenizer-model", default=SAMPLE_TOKENIZER, help="Hugging Face name or folder")
+    parser.add_argument("--workers", type=int, default=2, help="tokenizer worker processes")
+    parser.add_argument("--seq-length", type=int, default=1024, help="sequence length of the batches compared")
+    parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per batch")
     parser.add_argument("--repeats", type=int, default=3,
                         help="best of N timings (the cores may be shared with other work)")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Inference and training throughput of NeoBERT against its baselines, side by side, judged
-against the issue's targets (neobert-250m on one H100/H200).
+against the project's targets (neobert-250m on one H100/H200).
 
     python tools/benchmark_throughput.py --fp8 --compile   # GPU: the paper's settings
     python tools/benchmark_throughput.py --cpu-smoke       # CI: tiny, seconds, no timing claims
@@ -8,45 +8,46 @@ against the issue's targets (neobert-250m on one H100/H200).
 examples/benchmark_gpu.sh gives the runs behind README's figures.
 """
 
-import argparse
 import logging
+import os
 import shlex
 import sys
 
-import torch
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
-from megatron_neobert.evaluation.throughput import (as_json, baseline_attention, benchmark_inference,
-                                                    benchmark_training, check_targets, format_markdown,
-                                                    format_table, format_targets, plot)
-from megatron_neobert.kernels import kernel_report
-from megatron_neobert.model import get_arch
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-preset", default="neobert-250m")
-    p.add_argument("--inference-seq-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
-    p.add_argument("--inference-max-batch", type=int, default=512)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--model-preset", default="neobert-250m", help="the architecture to time")
+    p.add_argument("--inference-seq-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192],
+                   help="inference sequence lengths")
+    p.add_argument("--inference-max-batch", type=int, default=512,
+                   help="largest inference batch tried (the largest that fits is used)")
     p.add_argument("--inference-steps", type=int, default=100, help="timed steps per point (paper: 100)")
-    p.add_argument("--train-seq-lengths", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--train-seq-lengths", type=int, nargs="+", default=[1024, 4096], help="training sequence lengths")
     p.add_argument("--train-micro-batch", type=int, default=32, help="sequences per micro-batch")
     p.add_argument("--train-micro-batches", type=int, default=1,
                    help="micro-batches per step (gradient accumulation, as the trainer's global batch)")
-    p.add_argument("--train-steps", type=int, default=20)
+    p.add_argument("--train-steps", type=int, default=20, help="timed training steps per variant")
     p.add_argument("--fp8", action="store_true", help="also FP8 (needs Transformer Engine on Hopper)")
     p.add_argument("--compile", action="store_true",
                    help="also torch.compile'd variants, beside their eager models in the same run")
     p.add_argument("--no-baselines", action="store_true", help="skip ModernBERT-base and BERT-base")
-    p.add_argument("--skip-inference", action="store_true")
-    p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--skip-inference", action="store_true", help="time training only")
+    p.add_argument("--skip-training", action="store_true", help="time inference only")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny preset and shapes so that the script runs in CI; figures mean nothing")
-    p.add_argument("--output-json", default="throughput.json")
-    p.add_argument("--output-png", default="throughput.png")
+    p.add_argument("--output-json", default="throughput.json", help="every measurement, the targets and the settings")
+    p.add_argument("--output-png", default="throughput.png", help="plot of the measurements")
     p.add_argument("--markdown", default=None, metavar="PATH",
                    help="also write the table and the targets as Markdown, for README")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    args = build_parser().parse_args(argv)
     if args.cpu_smoke:
         args.model_preset, args.inference_seq_lengths, args.inference_max_batch = "neobert-tiny", [64, 128], 2
         args.inference_steps, args.train_seq_lengths, args.train_micro_batch, args.train_steps = 1, [64], 2, 1
@@ -56,12 +57,23 @@ def parse_args(argv=None):
 
 def smoke_arch():
     """The tiny preset cut to the size of the baselines' smoke configs."""
+    from megatron_neobert.model import get_arch
+
     return get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96)
 
 
 def main(argv=None):
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    import torch
+
+    from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+    from megatron_neobert.evaluation.throughput import (as_json, baseline_attention, benchmark_inference,
+                                                        benchmark_training, check_targets, format_markdown,
+                                                        format_table, format_targets, plot)
+    from megatron_neobert.kernels import kernel_report
+    from megatron_neobert.model import get_arch
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     arch = smoke_arch() if args.cpu_smoke else get_arch(args.model_preset)
     results = []
     if not args.skip_inference:

@@ -9,7 +9,6 @@ The output holds first_stage/, second_stage/, the context projection and cde_con
 megatron_neobert.embeddings.cde.load_cde and evaluate with tools/run_mteb.py --cde.
 """
 
-import argparse
 import logging
 import sys
 from dataclasses import fields
@@ -17,29 +16,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from megatron_neobert.embeddings.cde import CDEConfig, finetune_cde  # noqa: E402
-from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec  # noqa: E402
+from megatron_neobert.cli import ArgumentParser, add_config_flags  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    from megatron_neobert.embeddings.cde import CDEConfig
+    from megatron_neobert.embeddings.finetune import CONFIG_HELP
+
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
     p.add_argument("--second-stage-model", default=None, help="a different folder for the second stage")
-    p.add_argument("--output", required=True)
-    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE")
-    p.add_argument("--split", default="train")
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--device", default=None)
-    for f in fields(CDEConfig):
-        if f.name == "bf16":
-            p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None)
-        else:
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    p.add_argument("--output", required=True, help="CDE folder to write (replaced atomically)")
+    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE",
+                   help="query-document pairs: a .jsonl/.parquet file (docs/embeddings.md) or a hub dataset "
+                        "owner/name[:config]; repeat for a mixture")
+    p.add_argument("--split", default="train", help="split of hub datasets")
+    p.add_argument("--checkpoint-dir", default=None, help="resumable checkpoints (default: <output>-checkpoints)")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_config_flags(p, CDEConfig(), CONFIG_HELP)
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from megatron_neobert.embeddings.cde import CDEConfig, finetune_cde
+    from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     datasets = []
     for spec in args.dataset:

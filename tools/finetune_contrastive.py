@@ -9,40 +9,39 @@ Each --dataset is [NAME=]SOURCE, SOURCE a .jsonl/.parquet file or a hub dataset 
 the paper's instruction from megatron_neobert/assets/instructions.json unless --instruction NAME=TEXT overrides it.
 """
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec  # noqa: E402
-from megatron_neobert.embeddings.finetune import ContrastiveConfig, finetune_contrastive  # noqa: E402
+from megatron_neobert.cli import ArgumentParser, add_config_flags  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    from megatron_neobert.embeddings.finetune import CONFIG_HELP, ContrastiveConfig
+
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
     p.add_argument("--output", required=True, help="folder to write (replaced atomically)")
-    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE")
+    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE",
+                   help="training pairs: a .jsonl/.parquet file (docs/embeddings.md gives the fields) or a hub "
+                        "dataset owner/name[:config]; repeat for a mixture")
     p.add_argument("--instruction", action="append", default=[], metavar="NAME=TEXT",
                    help="instruction for dataset NAME (an empty TEXT means none)")
     p.add_argument("--split", default="train", help="split of hub datasets")
     p.add_argument("--max-negatives", type=int, default=None, help="hard negatives kept per query (default: all)")
     p.add_argument("--checkpoint-dir", default=None, help="default: <output>-checkpoints")
-    p.add_argument("--device", default=None)
-    defaults = ContrastiveConfig()
-    for name, value in vars(defaults).items():
-        if name == "bf16":
-            p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                           help="bf16 autocast (default: on CUDA)")
-        else:
-            p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_config_flags(p, ContrastiveConfig(), CONFIG_HELP)
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
+    from megatron_neobert.embeddings.finetune import ContrastiveConfig, finetune_contrastive
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     instructions = {}
     for item in args.instruction:

@@ -6,24 +6,28 @@
 Reads lengths from the .idx and copies token bytes; no tokenizer needed.
 """
 
-import argparse
 import logging
 import os
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from megatron_neobert.data.length_subset import make_length_subset  # noqa: E402
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(description=__doc__)
+    parser.add_argument("--input-prefix", required=True, help="existing dataset (no .bin/.idx)")
+    parser.add_argument("--output-prefix", required=True, help="the subset to write: {prefix}.bin and .idx")
+    parser.add_argument("--min-tokens", type=int, required=True,
+                        help="keep documents with at least this many tokens (no [CLS]/[SEP])")
+    return parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input-prefix", required=True, help="existing dataset (no .bin/.idx)")
-    parser.add_argument("--output-prefix", required=True)
-    parser.add_argument("--min-tokens", type=int, required=True,
-                        help="keep documents with at least this many tokens (no [CLS]/[SEP])")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from megatron_neobert.data.length_subset import make_length_subset
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         stats = make_length_subset(args.input_prefix, args.output_prefix, args.min_tokens)

@@ -7,27 +7,31 @@ Documents are chosen by a hash of their URL (a stable pseudo-random subset, like
 sample) until --max-chars characters; the WordPiece tokenizer is then trained on that subset.
 """
 
-import argparse
 import hashlib
 import os
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
-from megatron_neobert.data.sample_corpus import (  # noqa: E402
-    extract_documents, train_wordpiece, write_refinedweb_parquet)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(description=__doc__)
+    parser.add_argument("--html-dir", default="/usr/share/doc/python3.11/html",
+                        help="Python's HTML documentation (Debian's python3.11-doc package)")
+    parser.add_argument("--max-chars", type=int, default=6_000_000, help="stop adding documents past this many characters")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary size")
+    parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="the Parquet file to write (RefinedWeb's fields)")
+    parser.add_argument("--tokenizer-dir", default=SAMPLE_TOKENIZER, help="the tokenizer folder to write")
+    return parser
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--html-dir", default="/usr/share/doc/python3.11/html")
-    parser.add_argument("--max-chars", type=int, default=6_000_000)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--corpus", default=SAMPLE_CORPUS)
-    parser.add_argument("--tokenizer-dir", default=SAMPLE_TOKENIZER)
+    parser = build_parser()
     args = parser.parse_args(argv)
+    from megatron_neobert.data.sample_corpus import extract_documents, train_wordpiece, write_refinedweb_parquet
 
     if not os.path.isdir(args.html_dir):
         parser.error(f"{args.html_dir} not found: install Debian's python3.11-doc package")

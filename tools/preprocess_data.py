@@ -6,20 +6,18 @@
 writes data/refinedweb_content_document.bin/.idx (one whole document per sequence).
 """
 
-import argparse
 import logging
 import os
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from megatron_neobert.data.preprocess import preprocess_data  # noqa: E402
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
 
 
 def get_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     group = parser.add_argument_group("input data")
     group.add_argument("--input", nargs="+", required=True,
                        help="Parquet / JSON lines (.gz, .zst) files, globs, folders, or a folder "
@@ -27,11 +25,13 @@ def get_args(argv=None):
     group.add_argument("--json-keys", nargs="+", default=["content"],
                        help="text field(s) to tokenize; one output dataset per key")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES)
+    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
+                       help="as Megatron-LM's")
     group.add_argument("--tokenizer-model", default="bert-base-uncased",
                        help="Hugging Face name or folder, or a SentencePiece .model file")
     group = parser.add_argument_group("output data")
-    group.add_argument("--output-prefix", required=True)
+    group.add_argument("--output-prefix", required=True,
+                       help="writes {prefix}_{key}_document.bin/.idx per --json-keys key")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer worker processes")
     group.add_argument("--chunk-documents", type=int, default=64,
@@ -42,6 +42,8 @@ def get_args(argv=None):
 
 def main(argv=None) -> int:
     args = get_args(argv)
+    from megatron_neobert.data.preprocess import preprocess_data
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         stats = preprocess_data(args.input, args.output_prefix, args.json_keys,

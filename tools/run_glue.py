@@ -2,15 +2,14 @@
 """Fine-tune and evaluate a NeoBERT folder on GLUE with the paper's protocol (grid, early stopping, MNLI transfer).
 
     # the paper's full grid on every GPU present (resumable: rerun the same command after an interruption)
-    python tools/run_glue.py --model /ckpt/neobert-hf --output_dir runs/glue
+    python tools/run_glue.py --model /ckpt/neobert-hf --output-dir runs/glue
     # two tasks from local GLUE TSV folders, one setting each
-    python tools/run_glue.py --model /ckpt/neobert-hf --output_dir runs/glue --data_dir /data/glue \\
-        --tasks MNLI RTE --batch_sizes 16 --learning_rates 2e-5 --weight_decays 1e-2
+    python tools/run_glue.py --model /ckpt/neobert-hf --output-dir runs/glue --data-dir /data/glue \\
+        --tasks MNLI RTE --batch-sizes 16 --learning-rates 2e-5 --weight-decays 1e-2
     # the best settings of an earlier grid
-    python tools/run_glue.py --model /ckpt/neobert-hf --output_dir runs/glue2 --preset runs/glue/preset.json
+    python tools/run_glue.py --model /ckpt/neobert-hf --output-dir runs/glue2 --preset runs/glue/preset.json
 """
 
-import argparse
 import json
 import logging
 import sys
@@ -18,40 +17,51 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_neobert.evaluation.glue import PAPER_GRID, Protocol  # noqa: E402
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.evaluation.glue_data import HF_DATASET, TASKS  # noqa: E402
-from megatron_neobert.evaluation.glue_grid import grid_specs, preset_specs, run_glue  # noqa: E402
+from megatron_neobert.evaluation.glue_protocol import PAPER_GRID, Protocol  # noqa: E402
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="NeoBERT HF folder (exported or chandar-lab/NeoBERT)")
-    p.add_argument("--output_dir", required=True)
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), help=f"default: {' '.join(TASKS)}")
-    p.add_argument("--data_dir", help="GLUE TSV folders ({data_dir}/{TASK}/train.tsv ...); default: the Hub")
-    p.add_argument("--dataset_name", default=HF_DATASET)
-    p.add_argument("--batch_sizes", nargs="+", type=int, default=list(PAPER_GRID["batch_size"]))
-    p.add_argument("--learning_rates", nargs="+", type=float, default=list(PAPER_GRID["learning_rate"]))
-    p.add_argument("--weight_decays", nargs="+", type=float, default=list(PAPER_GRID["weight_decay"]))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--preset", help="JSON of best settings per task (an earlier grid's preset.json)")
-    p.add_argument("--no_transfer", action="store_true", help="start RTE, STS-B, MRPC, QNLI from the model")
-    p.add_argument("--mnli_checkpoint", help="transfer source instead of the best MNLI run in output_dir")
-    p.add_argument("--keep_mnli_checkpoints", action="store_true", help="keep every MNLI run's best weights")
-    p.add_argument("--devices", nargs="+", help="default: every GPU, else the CPU")
+    p.add_argument("--output-dir", required=True,
+                   help="runs/, checkpoints/, results.md/.json and preset.json go here; rerunning the same "
+                        "command resumes (a folder holds one model, data and protocol)")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), help="GLUE tasks to run")
+    p.add_argument("--data-dir", help="GLUE TSV folders ({data_dir}/{TASK}/train.tsv, dev.tsv; see docs/glue.md); "
+                                      "default: --dataset-name from the Hub")
+    p.add_argument("--dataset-name", default=HF_DATASET, help="Hub dataset read when there is no --data-dir")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(PAPER_GRID["batch_size"]),
+                   help="grid of batch sizes")
+    p.add_argument("--learning-rates", nargs="+", type=float, default=list(PAPER_GRID["learning_rate"]),
+                   help="grid of peak learning rates")
+    p.add_argument("--weight-decays", nargs="+", type=float, default=list(PAPER_GRID["weight_decay"]),
+                   help="grid of AdamW weight decays")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="one run per seed and grid point")
+    p.add_argument("--preset", help="JSON of best settings per task (an earlier grid's preset.json) instead of the grid")
+    p.add_argument("--no-transfer", action="store_true",
+                   help="start RTE, STS-B, MRPC and QNLI from the model instead of the best MNLI run")
+    p.add_argument("--mnli-checkpoint", help="transfer source instead of the best MNLI run in --output-dir")
+    p.add_argument("--keep-mnli-checkpoints", action="store_true", help="keep every MNLI run's best weights")
+    p.add_argument("--devices", nargs="+", help="one run at a time per device (default: every GPU, else the CPU)")
     defaults = Protocol()
-    p.add_argument("--epochs", type=int, default=defaults.epochs)
-    p.add_argument("--patience", type=int, default=defaults.patience)
-    p.add_argument("--max_length", type=int, default=defaults.max_length)
-    p.add_argument("--warmup_ratio", type=float, default=defaults.warmup_ratio)
-    p.add_argument("--eval_batch_size", type=int, default=defaults.eval_batch_size)
-    p.add_argument("--max_train_examples", type=int, help="train on a slice (smoke tests)")
-    p.add_argument("--no_progress", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")
+    p.add_argument("--patience", type=int, default=defaults.patience,
+                   help="evaluations without improvement before a run stops")
+    p.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per example (truncated)")
+    p.add_argument("--warmup-ratio", type=float, default=defaults.warmup_ratio,
+                   help="share of the steps with a linear warmup (then linear decay)")
+    p.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size, help="examples per dev batch")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only (smoke tests)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
+    from megatron_neobert.evaluation.glue_grid import grid_specs, preset_specs, run_glue
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transfer = not args.no_transfer
     if args.preset:

@@ -4,45 +4,57 @@
     python tools/run_mteb.py --model neobert-embed --output results/neobert-embed            # MTEB(eng, v1)
     python tools/run_mteb.py --model neobert-embed --output results/x --tasks STS12 NFCorpus --dtype bf16
     python tools/run_mteb.py --model cde-folder --cde --output results/cde --tasks SciFact
+    # offline: tasks from local files (docs/mteb.md)
+    python tools/run_mteb.py --model neobert-embed --output results/local --local-task data/NFCorpus data/my-sts
 
 Writes summary.md / summary.json (by task type, beside the paper's numbers) and mteb's per-task results under
 --cache (default <output>/mteb_cache), keyed by a revision hashed from the weights, config, dtype and instructions.
 """
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from megatron_neobert.embeddings.mteb_eval import (DEFAULT_BENCHMARK, DTYPES, NeoBERTEncoder,  # noqa: E402
-                                                   resolve_tasks, run_mteb)
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    from megatron_neobert.embeddings.mteb_eval import DEFAULT_BENCHMARK, DTYPES
+
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder (or a CDE folder with --cde)")
-    p.add_argument("--output", required=True)
-    p.add_argument("--tasks", nargs="+", default=[DEFAULT_BENCHMARK], help="task and/or benchmark names")
+    p.add_argument("--output", required=True, help="summary.md and summary.json go here")
+    p.add_argument("--tasks", nargs="+", default=None,
+                   help=f"MTEB task and/or benchmark names (default: {DEFAULT_BENCHMARK}, unless --local-task is given)")
+    p.add_argument("--local-task", nargs="+", default=[], action="extend", metavar="FOLDER",
+                   help="tasks from local files, no Hub needed: retrieval, STS or classification folders "
+                        "(docs/mteb.md gives the files)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="the paper evaluates in float16")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--no-instructions", action="store_true")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's maximum)")
+    p.add_argument("--no-instructions", action="store_true", help="encode queries without the paper's instructions")
     p.add_argument("--name", default=None, help="model name in mteb's cache (default: the folder name)")
-    p.add_argument("--cache", default=None)
+    p.add_argument("--cache", default=None, help="mteb's result cache (default: <output>/mteb_cache)")
     p.add_argument("--overwrite", action="store_true", help="re-run tasks already in the cache")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--cde", action="store_true", help="the folder is a contextual (CDE) model")
-    p.add_argument("--cde-context-size", type=int, default=None, help="context documents per task (default: trained J)")
+    p.add_argument("--cde-context-size", type=int, default=None,
+                   help="context documents per task (default: the J it was trained with)")
     return p
 
 
 def main(argv=None, tasks=None):
-    """`tasks` (task objects) replaces --tasks; tests use it for local tasks."""
+    """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
+    from megatron_neobert.embeddings.mteb_eval import DEFAULT_BENCHMARK, NeoBERTEncoder, resolve_tasks, run_mteb
+    from megatron_neobert.embeddings.mteb_local import local_task
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    tasks = tasks if tasks is not None else resolve_tasks(args.tasks)
+    if tasks is None:
+        names = args.tasks if args.tasks is not None else ([] if args.local_task else [DEFAULT_BENCHMARK])
+        tasks = [local_task(folder) for folder in args.local_task] + (resolve_tasks(names) if names else [])
     common = dict(dtype=args.dtype, device=args.device, batch_size=args.batch_size, max_length=args.max_length,
                   use_instructions=not args.no_instructions, name=args.name)
     if args.cde:

@@ -313,15 +313,27 @@ def mcore_state_dict_from_hf(hf_sd: Dict[str, torch.Tensor], arch: NeoBERTArch, 
                             arch.num_attention_heads, rotate_half_order(arch.kv_channels))
 
 
-def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path) -> Optional[Path]:
-    """A local folder of tokenizer files: `tokenizer` (folder or hub name) or the checkpoint's own."""
-    if tokenizer is None:
-        name = args.get("tokenizer_model")
-        if args.get("tokenizer_type") == HF_TOKENIZER_TYPE and name and os.path.isdir(name):
-            return Path(name)
-        logger.warning("no --tokenizer and the checkpoint's tokenizer (%s %r) is not a local Hugging Face "
-                       "folder: the export has no tokenizer files", args.get("tokenizer_type"), name)
+def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path, no_tokenizer: bool) -> Optional[Path]:
+    """A local folder of tokenizer files: `tokenizer` (folder or hub name) or the one the checkpoint's args
+    name. An export without one is an error unless `no_tokenizer`: loading it would fail later with a
+    misleading message from the tokenizer classes."""
+    if no_tokenizer:
+        if tokenizer is not None:
+            raise ConversionError("--tokenizer and --no-tokenizer contradict each other")
+        logger.info("exporting without tokenizer files, as asked (--no-tokenizer)")
         return None
+    if tokenizer is None:
+        name, kind = args.get("tokenizer_model"), args.get("tokenizer_type")
+        fix = "pass --tokenizer FOLDER_OR_HUB_NAME, or --no-tokenizer for an export without one"
+        if kind != HF_TOKENIZER_TYPE or not name:
+            raise ConversionError(f"the checkpoint's args name no Hugging Face tokenizer (tokenizer_type={kind!r}, "
+                                  f"tokenizer_model={name!r}): {fix}")
+        if os.path.isdir(name):
+            return Path(name)
+        if os.path.isabs(name) or name.startswith(".") or name.count("/") > 1:  # a path, not a hub name
+            where = "" if os.path.isabs(name) else f" (relative: looked up from {os.getcwd()})"
+            raise ConversionError(f"the checkpoint's tokenizer {name}{where} is not a folder here: {fix}")
+        tokenizer = name  # a hub name (or a relative folder of another working directory: fails below)
     if os.path.isdir(tokenizer):
         return Path(tokenizer)
     from transformers import AutoTokenizer
@@ -329,7 +341,9 @@ def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path) -> O
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer)
     except Exception as err:
-        raise ConversionError(f"cannot load tokenizer {tokenizer!r}: {err}") from None
+        raise ConversionError(f"cannot load tokenizer {tokenizer!r} (neither a folder in {os.getcwd()} nor a hub "
+                              f"tokenizer: {err}): pass --tokenizer FOLDER, or --no-tokenizer for an export "
+                              f"without one") from None
     out = workdir / "tokenizer"
     tok.save_pretrained(str(out))
     return out
@@ -348,8 +362,9 @@ def _disk_size(path: Path) -> int:
 
 def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: Optional[str] = None,
                 model_preset: Optional[str] = None, overwrite: bool = False,
-                progress: bool = True) -> ConversionSummary:
-    """A megatron-core distributed checkpoint (any layout, optimizer state or not) -> HF folder."""
+                progress: bool = True, no_tokenizer: bool = False) -> ConversionSummary:
+    """A megatron-core distributed checkpoint (any layout, optimizer state or not) -> HF folder, with the
+    tokenizer `tokenizer` or else the checkpoint's own; without one only when `no_tokenizer`."""
     if dtype not in DTYPES:
         raise ConversionError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     save = Path(save)
@@ -358,7 +373,7 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
     arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
     hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, arch), DTYPES[dtype], progress, "mcore -> HF")
     with tempfile.TemporaryDirectory() as workdir:
-        tok = _resolve_tokenizer(tokenizer, args, Path(workdir))
+        tok = _resolve_tokenizer(tokenizer, args, Path(workdir), no_tokenizer)
         write_hf_folder(save, hf_sd, hf_config_for_arch(arch), tokenizer_path=tok, dtype=DTYPES[dtype],
                         overwrite=overwrite)
     return ConversionSummary("mcore-to-hf", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),

@@ -28,7 +28,7 @@ from torch import nn
 from megatron_neobert.conversion.hf_format import replace_folder
 
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
-from .finetune import load_encoder, lr_lambda, save_encoder
+from .finetune import load_encoder, lr_lambda, lr_reached, save_encoder
 from .instructions import format_query, load_instructions
 
 logger = logging.getLogger(__name__)
@@ -107,14 +107,11 @@ class ContextualNeoBERT(nn.Module):
         return mean_pool(hidden[:, j:], attention_mask)
 
 
-def _encode_chunks(fn, batch, chunk_size):
-    return torch.cat([fn(**c) for c in split_batch(batch, chunk_size)])
-
-
 def cde_grad_cache_step(model: ContextualNeoBERT, context_batch, batches: Sequence[dict],
                         loss_fn: Callable[..., torch.Tensor], chunk_size: int,
                         to_device: Callable = lambda b: b, autocast: Callable = contextlib.nullcontext) -> torch.Tensor:
-    """Two-stage GradCache: gradients equal those of `cde_full_step`; only one chunk has a graph at a time.
+    """Two-stage GradCache: gradients equal those of one graph over the whole batch and context; only one chunk
+    has a graph at a time.
     `autocast` wraps the forward passes (not the backward ones)."""
     ctx_chunks = [to_device(c) for c in split_batch(context_batch, chunk_size)]
     chunked = [[to_device(c) for c in split_batch(b, chunk_size)] for b in batches]
@@ -138,13 +135,6 @@ def cde_grad_cache_step(model: ContextualNeoBERT, context_batch, batches: Sequen
             emb = model.embed_context(**c)
         emb.backward(gradient=context_leaf.grad[start:start + emb.shape[0]].to(emb.dtype))
         start += emb.shape[0]
-    return loss.detach()
-
-
-def cde_full_step(model: ContextualNeoBERT, context_batch, batches, loss_fn) -> torch.Tensor:
-    context = model.embed_context(**context_batch)
-    loss = loss_fn(*[model(**b, context=context).float() for b in batches])
-    loss.backward()
     return loss.detach()
 
 
@@ -247,6 +237,7 @@ def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(
     logger.info("%d pairs in %d contextual batches of %d", len(docs), len(batches), config.batch_size)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    lr_reached(config.warmup_steps, config.steps, config.lr, "CDE")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, config.steps))
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
 

@@ -96,10 +96,3 @@ def grad_cache_step(
             emb.backward(gradient=grad.to(emb.dtype))
     return loss.detach()
 
-
-def full_batch_step(encode: Callable[[Batch], torch.Tensor], batches: Sequence[Batch],
-                    loss_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """The uncached reference: one graph over the whole batch."""
-    loss = loss_fn(*[encode(b).float() for b in batches])
-    loss.backward()
-    return loss.detach()

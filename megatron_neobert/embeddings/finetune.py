@@ -1,4 +1,4 @@
-"""Unified contrastive fine-tuning of an HF NeoBERT folder (NeoBERT paper, section 4 of the spec)."""
+"""Unified contrastive fine-tuning of an HF NeoBERT folder, as in the NeoBERT paper."""
 
 import contextlib
 import json
@@ -35,6 +35,37 @@ class ContrastiveConfig:
     checkpoint_every: int = 0  # 0: only the final model
     log_every: int = 50
     bf16: Optional[bool] = None  # default: on CUDA only
+
+
+# --help text of ContrastiveConfig's and CDEConfig's fields (tools/finetune_contrastive.py, tools/finetune_cde.py).
+CONFIG_HELP = {
+    "steps": "optimizer steps",
+    "batch_size": "queries per step (CDE: also the size of the k-means pseudo-context clusters)",
+    "chunk_size": "rows per GradCache forward/backward: memory, not results, depends on it",
+    "context_size": "CDE: context documents J embedded by the first stage",
+    "lr": "peak learning rate",
+    "warmup_steps": "linear warmup steps, then linear decay to zero",
+    "weight_decay": "AdamW weight decay",
+    "max_grad_norm": "gradient clipping norm (0: none)",
+    "temperature": "InfoNCE softmax temperature",
+    "alpha": "weight of the in-batch document-document term of the loss",
+    "max_length": "tokens per text (truncated)",
+    "seed": "random seed (data order, k-means, new weights)",
+    "checkpoint_every": "save a resumable checkpoint every N steps (0: only the final model)",
+    "log_every": "log the loss every N steps",
+    "bf16": "bf16 autocast (default: on CUDA only)",
+}
+
+
+def lr_reached(warmup: int, total: int, lr: float, what: str) -> float:
+    """The highest learning rate a run reaches; a warning when the warmup outlasts the run, which then ends far
+    below --lr (a short run with the default warmup would otherwise train at ~1e-7 without a word)."""
+    peak = lr * min(1.0, total / warmup) if warmup > 0 else lr
+    if warmup > total:
+        logger.warning("%s: --warmup-steps %d is longer than the run's %d steps: the learning rate peaks at %.3g, "
+                       "%.0f%% of --lr %g; pass a shorter --warmup-steps (e.g. %d, a tenth of the run)",
+                       what, warmup, total, peak, 100 * peak / lr, lr, max(1, total // 10))
+    return peak
 
 
 def load_encoder(model_dir, max_length: Optional[int] = None) -> Tuple[MeanPoolEncoder, Dict[str, torch.Tensor], NeoBERTConfig]:
@@ -107,6 +138,7 @@ def finetune_contrastive(
     no_decay = [p for n, p in encoder.named_parameters() if p.dim() <= 1]  # norms
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+    lr_reached(config.warmup_steps, config.steps, config.lr, "contrastive fine-tuning")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, config.steps))
 
     def encode(batch):

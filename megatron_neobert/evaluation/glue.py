@@ -1,4 +1,4 @@
-"""GLUE fine-tuning with the NeoBERT paper's protocol (spec section 4).
+"""GLUE fine-tuning with the NeoBERT paper's protocol.
 
 One run = one task and one (batch size, learning rate, weight decay, seed): 10 epochs, dev evaluation every
 min(500, steps_per_epoch // 10) steps, early stop after 15 evaluations without improvement, the best dev
@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -23,48 +23,9 @@ from tqdm.auto import tqdm
 from ..conversion.hf_format import load_neobert_auto_config
 from .glue_data import HF_DATASET, GlueTask, get_task, load_split
 from .glue_metrics import task_metrics
+from .glue_protocol import PAPER_GRID, Protocol, RunSpec, data_source, eval_interval
 
 logger = logging.getLogger(__name__)
-
-PAPER_GRID = {
-    "batch_size": (2, 4, 8, 16, 32),
-    "learning_rate": (5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5),
-    "weight_decay": (1e-2, 1e-5),
-}
-
-
-@dataclass
-class Protocol:
-    """Everything shared by the runs of a grid. Defaults are the paper's where it gives them."""
-
-    epochs: int = 10
-    max_eval_interval: int = 500  # evaluate every min(500, steps_per_epoch // 10) steps
-    patience: int = 15  # evaluations without improvement before stopping
-    max_length: int = 128  # not given in the spec; GLUE sentences rarely exceed it
-    warmup_ratio: float = 0.1  # not given in the spec: linear warmup then linear decay
-    max_grad_norm: float = 1.0
-    eval_batch_size: int = 64
-    max_train_examples: Optional[int] = None  # for smoke tests on a slice of the training set
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    task: str
-    batch_size: int
-    learning_rate: float
-    weight_decay: float
-    seed: int = 0
-    init: str = "pretrained"  # or "mnli": the run starts from the best MNLI checkpoint
-
-    @property
-    def key(self) -> str:
-        return (f"{self.task}_bs{self.batch_size}_lr{self.learning_rate:g}_wd{self.weight_decay:g}"
-                f"_seed{self.seed}_{self.init}")
-
-
-def eval_interval(steps_per_epoch: int, max_interval: int = 500) -> int:
-    """min(500, steps_per_epoch // 10), at least every step for tiny training sets."""
-    return max(1, min(max_interval, steps_per_epoch // 10))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -265,6 +226,7 @@ def fine_tune(
         **asdict(spec),
         "model": str(Path(model_path).resolve()) if Path(model_path).exists() else str(model_path),
         "init_checkpoint": str(init_path) if init_path else None,
+        "data": data_source(data_dir, dataset_name),
         "score": best["score"],
         "metrics": {k: v for k, v in best.items() if k != "step"},
         "best_step": best["step"],
@@ -280,4 +242,4 @@ def fine_tune(
     }
 
 
-__all__ = ["PAPER_GRID", "Protocol", "RunSpec", "eval_interval", "load_classifier", "evaluate", "fine_tune"]
+__all__ = ["PAPER_GRID", "Protocol", "RunSpec", "data_source", "eval_interval", "load_classifier", "evaluate", "fine_tune"]

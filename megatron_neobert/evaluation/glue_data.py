@@ -68,7 +68,7 @@ def get_task(name: str) -> GlueTask:
     """Accepts the paper's, nyu-mll/glue's or the TSV folder's spelling: "STS-B", "stsb", "sts-b"."""
     key = str(name).lower().replace("-", "").replace("_", "")
     if key == "wnli":
-        raise ValueError("WNLI is excluded: the paper does not report it (see spec section 4)")
+        raise ValueError("WNLI is excluded: the paper does not report it")
     if key not in _ALIASES:
         raise ValueError(f"unknown GLUE task {name!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[_ALIASES[key]]
@@ -166,6 +166,17 @@ def load_split(task: GlueTask, split: str, data_dir: Optional[Union[str, os.Path
         raise ValueError(f"{task.name} has splits train, {', '.join(task.dev_splits)}; got {split!r}")
     if data_dir is None:
         return read_hf_split(task, split, dataset_name)
+    return read_tsv_split(task, tsv_path(task, split, data_dir))
+
+
+def tsv_path(task: GlueTask, split: str, data_dir: Union[str, os.PathLike]) -> Path:
+    """`{data_dir}/{task}/{split}.tsv`, the task's folder spelled as the paper, nyu-mll/glue or GLUE's zip."""
     candidates = [Path(data_dir) / d for d in (task.name, task.hf_config, task.name.upper(), task.name.lower())]
     folder = next((c for c in candidates if c.is_dir()), candidates[0])
-    return read_tsv_split(task, folder / f"{split}.tsv")
+    return folder / f"{split}.tsv"
+
+
+def missing_tsv_files(tasks, data_dir: Union[str, os.PathLike]) -> List[str]:
+    """The split files of `tasks` (names) that `data_dir` lacks, to refuse a grid before any run."""
+    wanted = [tsv_path(t, split, data_dir) for t in map(get_task, tasks) for split in ("train",) + t.dev_splits]
+    return [str(p) for p in wanted if not p.is_file()]

@@ -11,6 +11,7 @@ import json
 import logging
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
 from itertools import product
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
@@ -20,9 +21,10 @@ from tqdm.auto import tqdm
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
 
-from .glue import PAPER_GRID, Protocol, RunSpec, fine_tune
-from .glue_data import HF_DATASET, TASKS, get_task
+from .glue import fine_tune
+from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
 from .glue_metrics import PAPER_AVERAGE, PAPER_SCORES, glue_average
+from .glue_protocol import PAPER_GRID, Protocol, RunSpec, data_source
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +187,22 @@ def default_devices() -> List[str]:
     return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
 
 
+def check_same_settings(records: Iterable[dict], output_dir, model_key: str, protocol: Protocol, data: str) -> None:
+    """A stored run counts as finished only when the model, the data and every protocol setting that shaped it
+    are this grid's; results of other settings in the same folder would be reported as this grid's."""
+    wanted = asdict(protocol)
+    for r in records:
+        if r["model"] != model_key:
+            raise ValueError(f"{output_dir} holds results of another model ({r['model']}, run {r['key']}); "
+                             f"use a separate output_dir for {model_key}")
+        changed = [f"{k}={r['protocol'].get(k)!r} (now {v!r})" for k, v in wanted.items() if r["protocol"].get(k) != v]
+        if r.get("data") != data:
+            changed.append(f"data={r.get('data')!r} (now {data!r})")
+        if changed:
+            raise ValueError(f"{output_dir} holds run {r['key']} made with other settings: {', '.join(changed)}; "
+                             f"use a separate output_dir for these settings (or the same settings to resume)")
+
+
 def run_glue(
     model_path,
     output_dir,
@@ -208,16 +226,24 @@ def run_glue(
     devices = list(devices) if devices else default_devices()
     if not specs:
         raise ValueError("no GLUE runs requested")
-    for r in load_records(output_dir):
-        if r["model"] != model_key:
-            raise ValueError(
-                f"{output_dir} holds results of another model ({r['model']}, run {r['key']}); "
-                f"use a separate output_dir for {model_key}"
-            )
-    done = {r["key"] for r in load_records(output_dir)}
+    records = load_records(output_dir)
+    check_same_settings(records, output_dir, model_key, protocol, data_source(data_dir, dataset_name))
+    done = {r["key"] for r in records}
     pending = [s for s in dict.fromkeys(specs) if s.key not in done]
     if len(pending) < len(specs):
         logger.info("%d of %d GLUE runs already finished in %s", len(specs) - len(pending), len(specs), output_dir)
+    missing = missing_tsv_files(sorted({s.task for s in pending}), data_dir) if data_dir is not None else []
+    if missing:  # checked before any run, so that a grid never stops halfway for a file it could have named
+        raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
+                                f"(docs/glue.md gives the layout)")
+    transfer = [s for s in pending if s.init == "mnli"]
+    if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
+            s.task == "MNLI" for s in pending):
+        # Checked before any run: otherwise the other tasks would train first and the grid fail at the end.
+        raise ValueError(
+            f"{sorted({s.task for s in transfer})} start from the best MNLI checkpoint, but {output_dir} holds "
+            f"no finished MNLI run with a checkpoint and MNLI is not among the tasks: include MNLI in --tasks, "
+            f"give one with --mnli-checkpoint, or start every task from the model with --no-transfer")
 
     def job(spec, init_path=None):
         return {"model_path": model_path, "spec": spec, "protocol": protocol, "data_dir": data_dir,
@@ -228,15 +254,11 @@ def run_glue(
     errors = _execute([job(s) for s in pending if s.init != "mnli"], devices, progress)
     if not keep_mnli_checkpoints:
         _prune_mnli_checkpoints(output_dir)
-    transfer = [s for s in pending if s.init == "mnli"]
     if transfer:
         source = mnli_checkpoint or best_mnli_checkpoint(output_dir)
         if source is None:
-            raise ValueError(
-                f"{sorted({s.task for s in transfer})} start from the best MNLI checkpoint, but {output_dir} holds "
-                f"no finished MNLI run with a checkpoint: include MNLI in the tasks, pass mnli_checkpoint, or "
-                f"disable the transfer"
-            )
+            raise RuntimeError(f"no MNLI run left a checkpoint, so {sorted({s.task for s in transfer})} have none "
+                               f"to start from; failed runs:\n" + "\n".join(errors))
         errors += _execute([job(s, init_path=source) for s in transfer], devices, progress)
     summary = report(output_dir)
     if errors:
@@ -245,4 +267,5 @@ def run_glue(
 
 
 __all__ = ["grid_specs", "preset_specs", "load_records", "best_per_task", "best_mnli_checkpoint", "report",
+           "check_same_settings",
            "run_glue", "default_devices", "write_json_atomic"]

@@ -198,7 +198,7 @@ def write_outputs(results: Sequence[SequenceResult], buckets: List[dict], prefix
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
+    fig.savefig(paths[2], dpi=120, metadata={"Title": title})  # readable without viewing the image
     plt.close(fig)
     return paths
 

@@ -9,7 +9,7 @@
   released NeoBERT trains: HF model, padded batches, AdamW, bf16 autocast, PyTorch SDPA, the MLM
   head on every position, the same micro-batches. Every figure is also a ratio to its baseline.
 - With `compile`, torch.compile'd variants run beside their eager models (ratio "x eager").
-- `check_targets` judges a run against the issue's targets for one H100/H200.
+- `check_targets` judges a run against the project's targets for one H100/H200.
 """
 
 import dataclasses
@@ -378,7 +378,7 @@ def _ratios(results: List[Measurement], baseline: str) -> None:
             r.ratio_to_eager = r.tokens_per_s / eager[r.model, r.precision, r.seq_length]
 
 
-# ---- targets (the issue's, for neobert-250m on one H100/H200) --------------------------------------
+# ---- targets (the project's, for neobert-250m on one H100/H200) --------------------------------------
 TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
 TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
 MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.45, 3.0, 1.5
@@ -406,7 +406,7 @@ def _failures(rows: List[Measurement]) -> str:
 
 
 def check_targets(results: List[Measurement], device: str, preset: str) -> List[TargetCheck]:
-    """The issue's targets against a run's measurements. `device`: the GPU's name (or "cpu")."""
+    """The project's targets against a run's measurements. `device`: the GPU's name (or "cpu")."""
     scope = None
     if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
         scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"
@@ -513,7 +513,8 @@ def as_json(results: List[Measurement], checks: List[TargetCheck], meta: dict) -
             "targets": [dataclasses.asdict(c) for c in checks]}
 
 
-def plot(results: List[Measurement], path: str) -> None:
+def plot(results: List[Measurement], path: str):
+    """Inference tokens/s against length and the training variants' real tokens/s; returns the figure's axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -526,8 +527,14 @@ def plot(results: List[Measurement], path: str) -> None:
         rows = [r for r in inference if r.label == label]
         axes[0].plot([r.seq_length for r in rows], [r.tokens_per_s / 1e3 for r in rows], marker="o", label=label,
                      linestyle="--" if rows[0].compiled else "-")
-    axes[0].set(xscale="log", xlabel="sequence length", ylabel="10^3 tokens/s", title="Inference")
-    axes[0].legend()
+    # Log-2 axis ticked at the measured lengths, written out (64, 128, ...), not at powers of ten between them.
+    lengths = sorted({r.seq_length for r in inference})
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(lengths, [str(n) for n in lengths])
+    axes[0].minorticks_off()
+    axes[0].set(xlabel="sequence length (tokens)", ylabel="10^3 tokens/s", title="Inference")
+    if inference:
+        axes[0].legend()
     training = [r for r in ok if r.benchmark == "training"]
     axes[1].bar([f"{r.label}\n@{r.seq_length}" for r in training], [r.tokens_per_s / 1e3 for r in training])
     axes[1].set(ylabel="10^3 real tokens/s", title="Training step")
@@ -535,3 +542,4 @@ def plot(results: List[Measurement], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return axes

@@ -43,8 +43,8 @@ def transformer_engine_available() -> bool:
     return True
 
 
-class Norm:
-    """PyTorch RMSNorm or LayerNorm, usable with sequence parallelism.
+class _ConfigNorm:
+    """A PyTorch norm built from megatron-core's (config, hidden_size, eps) and usable with sequence parallelism.
 
     Not apex's FusedLayerNorm (which rejects RMSNorm) nor megatron-core's WrappedTorchNorm
     (which rejects sequence parallelism): under sequence parallelism each TP rank sees a slice of
@@ -52,20 +52,31 @@ class Norm:
     megatron-core all-reduce it across the tensor-parallel group.
     """
 
-    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs):
-        norm_cls = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}[config.normalization]
-        norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
-        for param in norm.parameters():
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **kwargs):
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        for param in self.parameters():
             param.sequence_parallel = config.sequence_parallel
-        return norm
 
 
-def local_layer_spec() -> ModuleSpec:
-    """megatron-core linear layers, our norm and our bidirectional core attention."""
+class RMSNorm(_ConfigNorm, torch.nn.RMSNorm):
+    pass
+
+
+class LayerNorm(_ConfigNorm, torch.nn.LayerNorm):
+    pass
+
+
+NORMS = {"RMSNorm": RMSNorm, "LayerNorm": LayerNorm}
+
+
+def local_layer_spec(normalization: str = "RMSNorm") -> ModuleSpec:
+    """megatron-core linear layers, our norm (`normalization`: RMSNorm or LayerNorm) and our bidirectional
+    core attention."""
+    norm = NORMS[normalization]
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=Norm,
+            input_layernorm=norm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.padding},
@@ -78,7 +89,7 @@ def local_layer_spec() -> ModuleSpec:
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=Norm,
+            pre_mlp_layernorm=norm,
             mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
                                                                  linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
@@ -128,12 +139,14 @@ def get_block_spec(config: TransformerConfig, transformer_impl: str = "auto",
 
         return TransformerBlockSubmodules(layer_specs=[transformer_engine_layer_spec()] * num_layers,
                                           layer_norm=TENorm)
-    return TransformerBlockSubmodules(layer_specs=[local_layer_spec()] * num_layers, layer_norm=Norm)
+    norm = NORMS[config.normalization]
+    return TransformerBlockSubmodules(layer_specs=[local_layer_spec(config.normalization)] * num_layers,
+                                      layer_norm=norm)
 
 
-def use_transformer_engine(transformer_impl: str = "auto") -> bool:
+def use_transformer_engine(transformer_impl: str = "auto", log: bool = True) -> bool:
     """`transformer_impl`: "auto" (TE when it imports and a GPU is present), "transformer_engine"
-    or "local". Logs the choice."""
+    or "local". Logs the choice unless `log` is False."""
     if transformer_impl not in ("auto", "transformer_engine", "local"):
         raise ValueError(f"--transformer-impl must be auto, transformer_engine or local, "
                          f"not {transformer_impl!r}")
@@ -142,10 +155,12 @@ def use_transformer_engine(transformer_impl: str = "auto") -> bool:
     if use_te:
         if not transformer_engine_available():
             raise RuntimeError("--transformer-impl transformer_engine: transformer_engine does not import")
-        logger.info("Layer spec: Transformer Engine (fused norm+linear, TE fused attention)")
+        if log:
+            logger.info("Layer spec: Transformer Engine (fused norm+linear, TE fused attention)")
         return True
     from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
 
-    logger.info("Layer spec: local megatron-core modules, attention through %s (packed) and PyTorch "
-                "SDPA (padded)", PACKED_KERNELS[packed_attention_backend(torch.cuda.is_available())])
+    if log:
+        logger.info("Layer spec: local megatron-core modules, attention through %s (packed) and PyTorch "
+                    "SDPA (padded)", PACKED_KERNELS[packed_attention_backend(torch.cuda.is_available())])
     return False

@@ -32,8 +32,9 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
     """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
-    (MASTER_ADDR/MASTER_PORT). A lone process without that environment (a tool, a notebook)
-    needs no rendezvous and takes an in-memory store, so it never looks for a free port.
+    (RANK, MASTER_ADDR/MASTER_PORT). A lone process that no launcher started (no RANK: a tool, a
+    notebook) needs no rendezvous and takes an in-memory store, so it never looks for a free port,
+    even when the shell exports MASTER_PORT, as cluster shells often do.
     """
     if torch.distributed.is_initialized():
         return
@@ -45,7 +46,7 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
         enable_cpu_execution()
         backend = "gloo"
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if store is None and world_size == 1 and "MASTER_PORT" not in os.environ:
+    if store is None and world_size == 1 and "RANK" not in os.environ:
         store = torch.distributed.HashStore()
     timeout = timedelta(minutes=timeout_minutes)
     if store is None:

@@ -1,0 +1,40 @@
+"""README's first command, examples/quickstart.sh, end to end on a short run: as a cluster shell would run it
+(MASTER_PORT exported, so the lone conversion process must not wait for a rendezvous), with a run shorter than
+the default warmup, and with extra trainer flags passed through."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_quickstart(tmp_path, train_iters, *flags):
+    with socket.socket() as s:  # a free port for torchrun's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, WORK_DIR=str(tmp_path / "qs"), TRAIN_ITERS=str(train_iters), NPROC="2",
+               MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env.pop("RANK", None)
+    return subprocess.run(["bash", str(REPO / "examples" / "quickstart.sh"), *flags], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_short_run_with_exported_master_port_and_extra_flags(tmp_path):
+    out = run_quickstart(tmp_path, 12, "--save-interval", "6")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "12 steps (1 warmup)" in out.stdout  # 30 warmup steps would not fit in 12
+    assert "saved checkpoint at iteration 6" in out.stdout  # the extra flag reached the trainer
+    qs = tmp_path / "qs"
+    assert (qs / "hf" / "model.safetensors").is_file() and (qs / "hf" / "vocab.txt").is_file()
+    assert (qs / "pseudo_perplexity.csv").is_file()
+
+
+def test_too_short_a_run_fails_before_anything_runs(tmp_path):
+    for bad in ("1", "ten"):
+        out = run_quickstart(tmp_path, bad)
+        assert out.returncode == 2 and f"TRAIN_ITERS={bad}: give a whole number of steps, at least 2" in out.stderr
+    assert not (tmp_path / "qs").exists()

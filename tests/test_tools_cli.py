@@ -1,0 +1,85 @@
+"""Every tools/*.py: --help answers without importing megatron-core, shows a help text and the default of every
+flag; flags are dashed and the underscore spellings of earlier versions still parse."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_neobert.cli import ArgumentParser
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = sorted(p.name for p in (REPO / "tools").glob("*.py"))
+
+# Runs each tool's --help in one fresh interpreter (the imports are shared, as on a user's machine) and reports,
+# per tool, whether megatron was imported, the flags without help text and the help text itself.
+PROBE = r"""
+import json, runpy, sys
+import megatron_neobert.cli as cli
+
+seen = {}
+original = cli.ArgumentParser.print_help
+def print_help(self, file=None):
+    seen["parser"] = self
+    original(self, file)
+cli.ArgumentParser.print_help = print_help
+
+report = {}
+for tool in sys.argv[1:]:
+    seen.clear()
+    sys.argv = [tool, "--help"]
+    try:
+        runpy.run_path(tool, run_name="__main__")
+        code = "returned"
+    except SystemExit as exit:
+        code = exit.code
+    parser = seen.get("parser")
+    report[tool] = dict(code=code, megatron=sorted(m for m in sys.modules if m.startswith("megatron.")),
+                        shared_parser=parser is not None,
+                        no_help=[a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+                        if parser else None,
+                        no_default=[a.option_strings[0] for a in parser._actions if a.option_strings
+                                    and a.default not in (None, False, "==SUPPRESS==") and not a.required
+                                    and "(default: " not in parser._get_formatter()._get_help_string(a)]
+                        if parser else None,
+                        help=parser.format_help() if parser else "")
+print("REPORT" + json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def help_report():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
+    out = subprocess.run([sys.executable, "-c", PROBE] + [f"tools/{t}" for t in TOOLS], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.split("REPORT", 1)[1])
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_help_without_megatron_with_help_and_defaults(help_report, tool):
+    r = help_report[f"tools/{tool}"]
+    assert r["code"] == 0 and r["shared_parser"], r
+    assert r["megatron"] == [], f"--help imported megatron-core: {r['megatron'][:5]}"
+    assert r["no_help"] == [], f"flags without help text: {r['no_help']}"
+    assert r["no_default"] == [], f"defaults not shown: {r['no_default']}"
+    dashed_only = [w for w in r["help"].split() if w.startswith("--") and "_" in w.split("=")[0]]
+    assert dashed_only == [], f"underscore flags shown: {dashed_only}"
+
+
+def test_underscore_spellings_parse_and_stay_hidden():
+    p = ArgumentParser(description="x")
+    p.add_argument("--max-length", type=int, default=8, help="tokens")
+    p.add_argument("--no-progress", action="store_true", help="quiet")
+    p.add_argument("--text_field", default="text", help="an old-style flag keeps its own spelling")
+    args = p.parse_args(["--max_length", "3", "--no_progress", "--text_field", "body"])
+    assert (args.max_length, args.no_progress, args.text_field) == (3, True, "body")
+    assert p.parse_args(["--max_length=5"]).max_length == 5
+    assert p.parse_args(["--max-length", "--x_y"][:1] + ["6"]).max_length == 6
+    assert "--max_length" not in p.format_help() and "(default: 8)" in p.format_help()
+    assert "(default: False)" not in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--unknown_flag", "1"])
