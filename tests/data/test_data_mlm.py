@@ -8,6 +8,7 @@ import numpy
 import pytest
 import torch
 from data_helpers import read_documents
+from packing_reference import reference_pack
 
 from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.length_subset import make_length_subset
@@ -47,10 +48,33 @@ def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected
 
 
 # ---- packing -----------------------------------------------------------------------------------
+def _samples(lay):
+    return [[(int(lay.piece_doc[p]), int(lay.piece_start[p]), int(lay.piece_len[p]),
+              bool(lay.piece_wrapped[p])) for p in range(lay.sample_ptr[i], lay.sample_ptr[i + 1])]
+            for i in range(lay.sample_ptr.shape[0] - 1)]
+
+
+def _check_packed(lay, lengths, seq):
+    """Exact filling, every token of the epoch once and in order, padding only where no piece
+    can be split to fill the gap (the pieces hold at most one token more than their count)."""
+    per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
+    assert (per_sample == seq).all() and (lay.piece_len >= 1).all()
+    own = ~lay.piece_wrapped & (lay.piece_doc != PAD_PIECE)
+    order = numpy.lexsort((lay.piece_start[own], lay.piece_doc[own]))
+    doc, start, n = lay.piece_doc[own][order], lay.piece_start[own][order], lay.piece_len[own][order]
+    assert (numpy.bincount(doc, weights=n, minlength=len(lengths)) == lengths).all()
+    first = numpy.concatenate([[True], doc[1:] != doc[:-1]])
+    assert (start[first] == 0).all()
+    assert (start[~first] == (start + n)[:-1][~first[1:]]).all()  # contiguous pieces
+    for i in numpy.flatnonzero(numpy.add.reduceat(lay.piece_doc == PAD_PIECE, lay.sample_ptr[:-1])):
+        sizes = lay.piece_len[lay.sample_ptr[i]:lay.sample_ptr[i + 1] - 1]
+        assert (sizes - 1).sum() <= 1
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_packing_fills_samples_exactly_and_cuts_without_loss(seed):
+def test_packing_equals_the_sequential_reference(seed):
     rng = numpy.random.default_rng(seed)
-    for _ in range(60):
+    for _ in range(150):
         seq = int(rng.integers(8, 80))
         k = int(rng.integers(1, 50))
         # Many 0-4 token documents (the hard cases for exact filling) and some long ones.
@@ -58,17 +82,19 @@ def test_packing_fills_samples_exactly_and_cuts_without_loss(seed):
         if lengths.sum() == 0:
             continue
         lay = pack_documents(lengths, seq)
-        per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
-        assert (per_sample == seq).all()
-        covered = {}
-        for d, s, n, w in zip(lay.piece_doc, lay.piece_start, lay.piece_len, lay.piece_wrapped):
-            assert n >= 1
-            if not w and d != PAD_PIECE:
-                covered.setdefault(int(d), []).append((int(s), int(n)))
-        for d, n in enumerate(lengths):  # every token of every document once, in order
-            pieces = sorted(covered.get(d, []))
-            assert sum(p[1] for p in pieces) == n
-            assert all(a[0] + a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+        assert _samples(lay) == reference_pack(lengths.tolist(), seq)
+        _check_packed(lay, lengths, seq)
+
+
+def test_packing_web_text_lengths_at_scale():
+    rng = numpy.random.default_rng(0)
+    lengths = numpy.maximum(1, rng.lognormal(6.0, 1.0, 200_000)).astype(numpy.int64)
+    lay = pack_documents(lengths, 512)
+    _check_packed(lay, lengths, 512)
+    assert not (lay.piece_doc == PAD_PIECE).any()
+    wrapped_tokens = int(lay.piece_len[lay.piece_wrapped].sum())
+    assert wrapped_tokens < 512 and lay.sample_ptr.shape[0] - 1 == -(-int(
+        piece_cost(lay.piece_doc, lay.piece_len).sum()) // 512)
 
 
 def test_chunking_for_padded_mode():
