@@ -8,10 +8,13 @@ chunk each. The layout is computed once, cached as ``.npy`` files (rank 0 first 
 and memory-mapped.
 
 Masking happens when a sample is read, from a generator seeded by (seed, dataset, index): sample i
-is a pure function of its index, so tensor-parallel ranks agree and a resumed run sees exactly the
-samples it would have seen.
+is a pure function of (seed, data, split, sequence length, layout mode, i), so tensor-parallel
+ranks agree, a resumed run sees exactly the samples it would have seen, and asking for more
+samples (a larger --train-iters) only appends epochs.
 """
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -71,6 +74,17 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
             raise ValueError(f"sequence_length must be >= 8, got {self.sequence_length}")
 
 
+def sample_stream(unique_identifiers: Dict) -> int:
+    """The random stream of a dataset's layouts and masks: its identity (path, split, seed,
+    length, layout mode, tokenizer) without the number of samples asked for, so that sample i
+    does not depend on --train-iters and a run extended by resuming sees the samples of a run
+    planned longer from the start. Distinct per dataset and split: blends do not mask two
+    datasets' sample i identically."""
+    identity = {k: v for k, v in unique_identifiers.items() if k != "num_samples"}
+    text = json.dumps(identity, indent=4, default=lambda obj: obj.unique_identifiers)
+    return int(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8], 16)
+
+
 class MLMDataset(MegatronDataset):
     """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
     ``attention_mask`` (bool [S], padded)."""
@@ -86,9 +100,7 @@ class MLMDataset(MegatronDataset):
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
         self._special[list(tok.special_ids)] = True
         self._random_ids = numpy.flatnonzero(~self._special[:tok.vocab_size])
-        # Distinct mask streams per dataset and split, fixed by the config hash (not by paths
-        # alone), so blends do not mask two datasets' sample i identically.
-        self._stream = int(self.unique_description_hash[:8], 16)
+        self._stream = sample_stream(self.unique_identifiers)
         self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
             self._build_layout())
 

@@ -41,18 +41,19 @@ class Layout(NamedTuple):
     #                              sample (it is not part of this epoch's single pass)
 
 
-def _stream(order_lengths: numpy.ndarray, seq_length: int):
+def _stream(lengths: numpy.ndarray, order: numpy.ndarray, seq_length: int):
     """The epoch's documents followed by re-reads of its start (>= 2 samples' worth), so the
-    last sample can be completed. Returns (position in the order per stream document, starts)."""
-    n, total = order_lengths.shape[0], int(order_lengths.sum())
+    last sample can be completed. Returns (document id per stream position, starts)."""
+    n, total = order.shape[0], int(lengths[order].sum())
     if total >= 2 * seq_length:
-        extra = int(numpy.searchsorted(numpy.cumsum(order_lengths), 2 * seq_length)) + 1
-        pos = numpy.concatenate([numpy.arange(n), numpy.arange(min(extra, n))])
+        extra = int(numpy.searchsorted(numpy.cumsum(lengths[order[:2 * seq_length]]),
+                                       2 * seq_length)) + 1
+        doc_of = numpy.concatenate([order, order[:extra]])
     else:
-        pos = numpy.tile(numpy.arange(n), 1 + -(-2 * seq_length // total))
-    starts = numpy.zeros(pos.shape[0] + 1, numpy.int64)
-    numpy.cumsum(order_lengths[pos], out=starts[1:])
-    return pos, starts
+        doc_of = numpy.tile(order, 1 + -(-2 * seq_length // total))
+    starts = numpy.zeros(doc_of.shape[0] + 1, numpy.int64)
+    numpy.cumsum(lengths[doc_of], out=starts[1:])
+    return doc_of, starts
 
 
 def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
@@ -67,25 +68,28 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
     order = numpy.flatnonzero(lengths > 0)
     if not order.size:
         raise ValueError("no non-empty document to pack")
-    pos, starts = _stream(lengths[order], seq_length)
+    doc_of, starts = _stream(lengths, order, seq_length)
     end_of_epoch = int(starts[order.size])
     # h[d]: the coordinate of document d's start when each document start costs 2 ([CLS]/[SEP]).
-    h = starts[:-1] + 2 * numpy.arange(pos.shape[0], dtype=numpy.int64)
-    ends, splits, pads = [], [], []  # sample ends (token positions), in-sample splits, (sample, n)
+    h = starts[:-1] + 2 * numpy.arange(doc_of.shape[0], dtype=numpy.int64)
+    ends, end_docs = [], []  # where samples end (token positions) and the document holding it
+    splits, pads = [], []  # in-sample splits (token positions), (sample, tokens) paddings
     n_ends, start, target = 0, 0, seq_length  # target: the current sample's end coordinate
-    window = 256
+    window, steps = 256, (seq_length - 2) * numpy.arange(1 << 16, dtype=numpy.int64)
     while start < end_of_epoch:
-        ys = target + (seq_length - 2) * numpy.arange(window, dtype=numpy.int64)
+        ys = target + steps[:window]
         d = numpy.searchsorted(h, ys, "right") - 1
         off = ys - h[d]
         bad = numpy.flatnonzero(off < 3)  # 0: ends on a document end; 1-2: a gap
         run = int(bad[0]) if bad.size else window
         cut = starts[d[:run]] + off[:run] - 2  # ends inside a document: plain cuts
-        past = numpy.flatnonzero(cut >= end_of_epoch)
-        if past.size:
-            ends.append(cut[:past[0] + 1])
+        if run and cut[-1] >= end_of_epoch:
+            last = int(numpy.searchsorted(cut, end_of_epoch)) + 1
+            ends.append(cut[:last])
+            end_docs.append(d[:last])
             break
         ends.append(cut)
+        end_docs.append(d[:run])
         n_ends += run
         start = int(cut[-1]) if run else start
         if run == window:
@@ -96,15 +100,15 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
         dd, free = int(d[run]), int(off[run])
         end = (int(starts[dd]) if free == 0
                else _close_sample(starts, start, dd, free, splits, pads, n_ends))
+        k = int(numpy.searchsorted(starts, end, "right")) - 1
         ends.append(numpy.array([end], numpy.int64))
+        end_docs.append(numpy.array([k], numpy.int64))
         n_ends += 1
         start = end
         # The next sample starts on a document start (its [CLS] is already counted) or inside one.
-        k = int(numpy.searchsorted(starts, end, "right")) - 1
-        target = (int(h[k]) + seq_length if end == starts[k]
-                  else end + 2 * k + seq_length)
-    return _pieces(numpy.concatenate(ends), numpy.asarray(splits, numpy.int64), pads,
-                   starts, order[pos], numpy.arange(pos.shape[0]) >= order.size)
+        target = int(h[k]) + seq_length if end == starts[k] else end + 2 * k + seq_length
+    return _pieces(numpy.concatenate(ends), numpy.concatenate(end_docs),
+                   numpy.asarray(splits, numpy.int64), pads, starts, doc_of, order.size)
 
 
 def _close_sample(starts, first, d, free, splits, pads, sample):
@@ -137,19 +141,48 @@ def _close_sample(starts, first, d, free, splits, pads, sample):
     return whole
 
 
-def _pieces(ends, splits, pads, starts, doc_of, wrapped_of) -> Layout:
-    """Pieces between every document start, sample end and split, then the padding pieces."""
+def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
+    """Every document up to the last sample end, cut at the sample ends and splits inside it,
+    then the padding pieces after their sample's last piece. No sort, no search over pieces:
+    the cuts arrive sorted with their documents."""
     last = int(ends[-1])
-    used = starts[:numpy.searchsorted(starts, last)]  # document starts before the last end
-    cuts = numpy.sort(numpy.concatenate([used, ends, splits]), kind="stable")  # merges 3 runs
-    cuts = cuts[numpy.concatenate([[True], cuts[1:] != cuts[:-1]])]
-    lo, hi = cuts[:-1], cuts[1:]
-    del cuts, used
-    sample = numpy.searchsorted(ends, lo, "right")
-    doc = numpy.searchsorted(starts, lo, "right") - 1
-    piece_doc, piece_start = doc_of[doc], lo - starts[doc]
-    piece_len, piece_wrapped = (hi - lo).astype(numpy.int32), wrapped_of[doc]
-    del doc, lo, hi
+    aligned = ends == starts[end_docs]  # the sample ends on a document end
+    n_docs = int(end_docs[-1]) + (0 if aligned[-1] else 1)
+    inner_end = ~aligned
+    inner_end[-1] = False  # the last end closes the layout, it opens no piece
+    ends_in, docs_in = ends[inner_end], end_docs[inner_end]
+    split_docs = numpy.searchsorted(starts, splits, "right") - 1
+    # Merge two sorted runs: an element's place is its rank plus the other run's elements before.
+    at_end = numpy.arange(ends_in.shape[0]) + numpy.searchsorted(splits, ends_in)
+    at_split = numpy.arange(splits.shape[0]) + numpy.searchsorted(ends_in, splits)
+    n_inner = ends_in.shape[0] + splits.shape[0]
+    inner, inner_doc, inner_is_end = (numpy.empty(n_inner, numpy.int64),
+                                      numpy.empty(n_inner, numpy.int64), numpy.zeros(n_inner, bool))
+    inner[at_end], inner[at_split] = ends_in, splits
+    inner_doc[at_end], inner_doc[at_split] = docs_in, split_docs
+    inner_is_end[at_end] = True
+    del ends_in, docs_in, at_end, at_split
+    per_doc = numpy.bincount(inner_doc, minlength=n_docs) + 1
+    del inner_doc
+    first = numpy.zeros(n_docs, numpy.int64)  # each document's first piece
+    numpy.cumsum(per_doc[:-1], out=first[1:])
+    opens_doc = numpy.zeros(n_docs + n_inner, bool)
+    opens_doc[first] = True
+    lo = numpy.empty(n_docs + n_inner, numpy.int64)
+    lo[first] = starts[:n_docs]
+    lo[~opens_doc] = inner
+    opens_sample = numpy.zeros(n_docs + n_inner, bool)
+    opens_sample[~opens_doc] = inner_is_end
+    opens_sample[first[end_docs[aligned][:-1 if aligned[-1] else None]]] = True
+    del inner, inner_is_end, opens_doc
+    piece_len = numpy.empty(lo.shape[0], numpy.int32)
+    numpy.subtract(lo[1:], lo[:-1], out=piece_len[:-1], casting="unsafe")
+    piece_len[-1] = last - lo[-1]
+    doc = numpy.repeat(numpy.arange(n_docs), per_doc)
+    lo -= starts[doc]
+    piece_doc, piece_start, piece_wrapped = doc_of[doc], lo, doc >= n_own
+    del doc
+    sample = numpy.cumsum(opens_sample)
     if pads:
         pad_sample, pad_len = (numpy.asarray(x, numpy.int64) for x in zip(*pads))
         at = numpy.searchsorted(sample, pad_sample, "right")  # after the sample's last piece

@@ -215,6 +215,23 @@ torch.save([train[i] for i in (0, 7, 999)], {out!r})
     assert not torch.equal(other_seed[0]["tokens"], train[0]["tokens"])
 
 
+def test_sample_i_does_not_depend_on_the_number_of_samples(sample_tokenizer, indexed_prefix, tmp_path):
+    """Asking for more samples (a run extended by resuming) only appends: single datasets and
+    weighted blends, packed and padded."""
+    subset = str(tmp_path / "plus1024")
+    make_length_subset(indexed_prefix, subset, 1024)
+    for blend, weights, packed in (([indexed_prefix], None, True), ([indexed_prefix], None, False),
+                                   ([indexed_prefix, subset], [0.7, 0.3], True)):
+        config = lambda: _config(sample_tokenizer, blend, weights, cache=str(tmp_path / "c"),
+                                 packed=packed, split="90,10,0")
+        short = build_mlm_datasets(config(), [900, 100, 0])
+        long = build_mlm_datasets(config(), [2600, 300, 0])
+        assert len(long[0]) > len(short[0]) and len(long[1]) > len(short[1])  # more epochs
+        for a, b in ((short[0], long[0]), (short[1], long[1])):
+            for i in range(len(a) - 5, len(a)):
+                assert all(torch.equal(torch.as_tensor(a[i][k]), torch.as_tensor(b[i][k])) for k in a[i])
+
+
 def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, monkeypatch):
     import megatron_neobert.data.mlm_dataset as mlm
     cache = str(tmp_path / "cache")
