@@ -44,7 +44,7 @@ class Layout(NamedTuple):
 def _stream(lengths: numpy.ndarray, order: numpy.ndarray, seq_length: int):
     """The epoch's documents followed by re-reads of its start (>= 2 samples' worth), so the
     last sample can be completed. Returns (document id per stream position, starts)."""
-    n, total = order.shape[0], int(lengths[order].sum())
+    total = int(lengths[order].sum())
     if total >= 2 * seq_length:
         extra = int(numpy.searchsorted(numpy.cumsum(lengths[order[:2 * seq_length]]),
                                        2 * seq_length)) + 1

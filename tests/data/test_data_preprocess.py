@@ -77,18 +77,19 @@ def test_skippable_records_are_counted_and_named(corpus_slice, expected_ids, tmp
         f.write((json.dumps({"content": good[0]}) + "\n").encode())
         f.write(b'{"content": "broken\n')  # not JSON
         f.write(b'{"content": "caf\xe9 latin-1"}\n')  # not UTF-8
-        f.write((json.dumps({"content": "   "}) + "\n").encode())  # empty
+        f.write((json.dumps({"content": "   "}) + "\n").encode())  # kept: an empty document
         f.write((json.dumps({"content": None}) + "\n").encode())
         f.write((json.dumps({"content": good[1]}) + "\n").encode())
         f.write((json.dumps({"content": good[2]}) + "\n").encode())
     with caplog.at_level("WARNING"):
         stats = _run([str(path)], str(tmp_path / "messy"))
-    assert stats.documents == 3
-    assert stats.skipped == {"not JSON": 1, "not UTF-8": 1, "empty document": 1, "null text": 1}
+    assert stats.documents == 4
+    assert stats.skipped == {"not JSON": 1, "not UTF-8": 1, "null text": 1}
     assert f"{path}, record 2: not JSON" in caplog.text
     assert f"{path}, record 3: not UTF-8" in caplog.text
     docs = read_documents(stats.outputs["content"])
-    assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids[:3]))
+    assert [len(d) for d in docs][1] == 0
+    assert all(numpy.array_equal(a, b) for a, b in zip(docs[:1] + docs[2:], expected_ids[:3]))
 
 
 def test_missing_text_field_fails_without_touching_existing_output(corpus_slice, tmp_path):
@@ -120,7 +121,10 @@ def test_interrupted_run_leaves_no_pair_that_looks_complete(corpus_slice, tmp_pa
     monkeypatch.setattr(pre, "_encode", interrupt)
     with pytest.raises(KeyboardInterrupt):
         _run([corpus_slice[0], corpus_slice[0]], str(tmp_path / "cut"), chunk_documents=32)
-    assert listing(tmp_path) == []
+    assert listing(tmp_path) == ["cut_shards"]  # no output pair; the first shard, complete
+    assert listing(tmp_path / "cut_shards") == [
+        "000000-slice.parquet_content.bin", "000000-slice.parquet_content.idx",
+        "000000-slice.parquet_content.tokenizer.json", "manifest.json"]
 
 
 def test_cli_exit_codes(corpus_slice, tmp_path, capsys):
