@@ -9,9 +9,9 @@ existing output.
 import logging
 from typing import Dict, Optional, Sequence
 
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder, get_idx_path
 
-from megatron_neobert.data.indexed import discard_partial, open_indexed, partial_paths
+from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, read_header
 from megatron_neobert.data.records import publish, read_record
 
 logger = logging.getLogger(__name__)
@@ -44,17 +44,18 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> int:
     the number of documents."""
     if not prefixes:
         raise ValueError("nothing to merge: no input dataset")
-    datasets = [open_indexed(p) for p in prefixes]
-    dtypes = {ds.index.dtype for ds in datasets}
-    if len(dtypes) > 1:
-        raise ValueError(f"inputs hold different token dtypes {sorted(map(str, dtypes))}")
-    documents = sum(ds.document_indices.shape[0] - 1 for ds in datasets)
+    for prefix in prefixes:
+        check_indexed(prefix)
+    headers = [read_header(get_idx_path(p)) for p in prefixes]
+    codes = {h[1] for h in headers}
+    if len(codes) > 1:
+        raise ValueError(f"inputs hold different token dtypes {sorted(map(DType.dtype_from_code, codes), key=str)}")
+    documents = sum(h[3] - 1 for h in headers)
     if documents == 0:
         raise ValueError(f"the input ({len(prefixes)} datasets, e.g. {prefixes[0]}) holds no "
                          f"document: {output_prefix} is left as it was")
     record = merged_record(prefixes)
-    dtype = datasets[0].index.dtype
-    del datasets
+    dtype = DType.dtype_from_code(headers[0][1])
     bin_tmp, idx_tmp = partial_paths(output_prefix)
     try:
         builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)

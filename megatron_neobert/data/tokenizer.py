@@ -16,9 +16,11 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence
 
+import numpy
+
 TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "BertWordPieceLowerCase",
                    "BertWordPieceCase")
-HUGE_TEXT = 1 << 20
+HUGE_TEXT = 1 << 18
 _SPACE = re.compile(r"\s")
 _ROLES = ("pad", "unk", "cls", "sep", "mask")
 # Pieces a SentencePiece model may use for the BERT special tokens, in order of preference.
@@ -60,14 +62,15 @@ class MLMTokenizer:
     def tokenize_batch(self, texts: Sequence[str]) -> List[List[int]]:
         return [self.tokenize(text) for text in texts]
 
-    def tokenize_documents(self, texts: Sequence[str]) -> List[List[int]]:
+    def tokenize_documents(self, texts: Sequence[str]) -> List[Sequence[int]]:
         """``tokenize_batch``, with huge texts encoded slice by slice (see the module doc)."""
         huge = [i for i, text in enumerate(texts) if len(text) > HUGE_TEXT]
         if not huge:
             return self.tokenize_batch(texts)
         ids = self.tokenize_batch([t if len(t) <= HUGE_TEXT else "" for t in texts])
-        for i in huge:
-            ids[i] = [tok for part in _slices(texts[i]) for tok in self.tokenize_batch([part])[0]]
+        for i in huge:  # numpy: a few bytes per token, where a list of ints holds ~36
+            ids[i] = numpy.concatenate([numpy.asarray(self.tokenize_batch([part])[0], numpy.int64)
+                                        for part in _slices(texts[i])])
         return ids
 
     def detokenize(self, ids: Sequence[int]) -> str:
@@ -154,7 +157,9 @@ class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
 
     def _load(self, tokenizer_model: str):
         from transformers import BertTokenizerFast
-        return BertTokenizerFast(vocab_file=tokenizer_model, do_lower_case=self.lower_case)
+        with open(tokenizer_model, encoding="utf-8") as f:  # one token a line, id = line number
+            vocab = {line.strip(): i for i, line in enumerate(f)}
+        return BertTokenizerFast(vocab=vocab, do_lower_case=self.lower_case)
 
 
 class BertWordPieceLowerCase(BertWordPieceMLMTokenizer):
