@@ -31,6 +31,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus
 from megatron_neobert.data.indexed import open_indexed
 from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
@@ -92,10 +93,14 @@ class MLMDataset(MegatronDataset):
     def __init__(self, indexed_dataset: IndexedDataset, dataset_path: Optional[str],
                  indexed_indices: numpy.ndarray, num_samples: Optional[int], index_split: Split,
                  config: MLMDatasetConfig) -> None:
+        if dataset_path is not None:
+            indexed_indices = split_as_corpus(dataset_path, indexed_indices, config.split_matrix,
+                                              index_split.value)
         super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples,
                          index_split, config)
         tok = config.tokenizer
-        self._doc_lengths = document_lengths(indexed_dataset)
+        self._doc_lead, self._doc_lengths = special_token_trims(
+            indexed_dataset, dataset_path, tok, document_lengths(indexed_dataset))
         self._doc_first_sequence = indexed_dataset.document_indices[:-1]
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
         self._special[list(tok.special_ids)] = True
@@ -112,7 +117,9 @@ class MLMDataset(MegatronDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: MLMDatasetConfig) -> IndexedDataset:
-        return open_indexed(dataset_path, mmap=config.mmap_bin_files)
+        dataset = open_indexed(dataset_path, mmap=config.mmap_bin_files)
+        check_vocabulary(dataset_path, config.tokenizer)
+        return dataset
 
     @staticmethod
     def _key_config_attributes() -> List[str]:
@@ -137,7 +144,7 @@ class MLMDataset(MegatronDataset):
             # The sequences of one document are contiguous in the .bin, so one read from the
             # first sequence covers documents written as several sequences (split sentences).
             body = self.dataset.get(int(self._doc_first_sequence[doc]),
-                                    int(self.piece_start[p]), length)
+                                    int(self.piece_start[p]) + int(self._doc_lead[doc]), length)
             parts += [[tok.cls_id], body, [tok.sep_id]]
             seqlens.append(length + 2)
         tokens = numpy.concatenate(parts).astype(numpy.int64)

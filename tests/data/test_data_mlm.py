@@ -10,6 +10,7 @@ import torch
 from data_helpers import read_documents
 from packing_reference import reference_pack
 
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.length_subset import make_length_subset
 from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
@@ -363,3 +364,82 @@ def test_dali_loader_yields_the_same_batches_as_torch(sample_tokenizer, indexed_
                 assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
             else:
                 assert x[k] == y[k]
+
+
+# ---- data checks -------------------------------------------------------------------------------
+def _copy_dataset(prefix, dst):
+    import shutil
+    for ext in (".bin", ".idx", ".tokenizer.json"):
+        if os.path.exists(prefix + ext):
+            shutil.copy(prefix + ext, dst + ext)
+    return dst
+
+
+def test_token_ids_beyond_the_vocabulary_stop_before_training(sample_tokenizer, indexed_prefix,
+                                                               tmp_path):
+    import json
+    bad = _copy_dataset(indexed_prefix, str(tmp_path / "other_vocab"))
+    with open(bad + ".tokenizer.json") as f:
+        record = json.load(f)
+    with open(bad + ".tokenizer.json", "w") as f:
+        json.dump({**record, "vocab_size": 30522, "max_token_id": 30000}, f)
+    with pytest.raises(ValueError, match=r"dataset .*other_vocab was tokenized with .*vocabulary "
+                                         r"30,522, largest id 30,000.* 8,192 entries"):
+        build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix, bad], [0.5, 0.5],
+                                   cache=str(tmp_path)), [10, 0, 0])
+
+
+def _segments(dataset, tok):
+    """Every attention segment of every sample, as original (unmasked) token arrays."""
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        cu, original = sample["cu_seqlens"].tolist(), _original(sample).numpy()
+        yield from (original[a:b] for a, b in zip(cu[:-1], cu[1:]))
+
+
+@pytest.mark.parametrize("written_with", ["append_eod", "cls_sep_no_record"])
+def test_special_tokens_in_the_data_are_not_doubled(written_with, sample_tokenizer, corpus_slice,
+                                                     expected_ids, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron_neobert.data.preprocess import preprocess_data
+    tok = sample_tokenizer
+    if written_with == "append_eod":
+        prefix = preprocess_data([corpus_slice[0]], str(tmp_path / "eod"), tokenizer_model=SAMPLE_TOKENIZER,
+                                 append_eod=True, progress=False).outputs["content"]
+    else:  # as a tool whose tokenizer adds [CLS] ... [SEP] writes it, without our record
+        prefix = str(tmp_path / "cls_sep")
+        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+        for ids in expected_ids:
+            builder.add_document([tok.cls_id, *ids, tok.sep_id], [len(ids) + 2])
+        builder.finalize(prefix + ".idx")
+    train = build_mlm_datasets(_config(tok, [prefix], cache=str(tmp_path / "c")), [None] * 3)[0]
+    special = numpy.array(sorted(tok.special_ids | {tok.eod_id}))
+    tokens = 0
+    for seg in _segments(train, tok):
+        assert seg[0] == tok.cls_id and seg[-1] == tok.sep_id
+        assert not numpy.isin(seg[1:-1], special).any()
+        tokens += len(seg) - 2
+    assert tokens >= sum(len(ids) for ids in expected_ids)
+
+
+def test_a_length_subset_blend_never_trains_on_a_validation_document(sample_tokenizer,
+                                                                     indexed_prefix, tmp_path):
+    subsets = []
+    for threshold in (1024, 2048):
+        subsets.append(str(tmp_path / f"plus{threshold}"))
+        make_length_subset(indexed_prefix if threshold == 1024 else subsets[0], subsets[-1], threshold)
+    config = _config(sample_tokenizer, [indexed_prefix, *subsets], [0.2, 0.4, 0.4],
+                     cache=str(tmp_path / "c"), split="80,20,0", seq=512)
+    train, valid, _ = build_mlm_datasets(config, [300, 100, 0])
+
+    def corpus_docs(blended):
+        docs = set()
+        for ds in blended.datasets:
+            d = numpy.unique(ds.piece_doc[ds.piece_doc >= 0])
+            if ds.dataset_path != indexed_prefix:
+                d = numpy.load(ds.dataset_path + ".source_ids.npy")[d]
+            docs |= set(d.tolist())
+        return docs
+
+    held_out = corpus_docs(valid)
+    assert len(held_out) >= 20 and not held_out & corpus_docs(train)
