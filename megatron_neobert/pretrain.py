@@ -44,7 +44,8 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
-DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "tokenizer_type",
+DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "split", "seq_length",
+                    "packed", "seed", "tokenizer_type",
                     "tokenizer_model")
 
 
@@ -140,20 +141,13 @@ def set_random_seed(seed: int) -> None:
 
 
 def build_data(args, consumed_train: int, consumed_valid: int):
-    from megatron_neobert.data.blend import parse_data_path
     from megatron_neobert.data.loader import build_data_loader
-    from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
     from megatron_neobert.data.tokenizer import build_tokenizer
+    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    config = MLMDatasetConfig(
-        random_seed=args.seed, sequence_length=args.seq_length, blend=parse_data_path(args.data_path),
-        split=args.split, path_to_cache=args.data_cache_path, tokenizer=tokenizer,
-        mask_rate=args.mask_rate, mask_scheme=args.mask_scheme, packed=args.packed)
+    train_ds, valid_ds, _ = build_trainer_datasets(args, tokenizer)
     num_evals = args.train_iters // args.eval_interval + 1 if args.eval_interval else 0
-    train_ds, valid_ds, _ = build_mlm_datasets(
-        config, [args.train_iters * args.global_batch_size,
-                 num_evals * args.eval_iters * args.global_batch_size, 0])
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
     loader = lambda ds, consumed: build_data_loader(

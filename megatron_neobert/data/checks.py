@@ -62,9 +62,9 @@ def special_token_trims(dataset, prefix: str, tokenizer, lengths: numpy.ndarray)
 def split_as_corpus(prefix: str, indices: numpy.ndarray, split_matrix, split_index: int
                     ) -> numpy.ndarray:
     """A length subset's documents in the corpus's range for this split (megatron-core's own
-    rounding); other datasets keep ``indices``."""
+    rounding); other datasets, and datasets named per split (no split matrix), keep ``indices``."""
     record = read_record(prefix)
-    if record is None or not os.path.isfile(prefix + SOURCE_IDS_SUFFIX):
+    if split_matrix is None or record is None or not os.path.isfile(prefix + SOURCE_IDS_SUFFIX):
         return indices
     n = record["source_documents"]
     lo, hi = (int(round(x * float(n))) for x in split_matrix[split_index])
