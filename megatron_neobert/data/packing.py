@@ -107,8 +107,10 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
         start = end
         # The next sample starts on a document start (its [CLS] is already counted) or inside one.
         target = int(h[k]) + seq_length if end == starts[k] else end + 2 * k + seq_length
-    return _pieces(numpy.concatenate(ends), numpy.concatenate(end_docs),
-                   numpy.asarray(splits, numpy.int64), pads, starts, doc_of, order.size)
+    del h  # free the chunk lists and h before the pieces are made: peak memory
+    ends, end_docs = numpy.concatenate(ends), numpy.concatenate(end_docs)
+    return _pieces(ends, end_docs, numpy.asarray(splits, numpy.int64), pads, starts, doc_of,
+                   order.size)
 
 
 def _close_sample(starts, first, d, free, splits, pads, sample):
@@ -175,24 +177,24 @@ def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
     opens_sample[~opens_doc] = inner_is_end
     opens_sample[first[end_docs[aligned][:-1 if aligned[-1] else None]]] = True
     del inner, inner_is_end, opens_doc
+    sample_ptr = numpy.concatenate([[0], numpy.flatnonzero(opens_sample), [n_docs + n_inner]])
+    del opens_sample
     piece_len = numpy.empty(lo.shape[0], numpy.int32)
     numpy.subtract(lo[1:], lo[:-1], out=piece_len[:-1], casting="unsafe")
     piece_len[-1] = last - lo[-1]
-    doc = numpy.repeat(numpy.arange(n_docs), per_doc)
+    index = numpy.int32 if n_docs < 2**31 else numpy.int64
+    doc = numpy.repeat(numpy.arange(n_docs, dtype=index), per_doc)
     lo -= starts[doc]
     piece_doc, piece_start, piece_wrapped = doc_of[doc], lo, doc >= n_own
     del doc
-    sample = numpy.cumsum(opens_sample)
     if pads:
         pad_sample, pad_len = (numpy.asarray(x, numpy.int64) for x in zip(*pads))
-        at = numpy.searchsorted(sample, pad_sample, "right")  # after the sample's last piece
+        at = sample_ptr[pad_sample + 1]  # after the sample's last piece
         piece_doc = numpy.insert(piece_doc, at, PAD_PIECE)
         piece_start = numpy.insert(piece_start, at, 0)
         piece_len = numpy.insert(piece_len, at, pad_len.astype(numpy.int32))
         piece_wrapped = numpy.insert(piece_wrapped, at, False)
-        sample = numpy.insert(sample, at, pad_sample)
-    sample_ptr = numpy.zeros(ends.shape[0] + 1, numpy.int64)
-    numpy.cumsum(numpy.bincount(sample, minlength=ends.shape[0]), out=sample_ptr[1:])
+        sample_ptr[1:] += numpy.cumsum(numpy.bincount(pad_sample, minlength=ends.shape[0]))
     return Layout(sample_ptr, piece_doc, piece_start, piece_len, piece_wrapped)
 
 

@@ -136,7 +136,9 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
 
     def tokenize_batch(self, texts: Sequence[str]) -> List[List[int]]:
         if self._backend is not None:
-            return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+            # encode_batch_fast (tokenizers >= 0.21) skips the character offsets: 3-4x faster.
+            encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
         return super().tokenize_batch(texts)
 
     def detokenize(self, ids: Sequence[int]) -> str:
