@@ -109,6 +109,19 @@ def test_resume_gives_the_uninterrupted_losses(source, layout, ranks, exact, req
         assert losses(resumed) == pytest.approx(expected, rel=2e-4)
 
 
+def test_a_run_extended_by_resuming_sees_the_longer_run_samples(data, tmp_path):
+    """Planned for 4 steps, then resumed with --train-iters 8 (same schedule flags): the losses
+    of the run planned for 8 steps from the start, exactly (same samples, same masks)."""
+    schedule = ["--lr-decay-iters", "8", "--split", "90,10,0"]
+    planned = one(run_on_ranks(run_train, 1, argv(data, *schedule, "--train-iters", "8")))
+    save = str(tmp_path / "ckpt")
+    run_on_ranks(run_train, 1, argv(data, *schedule, "--train-iters", "4", "--save", save))
+    extended = one(run_on_ranks(run_train, 1, argv(data, *schedule, "--train-iters", "8",
+                                                   "--load", save)))
+    assert [r["iteration"] for r in extended["train"]] == [5, 6, 7, 8]
+    assert losses(extended) == losses(planned, 4)
+
+
 GRAD_STEP = ["--train-iters", "1", "--lr", "1e6", "--adam-eps", "1e6", "--lr-warmup-iters", "0",
              "--lr-decay-style", "constant", "--lr-decay-iters", "10", "--weight-decay", "0",
              "--clip-grad", "1e12"]
@@ -157,12 +170,14 @@ def test_overlapped_gradient_reduction_and_parameter_gathering_change_nothing(da
 
 def test_logged_tokens_per_second_count_real_tokens_only(data):
     """Padded batches: the log's tokens are the non-padding ones, counted once over the pipeline."""
-    flags = argv(data, "--no-packed", "--pipeline-model-parallel-size", "2", "--train-iters", "3", "--lr-warmup-iters", "1")
+    # Length 256: most of the sample corpus's documents end in a chunk shorter than that.
+    flags = argv(data, "--no-packed", "--pipeline-model-parallel-size", "2", "--train-iters", "3",
+                 "--lr-warmup-iters", "1", "--seq-length", "256")
     history = one(run_on_ranks(run_train, 2, flags))
     expected = run_on_ranks(real_tokens_per_step, 1, flags, 3)[0]
     print("real tokens per step", expected)
     assert [r["tokens"] for r in history["train"]] == expected
-    assert sum(expected) < 3 * 8 * 64  # the sample corpus's document tails leave padding
+    assert sum(expected) < 3 * 8 * 256  # the sample corpus's document tails leave padding
 
 
 def test_sigterm_saves_a_loadable_checkpoint_and_exits(data, tmp_path):

@@ -1,8 +1,13 @@
 """Data-pipeline benchmark on the built-in sample corpus (or any Parquet file), in one run:
 
-1. preprocessing throughput: preprocess_data with N workers against a plain single-process loop
-   calling the same tokenizer document by document;
-2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length.
+1. preprocessing throughput: preprocess_data with N workers (batched encoding in the tokenizer's
+   Rust backend) against Megatron-LM's loop with the same N worker processes: megatron-core's
+   HuggingFaceTokenizer.text_to_ids on one document at a time (Pool.imap, 32 per task), and
+   against a plain backend loop in one process;
+2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length;
+3. the layout builder at scale: packed and padded layouts of --layout-documents synthetic
+   documents (RefinedWeb-like lengths: lognormal, mean about 650 tokens), time and peak memory
+   measured in a fresh process, and the cost per document extrapolated to 1B documents.
 
     python tools/benchmark_data.py [--corpus X.parquet] [--tokenizer-model DIR] [--workers 2]
 """
@@ -36,6 +41,55 @@ def real_token_share(prefix, tokenizer, seq_length, packed, micro_batch_size):
     return real / total, len(train), batches
 
 
+_megatron_tokenizer = None
+
+
+def _megatron_init(model):
+    global _megatron_tokenizer
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import HuggingFaceTokenizer
+    _megatron_tokenizer = HuggingFaceTokenizer(model)
+
+
+def _megatron_encode(text):
+    return len(_megatron_tokenizer.text_to_ids(text))
+
+
+def megatron_lm_loop(texts, model, workers):
+    """Tokens and seconds of Megatron-LM's encoder loop (one document per call) on `workers`."""
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(workers, _megatron_init, (model,)) as pool:
+        pool.map(_megatron_encode, texts[:workers], 1)  # every worker has loaded its tokenizer
+        start = time.perf_counter()
+        tokens = sum(pool.imap(_megatron_encode, texts, 32))
+        return tokens, time.perf_counter() - start
+
+
+_LAYOUT_SCRIPT = """
+import json, resource, sys, time, numpy
+from megatron_neobert.data.packing import chunk_documents, pack_documents
+n, seq, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+lengths = numpy.maximum(1, numpy.random.default_rng(0).lognormal(6.0, 1.0, n)).astype(numpy.int64)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+layout = (pack_documents if mode == "packed" else chunk_documents)(lengths, seq)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print(json.dumps({"seconds": seconds, "peak_mb": peak / 1024, "mean_length": float(lengths.mean()),
+                  "arrays_mb": sum(a.nbytes for a in layout) / 2**20,
+                  "samples": int(layout.sample_ptr.shape[0] - 1)}))
+"""
+
+
+def layout_at_scale(documents, seq_length, mode):
+    import json
+    import subprocess
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+    out = subprocess.run([sys.executable, "-c", _LAYOUT_SCRIPT, str(documents), str(seq_length),
+                          mode], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
+    return json.loads(out.stdout)
+
+
 def main(argv=None):
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="RefinedWeb-style Parquet file to tokenize")
@@ -46,6 +100,8 @@ def main(argv=None):
     parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per batch")
     parser.add_argument("--repeats", type=int, default=3,
                         help="best of N timings (the cores may be shared with other work)")
+    parser.add_argument("--layout-documents", type=int, default=20_000_000,
+                        help="synthetic documents for the layout benchmark (0: skip it)")
     args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq
@@ -59,6 +115,12 @@ def main(argv=None):
         start = time.perf_counter()
         plain_tokens = sum(len(tokenizer.tokenize(text)) for text in texts)
         plain_seconds = min(plain_seconds, time.perf_counter() - start)
+
+    megatron_seconds = float("inf")
+    for _ in range(args.repeats):
+        megatron_tokens, seconds = megatron_lm_loop(texts, args.tokenizer_model, args.workers)
+        megatron_seconds = min(megatron_seconds, seconds)
+    assert megatron_tokens == plain_tokens, (megatron_tokens, plain_tokens)
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = [preprocess_data([args.corpus], os.path.join(tmp, "bench"), ["content"],
@@ -76,15 +138,31 @@ def main(argv=None):
     print("\n1. preprocessing throughput (same tokenizer, same tokens)")
     print(f"   {'plain loop, 1 process':<38}{plain_tokens / plain_seconds:>12,.0f} tokens/s"
           f"  ({plain_seconds:.2f} s, tokenizing only)")
+    megatron_rate = megatron_tokens / megatron_seconds
+    print(f"   {f'Megatron-LM loop, {args.workers} workers':<38}{megatron_rate:>12,.0f} tokens/s"
+          f"  ({megatron_seconds:.2f} s, tokenizing only)")
     print(f"   {f'preprocess_data, {args.workers} workers':<38}{stats.tokens_per_second:>12,.0f} "
           f"tokens/s  ({stats.seconds:.2f} s, reading + tokenizing + writing .bin/.idx)")
-    print(f"   speed-up: {stats.tokens_per_second / (plain_tokens / plain_seconds):.2f}x")
+    print(f"   speed-up: {stats.tokens_per_second / megatron_rate:.2f}x Megatron-LM's loop, "
+          f"{stats.tokens_per_second / (plain_tokens / plain_seconds):.2f}x the plain loop")
     print(f"\n2. real (non-pad) tokens per batch at length {args.seq_length}, "
           f"micro batch {args.micro_batch_size}, one epoch")
     print(f"   {'mode':<10}{'real tokens':>12}{'samples':>10}{'batches':>10}")
     for name, (share, samples, batches) in (("packed", packed), ("padded", padded)):
         print(f"   {name:<10}{share:>12.1%}{samples:>10,}{batches:>10,}")
     print(f"   padded mode needs {padded[1] / packed[1]:.2f}x the samples for the same tokens")
+    if args.layout_documents:
+        n = args.layout_documents
+        print(f"\n3. layout of {n:,} synthetic documents at length {args.seq_length} (fresh process)")
+        print(f"   {'mode':<8}{'seconds':>9}{'peak MB':>9}{'arrays MB':>11}{'samples':>13}"
+              f"{'us/doc':>8}{'1B docs':>9}")
+        for mode in ("packed", "padded"):
+            r = layout_at_scale(n, args.seq_length, mode)
+            per_doc = r["seconds"] / n
+            print(f"   {mode:<8}{r['seconds']:>9.1f}{r['peak_mb']:>9,.0f}{r['arrays_mb']:>11,.0f}"
+                  f"{r['samples']:>13,}{per_doc * 1e6:>8.2f}{per_doc * 1e9 / 60:>7.1f} min")
+        print(f"   (mean document length {r['mean_length']:.0f} tokens; peak = resident memory "
+              "added by the build, input lengths excluded)")
 
 
 if __name__ == "__main__":

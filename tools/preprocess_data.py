@@ -3,7 +3,20 @@
     python tools/preprocess_data.py --input 'refinedweb/*.parquet' --output-prefix data/refinedweb \
         --tokenizer-type HuggingFaceTokenizer --tokenizer-model bert-base-uncased --workers 16
 
-writes data/refinedweb_content_document.bin/.idx (one whole document per sequence).
+writes data/refinedweb_content_document.bin/.idx (one whole document per sequence, one document
+per input record) and data/refinedweb_content_document.tokenizer.json. Each input file is first
+written as a shard in data/refinedweb_shards/; a killed run started again skips complete shards.
+
+Across nodes, each rank takes every world_size-th file and writes shards only; merge them after:
+
+    # SLURM job array (rank/world size from SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)
+    sbatch --array=0-63 --wrap "python tools/preprocess_data.py --input 'rw/*.parquet' \
+        --output-prefix data/rw --workers 32"
+    # torchrun (rank/world size from RANK / WORLD_SIZE)
+    torchrun --nnodes 8 --nproc-per-node 1 ... tools/preprocess_data.py --input 'rw/*.parquet' \
+        --output-prefix data/rw --workers 32
+    # then, once:
+    python tools/merge_datasets.py --shard-dir data/rw_shards --output-prefix data/rw_content_document
 """
 
 import logging
@@ -15,13 +28,26 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
 
+_VOCAB_FILE_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
+
+
+def rank_from_environment():
+    """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
+    env = os.environ
+    if "SLURM_ARRAY_TASK_ID" in env and "SLURM_ARRAY_TASK_COUNT" in env:
+        first = int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+        return int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    return 0, 1
+
 
 def get_args(argv=None):
     parser = ArgumentParser(description=__doc__)
     group = parser.add_argument_group("input data")
     group.add_argument("--input", nargs="+", required=True,
                        help="Parquet / JSON lines (.gz, .zst) files, globs, folders, or a folder "
-                            "saved by datasets.save_to_disk; each file is one partition")
+                            "saved by datasets.save_to_disk; each file is one shard")
     group.add_argument("--json-keys", nargs="+", default=["content"],
                        help="text field(s) to tokenize; one output dataset per key")
     group = parser.add_argument_group("tokenizer")
@@ -29,15 +55,43 @@ def get_args(argv=None):
                        help="as Megatron-LM's")
     group.add_argument("--tokenizer-model", default="bert-base-uncased",
                        help="Hugging Face name or folder, or a SentencePiece .model file")
+    group.add_argument("--vocab-file", default=None,
+                       help="WordPiece vocab.txt for the BertWordPiece* tokenizer types")
+    group.add_argument("--append-eod", action="store_true",
+                       help="append the end-of-document token (EOS, else [SEP]) to each document")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
                        help="writes {prefix}_{key}_document.bin/.idx per --json-keys key")
+    group.add_argument("--shard-dir", default=None,
+                       help="where per-file shards are kept until merged (default: "
+                            "OUTPUT_PREFIX_shards)")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer worker processes")
+    group.add_argument("--partitions", type=int, default=1,
+                       help="input files written at once, each with workers/partitions workers")
+    group.add_argument("--log-interval", type=int, default=1000,
+                       help="log progress every this many documents of a file (0: never)")
     group.add_argument("--chunk-documents", type=int, default=64,
                        help="documents per task sent to a worker")
+    group.add_argument("--rank", type=int, default=None,
+                       help="this node's share of the files (default: SLURM array task or torchrun "
+                            "RANK, else 0)")
+    group.add_argument("--world-size", type=int, default=None,
+                       help="nodes sharing the files (default: SLURM_ARRAY_TASK_COUNT or torchrun "
+                            "WORLD_SIZE, else 1); with more than one, shards are not merged")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tokenizer_type in _VOCAB_FILE_TYPES:
+        if args.vocab_file is None:
+            parser.error(f"--tokenizer-type {args.tokenizer_type} needs --vocab-file")
+        args.tokenizer_model = args.vocab_file
+    elif args.vocab_file is not None:
+        parser.error(f"--vocab-file is for {' / '.join(_VOCAB_FILE_TYPES)}; "
+                     f"{args.tokenizer_type} reads --tokenizer-model")
+    env_rank, env_world = rank_from_environment()
+    args.rank = env_rank if args.rank is None else args.rank
+    args.world_size = env_world if args.world_size is None else args.world_size
+    return args
 
 
 def main(argv=None) -> int:
@@ -46,18 +100,22 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        stats = preprocess_data(args.input, args.output_prefix, args.json_keys,
-                                args.tokenizer_type, args.tokenizer_model, args.workers,
-                                args.chunk_documents, progress=not args.no_progress)
-    except ValueError as err:  # DataInputError, IndexedDataError, tokenizer errors
+        stats = preprocess_data(
+            args.input, args.output_prefix, args.json_keys, args.tokenizer_type,
+            args.tokenizer_model, args.workers, args.chunk_documents,
+            progress=not args.no_progress, append_eod=args.append_eod,
+            log_interval=args.log_interval, partitions=args.partitions, rank=args.rank,
+            world_size=args.world_size, shard_dir=args.shard_dir)
+    except ValueError as err:  # DataInputError, IndexedDataError, tokenizer errors, empty input
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: no output written", file=sys.stderr)
+        print("interrupted: complete shards are kept, the output is untouched; run again to "
+              "resume", file=sys.stderr)
         return 130
     print(f"done: {stats.summary()}")
     for key, prefix in stats.outputs.items():
-        print(f"  {key}: {prefix}.bin / .idx")
+        print(f"  {key}: {prefix}" + ("" if args.world_size > 1 else ".bin / .idx"))
     return 0
 
 

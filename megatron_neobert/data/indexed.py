@@ -36,11 +36,7 @@ def check_indexed_files(idx_path: str, bin_path: str) -> None:
         if not os.path.isfile(path):
             raise IndexedDataError(f"{path} not found")
     idx_size = os.path.getsize(idx_path)
-    with open(idx_path, "rb") as f:
-        head = f.read(34)
-    if len(head) < 34 or head[:9] != _INDEX_HEADER:
-        raise IndexedDataError(f"{idx_path} is not a megatron-core index (bad header)")
-    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:34])
+    version, code, n_seq, n_doc = read_header(idx_path)
     if version != 1:
         raise IndexedDataError(f"{idx_path}: unsupported index version {version}")
     try:
@@ -69,6 +65,15 @@ def check_indexed_files(idx_path: str, bin_path: str) -> None:
             f"{bin_path} is {bin_size} bytes but {idx_path} describes {expected} bytes "
             f"({n_seq} sequences of {numpy.dtype(DType.dtype_from_code(code)).name}): the .bin is "
             "truncated or the .idx belongs to another .bin")
+
+
+def read_header(idx_path: str):
+    """(version, dtype code, sequences, documents + 1) from a megatron-core index header."""
+    with open(idx_path, "rb") as f:
+        head = f.read(34)
+    if len(head) < 34 or head[:9] != _INDEX_HEADER:
+        raise IndexedDataError(f"{idx_path} is not a megatron-core index (bad header)")
+    return struct.unpack("<QBQQ", head[9:34])
 
 
 def open_indexed(prefix: str, mmap: bool = True) -> IndexedDataset:

@@ -3,15 +3,24 @@
 Stage 2 of the NeoBERT recipe draws 40% of each batch from documents of at least 1024 tokens and
 40% from documents of at least 2048 tokens. Document lengths are read from the index; the selected
 documents' bytes are copied as they are (sequence structure included), in corpus order.
+
+The subset's record (``{prefix}.tokenizer.json``) keeps the corpus's, plus its document count, and
+``{prefix}.source_ids.npy`` the corpus id of each document, so the MLM dataset splits a subset by
+the corpus's own train/valid/test ranges: in a blend of a corpus and its subsets, a document held
+out for validation is never trained on through another component.
 """
 
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from megatron_neobert.data.indexed import commit_pair, discard_partial, open_indexed, partial_paths
+from megatron_neobert.data.indexed import discard_partial, open_indexed, partial_paths
+from megatron_neobert.data.records import publish, read_record
+
+SOURCE_IDS_SUFFIX = ".source_ids.npy"
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +61,18 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int) -
             tokens = dataset.get(first, 0, int(lengths[d]))
             builder.add_document(tokens, seq_lengths.tolist())
         builder.finalize(idx_tmp)
-        commit_pair(output_prefix)
+        # The ids first: a subset with a record always has them. A subset of a subset points
+        # to the corpus.
+        source = read_record(input_prefix) or {}
+        ids, corpus_size = keep.astype(numpy.int64), len(lengths)
+        if os.path.isfile(input_prefix + SOURCE_IDS_SUFFIX) and "source_documents" in source:
+            ids = numpy.load(input_prefix + SOURCE_IDS_SUFFIX)[keep]
+            corpus_size = source["source_documents"]
+        tmp = output_prefix + SOURCE_IDS_SUFFIX + ".partial.npy"
+        numpy.save(tmp, ids)
+        os.replace(tmp, output_prefix + SOURCE_IDS_SUFFIX)
+        publish(output_prefix, {**source, "documents": int(keep.size),
+                                "source_documents": int(corpus_size)})
     except BaseException:
         discard_partial(output_prefix)
         raise

@@ -8,10 +8,13 @@ chunk each. The layout is computed once, cached as ``.npy`` files (rank 0 first 
 and memory-mapped.
 
 Masking happens when a sample is read, from a generator seeded by (seed, dataset, index): sample i
-is a pure function of its index, so tensor-parallel ranks agree and a resumed run sees exactly the
-samples it would have seen.
+is a pure function of (seed, data, split, sequence length, layout mode, i), so tensor-parallel
+ranks agree, a resumed run sees exactly the samples it would have seen, and asking for more
+samples (a larger --train-iters) only appends epochs.
 """
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -28,6 +31,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus
 from megatron_neobert.data.indexed import open_indexed
 from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
@@ -71,6 +75,17 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
             raise ValueError(f"sequence_length must be >= 8, got {self.sequence_length}")
 
 
+def sample_stream(unique_identifiers: Dict) -> int:
+    """The random stream of a dataset's layouts and masks: its identity (path, split, seed,
+    length, layout mode, tokenizer) without the number of samples asked for, so that sample i
+    does not depend on --train-iters and a run extended by resuming sees the samples of a run
+    planned longer from the start. Distinct per dataset and split: blends do not mask two
+    datasets' sample i identically."""
+    identity = {k: v for k, v in unique_identifiers.items() if k != "num_samples"}
+    text = json.dumps(identity, indent=4, default=lambda obj: obj.unique_identifiers)
+    return int(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8], 16)
+
+
 class MLMDataset(MegatronDataset):
     """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
     ``attention_mask`` (bool [S], padded)."""
@@ -78,17 +93,19 @@ class MLMDataset(MegatronDataset):
     def __init__(self, indexed_dataset: IndexedDataset, dataset_path: Optional[str],
                  indexed_indices: numpy.ndarray, num_samples: Optional[int], index_split: Split,
                  config: MLMDatasetConfig) -> None:
+        if dataset_path is not None:
+            indexed_indices = split_as_corpus(dataset_path, indexed_indices, config.split_matrix,
+                                              index_split.value)
         super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples,
                          index_split, config)
         tok = config.tokenizer
-        self._doc_lengths = document_lengths(indexed_dataset)
+        self._doc_lead, self._doc_lengths = special_token_trims(
+            indexed_dataset, dataset_path, tok, document_lengths(indexed_dataset))
         self._doc_first_sequence = indexed_dataset.document_indices[:-1]
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
         self._special[list(tok.special_ids)] = True
         self._random_ids = numpy.flatnonzero(~self._special[:tok.vocab_size])
-        # Distinct mask streams per dataset and split, fixed by the config hash (not by paths
-        # alone), so blends do not mask two datasets' sample i identically.
-        self._stream = int(self.unique_description_hash[:8], 16)
+        self._stream = sample_stream(self.unique_identifiers)
         self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
             self._build_layout())
 
@@ -100,7 +117,9 @@ class MLMDataset(MegatronDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: MLMDatasetConfig) -> IndexedDataset:
-        return open_indexed(dataset_path, mmap=config.mmap_bin_files)
+        dataset = open_indexed(dataset_path, mmap=config.mmap_bin_files)
+        check_vocabulary(dataset_path, config.tokenizer)
+        return dataset
 
     @staticmethod
     def _key_config_attributes() -> List[str]:
@@ -125,7 +144,7 @@ class MLMDataset(MegatronDataset):
             # The sequences of one document are contiguous in the .bin, so one read from the
             # first sequence covers documents written as several sequences (split sentences).
             body = self.dataset.get(int(self._doc_first_sequence[doc]),
-                                    int(self.piece_start[p]), length)
+                                    int(self.piece_start[p]) + int(self._doc_lead[doc]), length)
             parts += [[tok.cls_id], body, [tok.sep_id]]
             seqlens.append(length + 2)
         tokens = numpy.concatenate(parts).astype(numpy.int64)

@@ -1,35 +1,48 @@
 """Tokenize RefinedWeb-style text into megatron-core ``.bin/.idx`` datasets.
 
-The library side of ``tools/preprocess_data.py``. Output names follow Megatron-LM's tool:
-``{output_prefix}_{key}_document.bin/.idx``, one sequence per document, whole documents (never
-truncated; the MLM dataset cuts them into samples). Each input file is a partition written to a
-scratch folder and merged at the end; the merged pair is written under ``.partial`` names, checked
-and renamed, so an interrupted run never leaves a pair that looks complete.
+The library side of ``tools/preprocess_data.py``. Output names and contents follow Megatron-LM's
+tool: ``{output_prefix}_{key}_document.bin/.idx``, one sequence per document (whole, never
+truncated: the MLM dataset cuts them into samples), and a document for every input record, so
+document i is record i. A text that gives no token (an empty one) is kept as an empty document,
+as Megatron-LM keeps it; ``--append-eod`` appends the tokenizer's EOD to each non-empty document.
+Only records that cannot be read at all (not JSON, not UTF-8, null) are skipped and counted.
 
-Documents are tokenized in chunks by worker processes but written in input order, so the output
-does not depend on the number of workers.
+Each input file becomes one *shard* per key in ``{output_prefix}_shards/`` (written under
+``.partial`` names, checked, renamed, then marked complete by its record), so a killed job
+resumes where it stopped, and several nodes can share the files (``rank``/``world_size``: file i
+goes to rank ``i % world_size``). With one rank the shards are merged into the output pair and
+removed; with several, ``tools/merge_datasets.py`` merges them once every rank is done. An input
+that yields no document never replaces an existing dataset.
+
+Documents are tokenized in batches by worker processes (the Rust backend's ``encode_batch``) but
+written in input order, so the output does not depend on the number of workers or partitions.
 """
 
 import collections
+import json
 import logging
 import multiprocessing
 import os
-import shutil
-import tempfile
+import re
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_idx_path
 
-from megatron_neobert.data.indexed import commit_pair, discard_partial, partial_paths, token_dtype
+from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, token_dtype
+from megatron_neobert.data.merge import merge_datasets
 from megatron_neobert.data.readers import Record, count_records, expand_inputs, iter_records
+from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
 
 _MAX_SKIP_WARNINGS = 20
+MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -39,17 +52,35 @@ class PreprocessStats:
     skipped: collections.Counter = field(default_factory=collections.Counter)
     seconds: float = 0.0
     outputs: Dict[str, str] = field(default_factory=dict)  # json key -> dataset prefix
+    shards_done_before: int = 0  # shards found complete (resumed) and not redone
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def add(self, other: "PreprocessStats") -> None:
+        self.documents += other.documents
+        self.tokens += other.tokens
+        self.skipped.update(other.skipped)
+
     def summary(self) -> str:
         skipped = sum(self.skipped.values())
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
+        resumed = f", {self.shards_done_before} shards already done" if self.shards_done_before else ""
         return (f"{self.documents:,} documents, {self.tokens:,} tokens, {skipped:,} skipped"
                 f"{f' ({reasons})' if reasons else ''}, {self.seconds:.1f} s, "
-                f"{self.tokens_per_second:,.0f} tokens/s")
+                f"{self.tokens_per_second:,.0f} tokens/s{resumed}")
+
+
+@dataclass
+class _Settings:
+    json_keys: List[str]
+    tokenizer: MLMTokenizer
+    workers: int
+    chunk_documents: int
+    append_eod: bool
+    log_interval: int
+    progress: bool
 
 
 # ---- worker side -------------------------------------------------------------------------------
@@ -66,16 +97,23 @@ def _init_worker(tokenizer: MLMTokenizer) -> None:
     _worker_tokenizer = tokenizer
 
 
-def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype) -> List[List[numpy.ndarray]]:
-    return [[numpy.asarray(ids, dtype=dtype) for ids in tokenizer.tokenize_batch(texts)]
-            for texts in columns]
+def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod: bool
+            ) -> List[List[numpy.ndarray]]:
+    out = []
+    for texts in columns:
+        docs = [numpy.asarray(ids, dtype=dtype) for ids in tokenizer.tokenize_documents(texts)]
+        if append_eod:  # Megatron-LM: on the last sentence of each non-empty document
+            docs = [numpy.append(d, numpy.asarray(tokenizer.eod_id, dtype)) if d.size else d
+                    for d in docs]
+        out.append(docs)
+    return out
 
 
-def _encode_in_worker(columns: List[List[str]], dtype) -> List[List[numpy.ndarray]]:
-    return _encode(_worker_tokenizer, columns, dtype)
+def _encode_in_worker(columns: List[List[str]], dtype, append_eod: bool):
+    return _encode(_worker_tokenizer, columns, dtype, append_eod)
 
 
-# ---- main side ---------------------------------------------------------------------------------
+# ---- one shard ---------------------------------------------------------------------------------
 def _chunks(records: Iterator[Record], keys: Sequence[str], size: int, stats: PreprocessStats
             ) -> Iterator[Tuple[List[str], List[List[str]]]]:
     """Group usable records into (where-list, per-key text columns); count skipped ones."""
@@ -103,6 +141,114 @@ def _skip(stats: PreprocessStats, reason: str, where: str) -> None:
         logger.warning("more records skipped; the final summary counts them")
 
 
+def _input_identity(path: str) -> Dict:
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _shard_prefixes(shard_dir: str, index: int, path: str, keys: Sequence[str]) -> Dict[str, str]:
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(os.path.normpath(path)))
+    return {key: os.path.join(shard_dir, f"{index:06d}-{name}_{key}") for key in keys}
+
+
+def shards_of(shard_dir: str, key: str) -> List[str]:
+    """The shard prefixes of ``key`` listed by a run's manifest, once all are complete."""
+    path = os.path.join(shard_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise ValueError(f"{shard_dir} has no {MANIFEST}: not a preprocess_data.py shard folder")
+    with open(path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    if key not in manifest["keys"]:
+        raise ValueError(f"{shard_dir} holds shards of {manifest['keys']}, not of {key!r}")
+    prefixes = [shard[manifest["keys"].index(key)] for shard in manifest["shards"]]
+    missing = [p for p in prefixes if read_record(p) is None]
+    if missing:
+        raise ValueError(f"{len(missing)} of {len(prefixes)} shards are not complete yet (e.g. "
+                         f"{missing[0]}): wait for every rank, or run it again to resume")
+    return prefixes
+
+
+def _shard_is_complete(prefixes: Dict[str, str], record: Dict) -> bool:
+    for prefix in prefixes.values():
+        found = read_record(prefix)
+        if found is None or {k: found.get(k) for k in record} != record:
+            return False
+        try:
+            check_indexed(prefix)
+        except ValueError:
+            return False
+    return True
+
+
+def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings,
+                 bar=None) -> PreprocessStats:
+    """Tokenize one input file into one pair per key, published with its record."""
+    stats = PreprocessStats()
+    dtype = token_dtype(s.tokenizer.vocab_size)
+    builders = {key: IndexedDatasetBuilder(partial_paths(prefixes[key])[0], dtype=dtype)
+                for key in s.json_keys}
+    max_id = {key: -1 for key in s.json_keys}
+    start = time.perf_counter()
+    pool = (multiprocessing.get_context("fork").Pool(
+        s.workers, initializer=_init_worker, initargs=(s.tokenizer,)) if s.workers > 1 else None)
+
+    def write(wheres, encoded):
+        for i in range(len(wheres)):
+            for k, key in enumerate(s.json_keys):
+                doc = encoded[k][i]
+                # An empty document has no sequence, as megatron-core's builder writes [] with [].
+                builders[key].add_document(doc, [doc.size] if doc.size else [])
+                stats.tokens += doc.size
+                if doc.size:
+                    max_id[key] = max(max_id[key], int(doc.max()))
+            stats.documents += 1
+            if s.log_interval and stats.documents % s.log_interval == 0:
+                elapsed = time.perf_counter() - start
+                logger.info("%s: processed %d documents (%.0f docs/s, %.0f tokens/s)", path,
+                            stats.documents, stats.documents / elapsed, stats.tokens / elapsed)
+        if bar is not None:
+            bar.update(len(wheres))
+
+    try:
+        chunks = _chunks(iter_records(path, s.json_keys), s.json_keys, s.chunk_documents, stats)
+        if pool is None:
+            for wheres, columns in chunks:
+                write(wheres, _encode(s.tokenizer, columns, dtype, s.append_eod))
+        else:
+            # Bounded look-ahead: results are consumed in submission order, so the output is
+            # identical to the single-process one, and memory stays flat on huge files.
+            pending = collections.deque()
+            for wheres, columns in chunks:
+                pending.append((wheres, pool.apply_async(
+                    _encode_in_worker, (columns, dtype, s.append_eod))))
+                if len(pending) >= 4 * s.workers:
+                    wheres_done, result = pending.popleft()
+                    write(wheres_done, result.get())
+            while pending:
+                wheres_done, result = pending.popleft()
+                write(wheres_done, result.get())
+        for key in s.json_keys:
+            builders[key].finalize(partial_paths(prefixes[key])[1])
+        for key in s.json_keys:
+            publish(prefixes[key], {**record, "max_token_id": max_id[key],
+                                    "documents": stats.documents})
+    except BaseException:
+        for prefix in prefixes.values():
+            discard_partial(prefix)
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    return stats
+
+
+def _write_shard_in_process(path, prefixes, record, settings):
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    return _write_shard(path, prefixes, record, settings)
+
+
+# ---- the whole run -----------------------------------------------------------------------------
 def preprocess_data(
     inputs: Sequence[str],
     output_prefix: str,
@@ -112,95 +258,86 @@ def preprocess_data(
     workers: int = 1,
     chunk_documents: int = 64,
     progress: bool = True,
+    append_eod: bool = False,
+    log_interval: int = 1000,
+    partitions: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
+    shard_dir: Optional[str] = None,
 ) -> PreprocessStats:
     """Tokenize ``inputs`` (files, globs, folders, saved datasets) into indexed datasets.
 
-    Returns the counts and the output prefix per key. Raises ``DataInputError`` (bad input, named
-    by file and record) or ``ValueError`` (bad tokenizer) after removing anything half written;
-    existing outputs are replaced only once the new pair is complete and checked.
+    ``partitions`` shards are written at once, each with ``workers // partitions`` tokenizer
+    processes. Returns the counts and the output prefix per key (shards when ``world_size > 1``).
+    Raises ``DataInputError`` (bad input, named by file and record) or ``ValueError`` (bad
+    tokenizer, nothing to write) after removing anything half written; existing outputs are
+    replaced only once the new pair is complete and checked.
     """
     from tqdm import tqdm
 
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers < 1 or partitions < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need workers >= 1, partitions >= 1 and 0 <= rank < world_size; got "
+                         f"workers={workers}, partitions={partitions}, rank={rank} of {world_size}")
     json_keys = list(json_keys)
-    partitions = expand_inputs(inputs)
+    files = expand_inputs(inputs)
     tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)  # fail fast, before any output
-    dtype = token_dtype(tokenizer.vocab_size)
+    shard_dir = shard_dir or f"{output_prefix}_shards"
+    os.makedirs(shard_dir, exist_ok=True)
+    settings = _Settings(json_keys, tokenizer, max(1, workers // partitions), chunk_documents,
+                         append_eod, log_interval, progress)
+    base = tokenizer_record(tokenizer, append_eod)
+    shards = [(path, _shard_prefixes(shard_dir, i, path, json_keys),
+               {**base, "input": _input_identity(path) if os.path.isfile(path) else path})
+              for i, path in enumerate(files)]
+    # Every rank writes the same list: the merge refuses to run while a shard is missing.
+    write_json_atomic(os.path.join(shard_dir, MANIFEST), {
+        "keys": json_keys, "shards": [list(prefixes.values()) for _, prefixes, _ in shards]})
     stats = PreprocessStats()
-    stats.outputs = {key: f"{output_prefix}_{key}_document" for key in json_keys}
-    out_dir = os.path.dirname(os.path.abspath(output_prefix))
-    os.makedirs(out_dir, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=".preprocess-", dir=out_dir)
-    pool = (multiprocessing.get_context("fork").Pool(
-        workers, initializer=_init_worker, initargs=(tokenizer,))
-        if workers > 1 else None)
-    total = [count_records(p) for p in partitions]
-    bar = tqdm(total=sum(total) if None not in total else None, unit="doc", disable=not progress,
-               desc="tokenizing")
+    todo = []
+    for i, (path, prefixes, record) in enumerate(shards):
+        if i % world_size != rank:
+            continue
+        if _shard_is_complete(prefixes, record):
+            stats.shards_done_before += 1
+        else:
+            todo.append((path, prefixes, record))
     start = time.perf_counter()
     try:
-        part_prefixes = []
-        for p, partition in enumerate(partitions):
-            prefixes = {key: os.path.join(scratch, f"part{p:05d}_{key}") for key in json_keys}
-            builders = {key: IndexedDatasetBuilder(prefixes[key] + ".bin", dtype=dtype)
-                        for key in json_keys}
-
-            def write(wheres, encoded):
-                for i, where in enumerate(wheres):
-                    docs = [encoded[k][i] for k in range(len(json_keys))]
-                    if any(d.size == 0 for d in docs):
-                        _skip(stats, "no tokens", where)
-                        continue
-                    for key, doc in zip(json_keys, docs):
-                        builders[key].add_document(doc, [doc.size])
-                        stats.tokens += doc.size
-                    stats.documents += 1
-                bar.update(len(wheres))
-                bar.set_postfix(tok_s=f"{stats.tokens / (time.perf_counter() - start):,.0f}")
-
-            chunks = _chunks(iter_records(partition, json_keys), json_keys, chunk_documents, stats)
-            if pool is None:
-                for wheres, columns in chunks:
-                    write(wheres, _encode(tokenizer, columns, dtype))
-            else:
-                # Bounded look-ahead: results are consumed in submission order, so the output is
-                # identical to the single-process one, and memory stays flat on huge files.
-                pending = collections.deque()
-                for wheres, columns in chunks:
-                    pending.append((wheres, pool.apply_async(_encode_in_worker, (columns, dtype))))
-                    if len(pending) >= 4 * workers:
-                        wheres_done, result = pending.popleft()
-                        write(wheres_done, result.get())
-                while pending:
-                    wheres_done, result = pending.popleft()
-                    write(wheres_done, result.get())
-            for key in json_keys:
-                builders[key].finalize(get_idx_path(prefixes[key]))
-            part_prefixes.append(prefixes)
-
-        for key in json_keys:
-            bin_tmp, idx_tmp = partial_paths(stats.outputs[key])
-            if len(part_prefixes) == 1:
-                os.replace(part_prefixes[0][key] + ".bin", bin_tmp)
-                os.replace(part_prefixes[0][key] + ".idx", idx_tmp)
-            else:
-                merged = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
-                for prefixes in part_prefixes:
-                    merged.add_index(prefixes[key])
-                merged.finalize(idx_tmp)
-        for key in json_keys:
-            commit_pair(stats.outputs[key])
+        if partitions == 1:
+            counts = [count_records(path) for path, _, _ in todo]
+            with tqdm(total=sum(counts) if None not in counts else None, unit="doc",
+                      disable=not progress, desc="tokenizing") as bar:
+                for path, prefixes, record in todo:
+                    stats.add(_write_shard(path, prefixes, record, settings, bar))
+        else:
+            with ProcessPoolExecutor(partitions, mp_context=multiprocessing.get_context("fork")) as ex, \
+                    tqdm(total=len(todo), unit="shard", disable=not progress, desc="shards") as bar:
+                for done in [ex.submit(_write_shard_in_process, *t, settings) for t in todo]:
+                    stats.add(done.result())
+                    bar.update(1)
     except BaseException:
-        for prefix in stats.outputs.values():
-            discard_partial(prefix)
+        if os.listdir(shard_dir) == [MANIFEST]:  # nothing to resume from: leave no trace
+            os.remove(os.path.join(shard_dir, MANIFEST))
+            os.rmdir(shard_dir)
         raise
     finally:
         stats.seconds = time.perf_counter() - start
-        bar.close()
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-        shutil.rmtree(scratch, ignore_errors=True)
+    if world_size > 1:
+        stats.outputs = {key: shard_dir for key in json_keys}
+        logger.info("rank %d of %d: %s; merge the shards once every rank is done: "
+                    "python tools/merge_datasets.py --shard-dir %s --output-prefix %s",
+                    rank, world_size, stats.summary(), shard_dir, output_prefix)
+        return stats
+    for key in json_keys:
+        stats.outputs[key] = f"{output_prefix}_{key}_document"
+        merge_datasets([prefixes[key] for _, prefixes, _ in shards], stats.outputs[key])
+    for _, prefixes, _ in shards:
+        for prefix in prefixes.values():
+            for path in (prefix + ".bin", get_idx_path(prefix), record_path(prefix)):
+                os.remove(path)
+    os.remove(os.path.join(shard_dir, MANIFEST))
+    if not os.listdir(shard_dir):
+        os.rmdir(shard_dir)
     logger.info("preprocessed: %s", stats.summary())
     return stats
+

@@ -28,7 +28,7 @@ class Record:
     source: str
     index: int  # 0-based row (Parquet, datasets) or line number - 1 (JSON lines)
     texts: Optional[Dict[str, str]]  # key -> text; None when skipped
-    skip: Optional[str] = None  # reason, e.g. "not JSON", "not UTF-8", "empty"
+    skip: Optional[str] = None  # reason, e.g. "not JSON", "not UTF-8", "null text"
 
     @property
     def where(self) -> str:
@@ -90,9 +90,7 @@ def _check_text(source: str, index: int, key: str, value) -> Optional[str]:
     if not isinstance(value, str):
         raise DataInputError(f"{source}, record {index + 1}: field {key!r} is a "
                              f"{type(value).__name__}, not text")
-    if not value.strip():
-        return "empty document"
-    return None
+    return None  # an empty text is kept: it becomes an empty document, as in Megatron-LM
 
 
 def _make_record(source: str, index: int, row: Dict, keys: Sequence[str]) -> Record:

@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None,
                    help="prefixes of .bin/.idx datasets, or weight-prefix pairs (0.2 A 0.4 B 0.4 C)")
+    g.add_argument("--data-args-path", default=None,
+                   help="a file holding what --data-path would (many prefixes and weights)")
+    g.add_argument("--per-split-data-args-path", default=None,
+                   help='JSON {"train": ..., "valid": ..., "test": ...}, each like --data-path '
+                        "(--split is then unused)")
     g.add_argument("--split", default="949,50,1")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
@@ -194,8 +199,9 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         if not (args.tensorboard_dir or args.save):
             raise ValueError("--profile writes its trace to --tensorboard-dir, else to --save/profile: "
                              "give one of them")
-    if args.data_path is None:
-        raise ValueError("--data-path is required (see tools/preprocess_data.py)")
+    if [args.data_path, args.data_args_path, args.per_split_data_args_path].count(None) != 2:
+        raise ValueError("give exactly one of --data-path, --data-args-path, "
+                         "--per-split-data-args-path (see tools/preprocess_data.py)")
     if os.path.exists(args.tokenizer_model):
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the
         # export and a resume find it from any working directory.

@@ -4,28 +4,16 @@ micro-batch iterators, resumed at a number of consumed samples."""
 import torch
 from megatron.core import parallel_state
 
-from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.loader import build_data_loader
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.processes import data_worker_init
-
-
-def num_evaluations(args) -> int:
-    return args.train_iters // args.eval_interval + 1 if args.eval_interval else 0
 
 
 def build_data(args, consumed_train: int, consumed_valid: int):
     """(tokenizer, training iterator, validation iterator or None)."""
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    config = MLMDatasetConfig(
-        random_seed=args.seed, sequence_length=args.seq_length, blend=parse_data_path(args.data_path),
-        split=args.split, path_to_cache=args.data_cache_path, tokenizer=tokenizer,
-        mask_rate=args.mask_rate, mask_scheme=args.mask_scheme, packed=args.packed)
-    num_evals = num_evaluations(args)
-    train_ds, valid_ds, _ = build_mlm_datasets(
-        config, [args.train_iters * args.global_batch_size,
-                 num_evals * args.eval_iters * args.global_batch_size, 0])
+    train_ds, valid_ds, _ = build_trainer_datasets(args, tokenizer)
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
 
@@ -35,6 +23,6 @@ def build_data(args, consumed_train: int, consumed_valid: int):
                                  worker_init_fn=data_worker_init)
 
     valid = None
-    if valid_ds is not None and num_evals and args.eval_iters:
+    if valid_ds is not None and args.eval_interval and args.eval_iters:
         valid = iter(loader(valid_ds, consumed_valid))
     return tokenizer, iter(loader(train_ds, consumed_train)), valid

@@ -37,8 +37,8 @@ from megatron_neobert.training.watchdog import ProgressWatchdog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
-DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "tokenizer_type",
-                    "tokenizer_model")
+DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "split", "seq_length",
+                    "packed", "seed", "tokenizer_type", "tokenizer_model")
 
 
 class NonFiniteLossError(TrainingError):

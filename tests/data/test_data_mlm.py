@@ -8,7 +8,9 @@ import numpy
 import pytest
 import torch
 from data_helpers import read_documents
+from packing_reference import reference_pack
 
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.length_subset import make_length_subset
 from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
@@ -47,10 +49,33 @@ def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected
 
 
 # ---- packing -----------------------------------------------------------------------------------
+def _samples(lay):
+    return [[(int(lay.piece_doc[p]), int(lay.piece_start[p]), int(lay.piece_len[p]),
+              bool(lay.piece_wrapped[p])) for p in range(lay.sample_ptr[i], lay.sample_ptr[i + 1])]
+            for i in range(lay.sample_ptr.shape[0] - 1)]
+
+
+def _check_packed(lay, lengths, seq):
+    """Exact filling, every token of the epoch once and in order, padding only where no piece
+    can be split to fill the gap (the pieces hold at most one token more than their count)."""
+    per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
+    assert (per_sample == seq).all() and (lay.piece_len >= 1).all()
+    own = ~lay.piece_wrapped & (lay.piece_doc != PAD_PIECE)
+    order = numpy.lexsort((lay.piece_start[own], lay.piece_doc[own]))
+    doc, start, n = lay.piece_doc[own][order], lay.piece_start[own][order], lay.piece_len[own][order]
+    assert (numpy.bincount(doc, weights=n, minlength=len(lengths)) == lengths).all()
+    first = numpy.concatenate([[True], doc[1:] != doc[:-1]])
+    assert (start[first] == 0).all()
+    assert (start[~first] == (start + n)[:-1][~first[1:]]).all()  # contiguous pieces
+    for i in numpy.flatnonzero(numpy.add.reduceat(lay.piece_doc == PAD_PIECE, lay.sample_ptr[:-1])):
+        sizes = lay.piece_len[lay.sample_ptr[i]:lay.sample_ptr[i + 1] - 1]
+        assert (sizes - 1).sum() <= 1
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_packing_fills_samples_exactly_and_cuts_without_loss(seed):
+def test_packing_equals_the_sequential_reference(seed):
     rng = numpy.random.default_rng(seed)
-    for _ in range(60):
+    for _ in range(150):
         seq = int(rng.integers(8, 80))
         k = int(rng.integers(1, 50))
         # Many 0-4 token documents (the hard cases for exact filling) and some long ones.
@@ -58,17 +83,19 @@ def test_packing_fills_samples_exactly_and_cuts_without_loss(seed):
         if lengths.sum() == 0:
             continue
         lay = pack_documents(lengths, seq)
-        per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
-        assert (per_sample == seq).all()
-        covered = {}
-        for d, s, n, w in zip(lay.piece_doc, lay.piece_start, lay.piece_len, lay.piece_wrapped):
-            assert n >= 1
-            if not w and d != PAD_PIECE:
-                covered.setdefault(int(d), []).append((int(s), int(n)))
-        for d, n in enumerate(lengths):  # every token of every document once, in order
-            pieces = sorted(covered.get(d, []))
-            assert sum(p[1] for p in pieces) == n
-            assert all(a[0] + a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+        assert _samples(lay) == reference_pack(lengths.tolist(), seq)
+        _check_packed(lay, lengths, seq)
+
+
+def test_packing_web_text_lengths_at_scale():
+    rng = numpy.random.default_rng(0)
+    lengths = numpy.maximum(1, rng.lognormal(6.0, 1.0, 200_000)).astype(numpy.int64)
+    lay = pack_documents(lengths, 512)
+    _check_packed(lay, lengths, 512)
+    assert not (lay.piece_doc == PAD_PIECE).any()
+    wrapped_tokens = int(lay.piece_len[lay.piece_wrapped].sum())
+    assert wrapped_tokens < 512 and lay.sample_ptr.shape[0] - 1 == -(-int(
+        piece_cost(lay.piece_doc, lay.piece_len).sum()) // 512)
 
 
 def test_chunking_for_padded_mode():
@@ -187,6 +214,23 @@ torch.save([train[i] for i in (0, 7, 999)], {out!r})
     (other_seed, _, _) = build_mlm_datasets(
         _config(sample_tokenizer, [indexed_prefix], cache=cache, seed=7), [1000, None, None])
     assert not torch.equal(other_seed[0]["tokens"], train[0]["tokens"])
+
+
+def test_sample_i_does_not_depend_on_the_number_of_samples(sample_tokenizer, indexed_prefix, tmp_path):
+    """Asking for more samples (a run extended by resuming) only appends: single datasets and
+    weighted blends, packed and padded."""
+    subset = str(tmp_path / "plus1024")
+    make_length_subset(indexed_prefix, subset, 1024)
+    for blend, weights, packed in (([indexed_prefix], None, True), ([indexed_prefix], None, False),
+                                   ([indexed_prefix, subset], [0.7, 0.3], True)):
+        config = lambda: _config(sample_tokenizer, blend, weights, cache=str(tmp_path / "c"),
+                                 packed=packed, split="90,10,0")
+        short = build_mlm_datasets(config(), [900, 100, 0])
+        long = build_mlm_datasets(config(), [2600, 300, 0])
+        assert len(long[0]) > len(short[0]) and len(long[1]) > len(short[1])  # more epochs
+        for a, b in ((short[0], long[0]), (short[1], long[1])):
+            for i in range(len(a) - 5, len(a)):
+                assert all(torch.equal(torch.as_tensor(a[i][k]), torch.as_tensor(b[i][k])) for k in a[i])
 
 
 def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, monkeypatch):
@@ -320,3 +364,114 @@ def test_dali_loader_yields_the_same_batches_as_torch(sample_tokenizer, indexed_
                 assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
             else:
                 assert x[k] == y[k]
+
+
+# ---- data checks -------------------------------------------------------------------------------
+def _copy_dataset(prefix, dst):
+    import shutil
+    for ext in (".bin", ".idx", ".tokenizer.json"):
+        if os.path.exists(prefix + ext):
+            shutil.copy(prefix + ext, dst + ext)
+    return dst
+
+
+def test_token_ids_beyond_the_vocabulary_stop_before_training(sample_tokenizer, indexed_prefix,
+                                                               tmp_path):
+    import json
+    bad = _copy_dataset(indexed_prefix, str(tmp_path / "other_vocab"))
+    with open(bad + ".tokenizer.json") as f:
+        record = json.load(f)
+    with open(bad + ".tokenizer.json", "w") as f:
+        json.dump({**record, "vocab_size": 30522, "max_token_id": 30000}, f)
+    with pytest.raises(ValueError, match=r"dataset .*other_vocab was tokenized with .*vocabulary "
+                                         r"30,522, largest id 30,000.* 8,192 entries"):
+        build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix, bad], [0.5, 0.5],
+                                   cache=str(tmp_path)), [10, 0, 0])
+
+
+def _segments(dataset, tok):
+    """Every attention segment of every sample, as original (unmasked) token arrays."""
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        cu, original = sample["cu_seqlens"].tolist(), _original(sample).numpy()
+        yield from (original[a:b] for a, b in zip(cu[:-1], cu[1:]))
+
+
+@pytest.mark.parametrize("written_with", ["append_eod", "cls_sep_no_record"])
+def test_special_tokens_in_the_data_are_not_doubled(written_with, sample_tokenizer, corpus_slice,
+                                                     expected_ids, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron_neobert.data.preprocess import preprocess_data
+    tok = sample_tokenizer
+    if written_with == "append_eod":
+        prefix = preprocess_data([corpus_slice[0]], str(tmp_path / "eod"), tokenizer_model=SAMPLE_TOKENIZER,
+                                 append_eod=True, progress=False).outputs["content"]
+    else:  # as a tool whose tokenizer adds [CLS] ... [SEP] writes it, without our record
+        prefix = str(tmp_path / "cls_sep")
+        builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+        for ids in expected_ids:
+            builder.add_document([tok.cls_id, *ids, tok.sep_id], [len(ids) + 2])
+        builder.finalize(prefix + ".idx")
+    train = build_mlm_datasets(_config(tok, [prefix], cache=str(tmp_path / "c")), [None] * 3)[0]
+    special = numpy.array(sorted(tok.special_ids | {tok.eod_id}))
+    tokens = 0
+    for seg in _segments(train, tok):
+        assert seg[0] == tok.cls_id and seg[-1] == tok.sep_id
+        assert not numpy.isin(seg[1:-1], special).any()
+        tokens += len(seg) - 2
+    assert tokens >= sum(len(ids) for ids in expected_ids)
+
+
+def test_a_length_subset_blend_never_trains_on_a_validation_document(sample_tokenizer,
+                                                                     indexed_prefix, tmp_path):
+    subsets = []
+    for threshold in (1024, 2048):
+        subsets.append(str(tmp_path / f"plus{threshold}"))
+        make_length_subset(indexed_prefix if threshold == 1024 else subsets[0], subsets[-1], threshold)
+    config = _config(sample_tokenizer, [indexed_prefix, *subsets], [0.2, 0.4, 0.4],
+                     cache=str(tmp_path / "c"), split="80,20,0", seq=512)
+    train, valid, _ = build_mlm_datasets(config, [300, 100, 0])
+
+    def corpus_docs(blended):
+        docs = set()
+        for ds in blended.datasets:
+            d = numpy.unique(ds.piece_doc[ds.piece_doc >= 0])
+            if ds.dataset_path != indexed_prefix:
+                d = numpy.load(ds.dataset_path + ".source_ids.npy")[d]
+            docs |= set(d.tolist())
+        return docs
+
+    held_out = corpus_docs(valid)
+    assert len(held_out) >= 20 and not held_out & corpus_docs(train)
+
+
+def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_prefix, tmp_path,
+                                                     monkeypatch):
+    import json
+    import megatron_neobert.data.mlm_dataset as mlm
+    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    from megatron_neobert.training.arguments import parse_args
+    from tools.build_data_cache import main
+    subset = str(tmp_path / "plus1024")
+    make_length_subset(indexed_prefix, subset, 1024)
+    args_file = tmp_path / "blend.txt"
+    args_file.write_text(f"0.7 {indexed_prefix}\n0.3 {subset}\n")
+    flags = ["--data-args-path", str(args_file), "--data-cache-path", str(tmp_path / "cache"),
+             "--tokenizer-model", SAMPLE_TOKENIZER, "--seq-length", "128", "--train-iters", "20",
+             "--global-batch-size", "8", "--micro-batch-size", "8", "--eval-interval", "10",
+             "--eval-iters", "2", "--lr-warmup-iters", "2", "--split", "90,10,0"]
+    assert main(flags) == 0
+    monkeypatch.setattr(mlm.MLMDataset, "_compute_layout",
+                        lambda self: pytest.fail("layout built again"))
+    train, valid, _ = build_trainer_datasets(parse_args(flags), sample_tokenizer)
+    assert len(train) == 160 and len(valid) >= 48
+    per_split = tmp_path / "per_split.json"  # Megatron-LM's --per-split-data-args-path
+    per_split.write_text(json.dumps({"train": [indexed_prefix], "valid": f"1 {subset}", "test": []}))
+    monkeypatch.undo()
+    train, valid, test = build_trainer_datasets(
+        parse_args([f if f != "--data-args-path" else "--per-split-data-args-path"
+                    for f in flags[:1]] + [str(per_split)] + flags[2:]), sample_tokenizer)
+    assert valid.dataset_path == subset and test is None
+    assert train.dataset_path == indexed_prefix
+    with pytest.raises(ValueError, match="exactly one of --data-path, --data-args-path"):
+        parse_args(flags + ["--data-path", indexed_prefix])

@@ -77,18 +77,19 @@ def test_skippable_records_are_counted_and_named(corpus_slice, expected_ids, tmp
         f.write((json.dumps({"content": good[0]}) + "\n").encode())
         f.write(b'{"content": "broken\n')  # not JSON
         f.write(b'{"content": "caf\xe9 latin-1"}\n')  # not UTF-8
-        f.write((json.dumps({"content": "   "}) + "\n").encode())  # empty
+        f.write((json.dumps({"content": "   "}) + "\n").encode())  # kept: an empty document
         f.write((json.dumps({"content": None}) + "\n").encode())
         f.write((json.dumps({"content": good[1]}) + "\n").encode())
         f.write((json.dumps({"content": good[2]}) + "\n").encode())
     with caplog.at_level("WARNING"):
         stats = _run([str(path)], str(tmp_path / "messy"))
-    assert stats.documents == 3
-    assert stats.skipped == {"not JSON": 1, "not UTF-8": 1, "empty document": 1, "null text": 1}
+    assert stats.documents == 4
+    assert stats.skipped == {"not JSON": 1, "not UTF-8": 1, "null text": 1}
     assert f"{path}, record 2: not JSON" in caplog.text
     assert f"{path}, record 3: not UTF-8" in caplog.text
     docs = read_documents(stats.outputs["content"])
-    assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids[:3]))
+    assert [len(d) for d in docs][1] == 0
+    assert all(numpy.array_equal(a, b) for a, b in zip(docs[:1] + docs[2:], expected_ids[:3]))
 
 
 def test_missing_text_field_fails_without_touching_existing_output(corpus_slice, tmp_path):
@@ -120,7 +121,10 @@ def test_interrupted_run_leaves_no_pair_that_looks_complete(corpus_slice, tmp_pa
     monkeypatch.setattr(pre, "_encode", interrupt)
     with pytest.raises(KeyboardInterrupt):
         _run([corpus_slice[0], corpus_slice[0]], str(tmp_path / "cut"), chunk_documents=32)
-    assert listing(tmp_path) == []
+    assert listing(tmp_path) == ["cut_shards"]  # no output pair; the first shard, complete
+    assert listing(tmp_path / "cut_shards") == [
+        "000000-slice.parquet_content.bin", "000000-slice.parquet_content.idx",
+        "000000-slice.parquet_content.tokenizer.json", "manifest.json"]
 
 
 def test_cli_exit_codes(corpus_slice, tmp_path, capsys):
@@ -153,3 +157,138 @@ def test_truncated_bin_and_mismatched_idx_are_detected(indexed_prefix, tmp_path)
     os.remove(bad + ".bin")
     with pytest.raises(IndexedDataError, match="bad.bin not found"):
         check_indexed(bad)
+
+
+# ---- Megatron-LM's behaviour, shards, resume, nodes ---------------------------------------------
+def _megatron_lm_pair(texts, prefix, append_eod, eod):
+    """What Megatron-LM's tools/preprocess_data.py writes: per record, the ids (plus EOD on a
+    non-empty document) as one sequence, and an empty document as no sequence at all."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(SAMPLE_TOKENIZER)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if ids and append_eod:
+            ids.append(eod)
+        builder.add_document(ids, [len(ids)] if ids else [])
+    builder.finalize(prefix + ".idx")
+
+
+@pytest.mark.parametrize("append_eod", [False, True])
+def test_bytes_equal_megatron_lm_with_empty_documents(corpus_slice, sample_tokenizer, append_eod,
+                                                      tmp_path):
+    texts = corpus_slice[1][:20]
+    texts = texts[:5] + ["", " \n "] + texts[5:]
+    path = tmp_path / "in.jsonl"
+    _write_jsonl(path, [{"content": t} for t in texts])
+    stats = _run([str(path)], str(tmp_path / "ours"), append_eod=append_eod, workers=2,
+                 chunk_documents=4)
+    _megatron_lm_pair(texts, str(tmp_path / "theirs"), append_eod, sample_tokenizer.eod_id)
+    assert file_bytes(stats.outputs["content"]) == file_bytes(str(tmp_path / "theirs"))
+    docs = read_documents(stats.outputs["content"])
+    assert len(docs) == len(texts) and len(docs[5]) == len(docs[6]) == 0  # document i = record i
+    assert (docs[0][-1] == sample_tokenizer.eod_id) == append_eod
+
+
+def _three_files(corpus_slice, folder):
+    folder.mkdir()
+    texts = corpus_slice[1]
+    for i, part in enumerate((texts[:40], texts[40:41], texts[41:90])):
+        _write_jsonl(folder / f"part{i}.jsonl", [{"content": t} for t in part])
+    return str(folder)
+
+
+def test_partitions_and_workers_do_not_change_the_bytes(corpus_slice, tmp_path):
+    src = _three_files(corpus_slice, tmp_path / "src")
+    one = _run([src], str(tmp_path / "one"))
+    many = _run([src], str(tmp_path / "many"), partitions=2, workers=2)
+    assert file_bytes(one.outputs["content"]) == file_bytes(many.outputs["content"])
+    assert listing(tmp_path) == sorted(["src"] + [f"{n}_content_document{ext}" for n in ("one", "many")
+                                                  for ext in (".bin", ".idx", ".tokenizer.json")])
+
+
+def test_a_killed_run_resumes_from_its_complete_shards(corpus_slice, tmp_path, monkeypatch):
+    import megatron_neobert.data.preprocess as pre
+    src = _three_files(corpus_slice, tmp_path / "src")
+    reference = _run([src], str(tmp_path / "reference"))
+    real, calls = pre._encode, []
+
+    def killed_in_the_third_file(tokenizer, columns, *args):
+        calls.append(columns[0][0])
+        if columns[0][0] == corpus_slice[1][41]:
+            raise KeyboardInterrupt
+        return real(tokenizer, columns, *args)
+
+    monkeypatch.setattr(pre, "_encode", killed_in_the_third_file)
+    with pytest.raises(KeyboardInterrupt):
+        _run([src], str(tmp_path / "out"))
+    monkeypatch.setattr(pre, "_encode", real)
+    resumed = _run([src], str(tmp_path / "out"))
+    assert resumed.shards_done_before == 2
+    assert resumed.documents == 49  # only the third file was tokenized again
+    assert file_bytes(resumed.outputs["content"]) == file_bytes(reference.outputs["content"])
+
+
+def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path, capsys):
+    from tools.merge_datasets import main as merge
+    src = _three_files(corpus_slice, tmp_path / "src")
+    reference = _run([src], str(tmp_path / "reference"))
+    shards = str(tmp_path / "rw_shards")
+    rank1 = _run([src], str(tmp_path / "rw"), rank=1, world_size=2)
+    assert rank1.documents == 1 and not os.path.exists(str(tmp_path / "rw_content_document.idx"))
+    out = str(tmp_path / "merged")
+    assert merge(["--shard-dir", shards, "--output-prefix", out]) == 1  # rank 0 not done yet
+    assert "2 of 3 shards are not complete" in capsys.readouterr().err
+    _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    assert merge(["--shard-dir", shards, "--output-prefix", out]) == 0
+    assert file_bytes(out) == file_bytes(reference.outputs["content"])
+
+
+def test_an_empty_input_never_replaces_a_dataset(corpus_slice, tmp_path):
+    prefix = str(tmp_path / "out")
+    good = _run([corpus_slice[0]], prefix)
+    before = file_bytes(good.outputs["content"])
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="holds no document: .*out_content_document is left as it was"):
+        _run([str(tmp_path / "empty.jsonl")], prefix)
+    assert file_bytes(good.outputs["content"]) == before
+
+
+def test_a_huge_document_is_encoded_in_slices_with_the_same_ids(corpus_slice, sample_tokenizer,
+                                                               monkeypatch):
+    import megatron_neobert.data.tokenizer as tokenizer_module
+    text = " ".join(corpus_slice[1][:30])
+    whole = sample_tokenizer.tokenize(text)
+    monkeypatch.setattr(tokenizer_module, "HUGE_TEXT", 2000)
+    assert len(text) > 20 * 2000
+    assert list(sample_tokenizer.tokenize_documents(["short", text])[1]) == whole
+
+
+def test_a_huge_document_does_not_take_gigabytes(tmp_path):
+    import subprocess
+    import sys
+    script = f"""
+import resource, numpy, sys
+sys.path.insert(0, {os.getcwd()!r})
+from megatron_neobert.data.tokenizer import build_tokenizer
+tok = build_tokenizer("HuggingFaceTokenizer", {SAMPLE_TOKENIZER!r})
+text = "the quick brown fox jumps over the lazy dog 12345 " * 100_000  # 5 MB, 1.4M tokens
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ids = tok.tokenize_documents([text])[0]
+print(len(ids), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                         env=dict(os.environ, TOKENIZERS_PARALLELISM="false")).stdout.split()
+    assert int(out[0]) == 1_400_000
+    assert int(out[1]) < 250  # MB; the backend's whole-text encoding takes about 750
+
+
+def test_bert_word_piece_vocab_file_gives_the_same_ids(corpus_slice, expected_ids, tmp_path):
+    from tools.preprocess_data import main
+    prefix = str(tmp_path / "wp")
+    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-type",
+                 "BertWordPieceLowerCase", "--vocab-file", os.path.join(SAMPLE_TOKENIZER, "vocab.txt"),
+                 "--no-progress"]) == 0
+    docs = read_documents(prefix + "_content_document")
+    assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids))

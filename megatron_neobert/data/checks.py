@@ -1,0 +1,72 @@
+"""Checks and corrections the MLM dataset applies to each indexed dataset it opens.
+
+- ``check_vocabulary``: token ids the trainer's tokenizer (hence the model) cannot embed stop the
+  run before training, naming the dataset; read from the record beside the ``.idx``.
+- ``special_token_trims``: documents that already carry [CLS] / [SEP] / EOD (``--append-eod``, or
+  a tool whose tokenizer adds special tokens) lose them, since every piece gets its own.
+- ``split_as_corpus``: a length subset takes the documents of the corpus's split, so a blend of
+  a corpus and its subsets never trains on a validation document.
+"""
+
+import logging
+import os
+
+import numpy
+from megatron.core.datasets.indexed_dataset import get_bin_path
+
+from megatron_neobert.data.length_subset import SOURCE_IDS_SUFFIX
+from megatron_neobert.data.records import read_record, record_path
+
+logger = logging.getLogger(__name__)
+
+
+def check_vocabulary(prefix: str, tokenizer) -> None:
+    record = read_record(prefix)
+    if record is None or "vocab_size" not in record:
+        logger.warning("%s has no tokenizer record (%s): its token ids cannot be checked against "
+                       "the tokenizer %s", prefix, record_path(prefix), tokenizer.tokenizer_model)
+        return
+    if record["max_token_id"] >= tokenizer.vocab_size or record["vocab_size"] != tokenizer.vocab_size:
+        raise ValueError(
+            f"dataset {prefix} was tokenized with {record['tokenizer_type']} "
+            f"{record['tokenizer_model']!r} (vocabulary {record['vocab_size']:,}, largest id "
+            f"{record['max_token_id']:,}) but training uses {tokenizer.tokenizer_model!r} with "
+            f"{tokenizer.vocab_size:,} entries: preprocess it again with the training tokenizer")
+
+
+def special_token_trims(dataset, prefix: str, tokenizer, lengths: numpy.ndarray):
+    """(tokens to skip at each document's start, lengths without the special tokens)."""
+    lead = numpy.zeros(lengths.shape[0], numpy.int8)
+    if prefix is None:
+        return lead, lengths
+    record = read_record(prefix)
+    if record is not None and "append_eod" in record:  # our own data: only an EOD to drop
+        return lead, lengths - (lengths > 0) if record["append_eod"] else lengths
+    # Another tool's data: look at each document's first and last token.
+    tokens = numpy.memmap(get_bin_path(prefix), dtype=dataset.index.dtype, mode="r")
+    pointers = dataset.index.sequence_pointers
+    first = pointers[numpy.minimum(dataset.document_indices[:-1], len(pointers) - 1)] // tokens.itemsize
+    full = lengths > 0
+    lead[full] = tokens[first[full]] == tokenizer.cls_id
+    trimmed = lengths - lead
+    last = first + lengths - 1
+    tail = full & (trimmed > 0)
+    trail = numpy.zeros_like(full)
+    trail[tail] = numpy.isin(tokens[last[tail]], [tokenizer.sep_id, tokenizer.eod_id])
+    if lead.any() or trail.any():
+        logger.info("%s: dropping %d [CLS] and %d [SEP]/EOD already in documents (each piece "
+                    "gets its own)", prefix, int(lead.sum()), int(trail.sum()))
+    return lead, trimmed - trail
+
+
+def split_as_corpus(prefix: str, indices: numpy.ndarray, split_matrix, split_index: int
+                    ) -> numpy.ndarray:
+    """A length subset's documents in the corpus's range for this split (megatron-core's own
+    rounding); other datasets, and datasets named per split (no split matrix), keep ``indices``."""
+    record = read_record(prefix)
+    if split_matrix is None or record is None or not os.path.isfile(prefix + SOURCE_IDS_SUFFIX):
+        return indices
+    n = record["source_documents"]
+    lo, hi = (int(round(x * float(n))) for x in split_matrix[split_index])
+    source = numpy.load(prefix + SOURCE_IDS_SUFFIX, mmap_mode="r")
+    return numpy.flatnonzero((source >= lo) & (source < hi)).astype(indices.dtype)
