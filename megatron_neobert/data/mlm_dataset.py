@@ -75,6 +75,10 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
             raise ValueError(f"sequence_length must be >= 8, got {self.sequence_length}")
 
 
+# Part of the cache file names: a cache of another packer or seeding is never read as this one's.
+LAYOUT_VERSION = 2
+
+
 def sample_stream(unique_identifiers: Dict) -> int:
     """The random stream of a dataset's layouts and masks: its identity (path, split, seed,
     length, layout mode, tokenizer) without the number of samples asked for, so that sample i
@@ -188,7 +192,8 @@ class MLMDataset(MegatronDataset):
         if cache is None and self.dataset_path is not None:
             cache = os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
                                  f"{type(self).__name__}_indices")
-        base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
+        base = (f"{self.unique_description_hash}-{type(self).__name__}-layout{LAYOUT_VERSION}-"
+                f"{self.index_split.name}")
         paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in names}
         description = os.path.join(cache, f"{base}-description.txt")
         hit = all(os.path.isfile(p) for p in [description, *paths.values()])
