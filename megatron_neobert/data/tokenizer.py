@@ -1,4 +1,6 @@
-"""The tokenizers preprocessing and the MLM dataset use: Hugging Face or SentencePiece.
+"""The tokenizers preprocessing and the MLM dataset use: Hugging Face, SentencePiece, or BERT's
+WordPiece from a vocab.txt (Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase, whose
+``tokenizer_model`` is the vocab file).
 
 ``build_tokenizer(tokenizer_type, tokenizer_model)`` returns an object with ``tokenize(text)``
 (no special tokens added), ``vocab_size``, the BERT special ids ``pad_id unk_id cls_id sep_id
@@ -8,7 +10,9 @@ mask_id`` and ``special_ids``. The type names are Megatron-LM's ``--tokenizer-ty
 import os
 from typing import Dict, List, Optional, Sequence
 
-TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer")
+# Megatron-LM's WordPiece types: whether they lower-case.
+WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
 _ROLES = ("pad", "unk", "cls", "sep", "mask")
 # Pieces a SentencePiece model may use for the BERT special tokens, in order of preference.
 _SP_PIECES = {
@@ -70,12 +74,15 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
     def __init__(self, tokenizer_model: str) -> None:
         from transformers import AutoTokenizer
 
-        self.tokenizer_model = tokenizer_model
         try:
-            self._tok = AutoTokenizer.from_pretrained(tokenizer_model)
+            tok = AutoTokenizer.from_pretrained(tokenizer_model)
         except Exception as err:  # OSError, ValueError, HTTP errors: all mean "cannot load it"
             raise ValueError(f"cannot load Hugging Face tokenizer {tokenizer_model!r} (offline "
                              f"runs need a local folder or a cached name): {err}") from err
+        self._wrap(tok, tokenizer_model)
+
+    def _wrap(self, tok, tokenizer_model: str) -> None:
+        self.tokenizer_model, self._tok = tokenizer_model, tok
         # The fast backend encodes without the max-length warning and much faster in batches.
         self._backend = getattr(self._tok, "backend_tokenizer", None) if self._tok.is_fast else None
         self.vocab_size = len(self._tok)
@@ -99,6 +106,30 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
+
+
+def check_wordpiece_vocab(vocab_file: str) -> None:
+    """A readable vocab.txt with BERT's special tokens, checked before anything is built."""
+    if not os.path.isfile(vocab_file):
+        raise ValueError(f"--vocab-file {vocab_file!r} not found")
+    with open(vocab_file, encoding="utf-8") as f:
+        tokens = {line.rstrip("\n") for line in f}
+    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in tokens]
+    if missing:
+        raise ValueError(f"--vocab-file {vocab_file!r} lacks {', '.join(missing)}: MLM pre-training "
+                         "needs [PAD] [UNK] [CLS] [SEP] [MASK] (one token per line)")
+
+
+class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
+    """Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase: WordPiece from a vocab.txt."""
+
+    def __init__(self, vocab_file: str, tokenizer_type: str) -> None:
+        from transformers import BertTokenizerFast
+
+        check_wordpiece_vocab(vocab_file)
+        self.tokenizer_type = tokenizer_type
+        self._wrap(BertTokenizerFast(vocab_file=vocab_file, do_lower_case=WORDPIECE_TYPES[tokenizer_type]),
+                   vocab_file)
 
 
 class SentencePieceMLMTokenizer(MLMTokenizer):
@@ -146,9 +177,11 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
-    """Load a tokenizer by Megatron-LM type name and model (HF name/folder or .model file)."""
+    """Load a tokenizer by Megatron-LM type name and model (HF name/folder, .model file or vocab.txt)."""
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceMLMTokenizer(tokenizer_model)
     if tokenizer_type == "SentencePieceTokenizer":
         return SentencePieceMLMTokenizer(tokenizer_model)
+    if tokenizer_type in WORDPIECE_TYPES:
+        return BertWordPieceMLMTokenizer(tokenizer_model, tokenizer_type)
     raise ValueError(f"unknown tokenizer type {tokenizer_type!r}; expected one of {TOKENIZER_TYPES}")

@@ -17,9 +17,15 @@ def num_evaluations(args) -> int:
 def build_data(args, consumed_train: int, consumed_valid: int):
     """(tokenizer, training iterator, validation iterator or None)."""
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    per_split = [args.train_data_path, args.valid_data_path, args.test_data_path]
+    sources = dict(blend=parse_data_path(args.data_path), split=args.split)
+    if any(per_split):  # one blend per split, as Megatron-LM's --train/valid/test-data-path
+        sources = dict(blend_per_split=[parse_data_path(p) if p else None for p in per_split])
+    elif args.mock_data:  # no blend at all: megatron-core's mock mode (MLMDataset's synthetic documents)
+        sources = dict(blend=None, split=None)
     config = MLMDatasetConfig(
-        random_seed=args.seed, sequence_length=args.seq_length, blend=parse_data_path(args.data_path),
-        split=args.split, path_to_cache=args.data_cache_path, tokenizer=tokenizer,
+        random_seed=args.seed, sequence_length=args.seq_length, **sources,
+        path_to_cache=args.data_cache_path, tokenizer=tokenizer,
         mask_rate=args.mask_rate, mask_scheme=args.mask_scheme, packed=args.packed)
     num_evals = num_evaluations(args)
     train_ds, valid_ds, _ = build_mlm_datasets(

@@ -21,8 +21,11 @@ from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.parallel.launch import init_distributed
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, resolve_padded_vocab_size,
-                                                   resume_param_sync, setup_model_and_optimizer)
+from megatron_neobert.training.checkpointing import megatron_lm_args
+from megatron_neobert.training.megatron_args import schedule_steps
+from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
+                                                   resolve_padded_vocab_size, resume_param_sync,
+                                                   setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.signals import ExitSignalHandler
 from megatron_neobert.training.step import ForwardStep, StepStats, grads_are_finite, mlm_forward_step, run_micro_batches
@@ -32,8 +35,8 @@ from megatron_neobert.training.trainer_checkpoint import (holds_training_state, 
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
-DATA_STREAM_KEYS = ("data_path", "split", "seq_length", "packed", "seed", "tokenizer_type",
-                    "tokenizer_model")
+DATA_STREAM_KEYS = ("data_path", "train_data_path", "mock_data", "split", "seq_length", "packed", "seed",
+                    "tokenizer_type", "tokenizer_model")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -110,10 +113,34 @@ def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
                 or (args.save_interval and state.iteration % args.save_interval == 0))
 
 
+def startup_notes(args, arch) -> List[str]:
+    """What the run took from the recipe rather than from the user, and how the model differs from
+    its preset: printed at start-up, so that neither happens silently."""
+    notes = []
+    if args.recipe_defaults_applied:
+        notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
+                     + "; ".join(args.recipe_defaults_applied))
+    changed = preset_overrides(args, arch)
+    if changed:
+        notes.append(f"model preset {args.model_preset} overridden by the flags: {', '.join(changed)} "
+                     f"(the model is not the preset's)")
+    return notes
+
+
+def fp16_step(optimizer, state: TrainState) -> tuple:
+    """(stepped, grad norm) with --fp16: megatron-core's loss scaler finds overflows, skips the step
+    and lowers the scale; such skips are routine (the scale starts high) and do not stop the run."""
+    ok, grad_norm, _ = optimizer.step()
+    if not ok:
+        state.skipped_iters += 1
+    return ok, grad_norm
+
+
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
-    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens."""
+    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens,
+    loss_scale (None without --fp16)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
@@ -121,10 +148,14 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
     stats = run_micro_batches(chunks, batches, forward_only=False, forward_step=forward_step, pad_id=pad_id)
     state.iteration += 1
     state.consumed_samples += args.global_batch_size
-    if math.isfinite(stats.loss) and grads_are_finite(chunks):
-        ok, grad_norm, _ = optimizer.step()
-        assert ok, "megatron-core's optimizer found a non-finite gradient after our check"
-        scheduler.step(increment=1)
+    loss_scale = float(optimizer.get_loss_scale()) if args.fp16 else None
+    stepped = False
+    if math.isfinite(stats.loss) and args.fp16:
+        stepped, grad_norm = fp16_step(optimizer, state)
+        state.skipped_in_a_row = 0
+    elif math.isfinite(stats.loss) and grads_are_finite(chunks):
+        stepped, grad_norm, _ = optimizer.step()
+        assert stepped, "megatron-core's optimizer found a non-finite gradient after our check"
         state.skipped_in_a_row = 0
     else:
         grad_norm = float("nan")
@@ -138,9 +169,12 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
                 f"{state.iteration} without saving. Last good checkpoint: "
                 f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
+    if stepped:  # in iterations, or in samples with --train-samples
+        scheduler.step(increment=schedule_steps(args)[3])
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
-                skipped=state.skipped_in_a_row > 0, predicted=stats.predicted, tokens=stats.real_tokens)
+                skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
+                consumed_samples=state.consumed_samples, loss_scale=loss_scale)
 
 
 def train(args, forward_step: ForwardStep = mlm_forward_step,
@@ -152,8 +186,10 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
     function), for training and validation. `on_step(record)` is called after each step.
     """
     init_distributed()
-    arch = model_arch(args)
     checkpoint, common = read_checkpoint(args.load) if args.load else (None, None)
+    if args.use_checkpoint_args:
+        use_checkpoint_args(args, checkpoint, common)
+    arch = model_arch(args)
     finetune = args.finetune
     if checkpoint and not finetune and not holds_training_state(common):
         print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
@@ -163,6 +199,8 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
     num_micro = num_micro_batches(args)
     print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
     print_rank_0(describe_layout(args, arch, padded_vocab, len(chunks), num_micro))
+    for note in startup_notes(args, arch):
+        print_rank_0(note)
 
     state = TrainState()
     if checkpoint:
@@ -174,15 +212,19 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size)
     if tokenizer.vocab_size > arch.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} entries, model preset {arch.vocab_size}")
-    saved_args = dict(vars(args), arch=dataclasses.asdict(arch), padded_vocab_size=padded_vocab,
-                      data_parallel_size=parallel_state.get_data_parallel_world_size(),
-                      world_size=torch.distributed.get_world_size())
 
     def save():
         finish_param_sync(chunks)
+        saved_args = megatron_lm_args(
+            arch, padded_vocab, **vars(args), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            world_size=torch.distributed.get_world_size(),
+            virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
+            consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
+            consumed_valid_samples=(evals_done + len(history["eval"])) * args.eval_iters * args.global_batch_size)
         save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
                         dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
-                             skipped_iters=state.skipped_iters), saved_args, args.keep_last_n_checkpoints)
+                             skipped_iters=state.skipped_iters), saved_args, args.keep_last_n_checkpoints,
+                        save_optimizer=not args.no_save_optim)
         resume_param_sync(chunks)
         state.last_saved = state.iteration
         print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
@@ -207,7 +249,8 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
                 window_start = time.perf_counter()
             if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
                 stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
-                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration)
+                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration,
+                              consumed_samples=state.consumed_samples)
                 history["eval"].append(result)
                 log.evaluation(result)
             stop = stop_reason(args, state, handler)
