@@ -31,8 +31,10 @@ setup(
         "eval": ["scipy", "scikit-learn", "matplotlib", "datasets", "sentence-transformers", "mteb>=2"],
         # The optional DALI loader; its CPU-only pipelines also run (and are tested) without a GPU.
         "dali": ["nvidia-dali-cuda120"],
+        # Weights & Biases logging (--wandb-project), as Megatron-LM's.
+        "wandb": ["wandb"],
         "test": ["pytest", "pytest-xdist", "scipy", "scikit-learn", "matplotlib", "datasets",
-                 "sentence-transformers", "mteb>=2", "zstandard", "nvidia-dali-cuda120"],
+                 "sentence-transformers", "mteb>=2", "zstandard", "nvidia-dali-cuda120", "wandb"],
     },
     entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},
 )

@@ -77,8 +77,8 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
 class MockDocuments:
     """Megatron-LM's mock data idea for MLM: `size` synthetic documents, the same for every seed
     and run. Lengths are uniform in [1, 2 x seq_length) (so packing splits and fills); a document
-    counts up through the tokenizer's non-special ids from a random start, a pattern the model
-    learns, so a smoke test's loss falls."""
+    counts up through the tokenizer's non-special ids from a random start (as Megatron-LM's
+    mock documents count up), so every id is as frequent as another."""
 
     size = 100_000
     seed = 0

@@ -124,12 +124,15 @@ class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
     """Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase: WordPiece from a vocab.txt."""
 
     def __init__(self, vocab_file: str, tokenizer_type: str) -> None:
-        from transformers import BertTokenizerFast
+        from tokenizers import BertWordPieceTokenizer
+        from transformers import PreTrainedTokenizerFast
 
         check_wordpiece_vocab(vocab_file)
         self.tokenizer_type = tokenizer_type
-        self._wrap(BertTokenizerFast(vocab_file=vocab_file, do_lower_case=WORDPIECE_TYPES[tokenizer_type]),
-                   vocab_file)
+        # BERT's normaliser, pre-tokeniser and WordPiece model; wrapped so the base class's surface works.
+        backend = BertWordPieceTokenizer(vocab_file, lowercase=WORDPIECE_TYPES[tokenizer_type])
+        self._wrap(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]",
+                                           pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"), vocab_file)
 
 
 class SentencePieceMLMTokenizer(MLMTokenizer):
