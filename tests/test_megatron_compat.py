@@ -297,3 +297,21 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
         logged = f.read()
     for tag in (b"lm loss", b"learning-rate", b"grad-norm", b"iteration-time", b"smoke"):
         assert tag in logged, tag  # the run's name and Megatron-LM's tags, in the records wandb sync uploads
+
+
+def test_fp16_scales_the_loss_and_skips_overflows_without_stopping(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # The gradients of the summed loss overflow fp16 at a scale of 8192 here, not at 1024.
+    history = run_on_ranks(run_train, 1, _mock_argv(
+        "--fp16", "--initial-loss-scale", "8192", "--max-skipped-iters", "1", "--train-iters", "6",
+        "--lr-warmup-iters", "1", "--lr-decay-iters", "5", "--tensorboard-dir", str(tmp_path)))[0]
+    records = history["train"]
+    scales = [r["loss_scale"] for r in records]
+    skipped = [r["skipped"] for r in records]
+    assert history["iteration"] == 6 and skipped[:2] == [True, True] and not any(skipped[-2:])
+    assert scales[0] == 8192 and scales[-1] < 8192 and scales == sorted(scales, reverse=True)
+    assert all(math.isfinite(r["grad_norm"]) for r in records if not r["skipped"])
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.value for e in events.Scalars("loss-scale")] == scales
