@@ -127,10 +127,19 @@ def _mock_argv(*extra):
             "--eval-interval", "1000", "--eval-iters", "1", "--num-workers", "0", *extra]
 
 
-def test_mock_data_trains_with_a_sample_based_schedule():
+def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
+    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.training.checkpointing import iteration_dir
+
     history = run_on_ranks(run_train, 1, _mock_argv("--train-samples", "64", "--lr-warmup-samples", "16",
-                                                    "--lr-decay-samples", "48"))[0]
+                                                    "--lr-decay-samples", "48", "--save", str(tmp_path),
+                                                    "--no-save-optim"))[0]
     assert history["iteration"] == 64 // 8
+    common = dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path), 8))
+    assert "optimizer" not in common  # --no-save-optim
+    assert (common["args"].train_samples, common["args"].consumed_train_samples, common["args"].mock_data) == (
+        64, 64, True)
     # Uniform tokens: the loss starts at log(non-special ids); every step is taken.
     assert history["train"][0]["loss"] == pytest.approx(math.log(8192 - 5), abs=0.1)
     assert not any(r["skipped"] for r in history["train"])
@@ -214,6 +223,7 @@ def test_abbreviations_are_refused(flag, capsys):
     (["--tokenizer-type", "BertWordPieceCase", "--vocab-file", "nowhere.txt"], "nowhere.txt"),
     (["--vocab-file", VOCAB], "--vocab-file is read by"),
     (["--mock-data"], "--mock-data reads no files"),
+    (["--train-data-path", "a", "--valid-data-path", "b"], "exclude each other"),
     (["--recompute-activations", "--recompute-granularity", "full"], "selective"),
     (["--wandb-project", "p", "--save", "s"], "--wandb-exp-name"),
     (["--use-checkpoint-args"], "give --load"),
@@ -222,6 +232,16 @@ def test_abbreviations_are_refused(flag, capsys):
 def test_bad_megatron_lm_flags_are_refused_before_anything_is_built(argv, message):
     with pytest.raises(ValueError, match=message):
         parse_args(["--data-path", "x", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mock-data", "--split", "98,1,1"], "--split divides --data-path"),
+    (["--train-data-path", "a", "--split", "98,1,1"], "--split divides --data-path"),
+    (["--valid-data-path", "a"], "need --train-data-path"),
+])
+def test_data_sources_are_refused_when_mixed(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_args(argv)
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
@@ -315,3 +335,17 @@ def test_fp16_scales_the_loss_and_skips_overflows_without_stopping(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [e.value for e in events.Scalars("loss-scale")] == scales
+
+
+def test_per_split_data_paths_give_each_split_its_own_data(data, single_rank):
+    from megatron_neobert.training.data_setup import build_data
+
+    prefix, cache = data
+    args = parse_args(["--train-data-path", prefix, "--valid-data-path", prefix, "--tokenizer-model", SAMPLE_TOKENIZER,
+                       "--data-cache-path", cache, "--seq-length", "64", "--micro-batch-size", "2",
+                       "--global-batch-size", "2", "--train-iters", "10", "--lr-warmup-iters", "1",
+                       "--eval-interval", "5", "--eval-iters", "1", "--num-workers", "0"])
+    _, train, valid = build_data(args, 0, 0)
+    first_train, first_valid = next(train), next(valid)
+    assert first_train["tokens"].shape == first_valid["tokens"].shape == (2, 64)
+    assert (first_train["labels"] != -100).any() and (first_valid["labels"] != -100).any()

@@ -101,7 +101,7 @@ def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None
                 "--recompute-activations means --recompute-granularity selective; not with full")
         args.recompute_granularity = "selective"
     _resolve_schedule(args, explicit)
-    _resolve_data(args)
+    _resolve_data(args, explicit)
     _resolve_tokenizer(args, explicit)
     if args.wandb_project:
         _refuse(not args.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
@@ -143,8 +143,10 @@ def _resolve_schedule(args, explicit: Set[str]) -> None:
     args.lr_warmup_iters = 0
 
 
-def _resolve_data(args) -> None:
+def _resolve_data(args, explicit: Set[str]) -> None:
     per_split = [args.train_data_path, args.valid_data_path, args.test_data_path]
+    _refuse("split" in explicit and (args.mock_data or any(per_split)),
+            "--split divides --data-path; --mock-data and --train/valid/test-data-path do not read it")
     if args.mock_data:
         _refuse(args.data_path is not None or any(per_split), "--mock-data reads no files: drop --data-path "
                 "and --train/valid/test-data-path")
