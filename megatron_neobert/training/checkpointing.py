@@ -45,7 +45,6 @@ def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Names
         norm_epsilon=arch.norm_epsilon, apply_layernorm_1p=False, untie_embeddings_and_output_weights=True,
         attention_dropout=0.0, hidden_dropout=0.0, num_experts=None, expert_model_parallel_size=1,
         vocab_size=arch.vocab_size, padded_vocab_size=padded_vocab_size, ckpt_format="torch_dist")
-    settings.setdefault("seq_length", arch.max_sequence_length)
     return argparse.Namespace(**{**settings, **shape, "arch": dataclasses.asdict(arch)})
 
 

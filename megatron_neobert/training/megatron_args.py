@@ -7,6 +7,7 @@ the numbers the scheduler reads (`schedule_steps`).
 """
 
 import argparse
+import importlib.util
 import os
 from typing import Iterable, List, Optional, Set
 
@@ -105,6 +106,8 @@ def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None
     _resolve_tokenizer(args, explicit)
     if args.wandb_project:
         _refuse(not args.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
+        _refuse(importlib.util.find_spec("wandb") is None,
+                "--wandb-project needs the wandb package: pip install wandb (or this package's wandb extra)")
         _refuse(not (args.wandb_save_dir or args.save), "--wandb-project writes into --wandb-save-dir, "
                 "else --save/wandb: give one of them")
     _refuse(args.use_checkpoint_args and not args.load, "--use-checkpoint-args reads the --load checkpoint: give --load")

@@ -95,7 +95,7 @@ def use_checkpoint_args(args, checkpoint: Optional[str], common: Optional[dict])
         raise ValueError(f"--use-checkpoint-args: no checkpoint in --load {args.load}")
     saved = checkpoint_args(common)
     args.model_preset, args.checkpoint_arch = saved["model_preset"], saved["arch"]
-    if "seq_length" not in args.explicit_flags:
+    if "seq_length" not in args.explicit_flags and saved.get("seq_length"):  # a converter's has none
         args.seq_length = saved["seq_length"]
 
 

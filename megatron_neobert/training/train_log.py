@@ -100,10 +100,7 @@ class WandbWriter:
     (default --save/wandb), the arguments as the run's config. WANDB_MODE=offline writes locally."""
 
     def __init__(self, args):
-        try:
-            import wandb
-        except ImportError:
-            raise RuntimeError("--wandb-project needs the wandb package: pip install wandb") from None
+        import wandb  # present: the arguments' check found it
         save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
         self.run = wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project,
