@@ -258,6 +258,11 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     assert "hidden_size 128 -> 64" in notes[1]
     plain = parse_args(["--data-path", "x", "--model-preset", "neobert-tiny"])
     assert len(startup_notes(plain, model_arch(plain))) == 1
+    from megatron_neobert.training.arguments import build_parser
+
+    help_text = " ".join(build_parser().format_help().split())
+    assert "recipe default 0.95; Megatron-LM's: 0.999" in help_text
+    assert "recipe default 10% of --lr; Megatron-LM's: 0.0" in help_text
 
 
 def _step_with(optimizer_name, argv_extra=()):
