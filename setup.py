@@ -37,8 +37,10 @@ setup(
         # The optional DALI loader (~955 MB of CUDA libraries); its CPU pipelines also run without a GPU, so the
         # test install keeps it and CI tests it; without it that test skips.
         "dali": DALI,
+        # Weights & Biases logging (--wandb-project), as Megatron-LM's.
+        "wandb": ["wandb"],
         # parameterized: transformers' common model tests, run on our HF model, import it.
-        "test": ["pytest", "pytest-xdist", "parameterized"] + EVAL + DALI,
+        "test": ["pytest", "pytest-xdist", "parameterized", "wandb"] + EVAL + DALI,
     },
     entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},
 )

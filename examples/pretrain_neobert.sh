@@ -28,7 +28,7 @@ ARGS=(
     --seq-length 1024 --micro-batch-size "$MICRO_BATCH_SIZE" --global-batch-size 2048
     --train-iters 1000000
     --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 2000 --lr-decay-iters 900000 --lr-decay-style cosine
-    --optimizer adamw --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
+    --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0
     --mask-rate 0.2 --mask-scheme mask --packed
     --bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
     --save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval 5000 --keep-last-n-checkpoints 3

@@ -10,7 +10,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpointing import (load_model_state, model_sharded_state_dict,
+from megatron_neobert.training.checkpointing import (checkpoint_args, load_model_state, model_sharded_state_dict,
                                                      resolve_checkpoint_dir)
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape
@@ -52,7 +52,7 @@ def pipeline_logits(chunks: List[torch.nn.Module], micro_batches: List[Batch]) -
 def load_and_forward(ckpt: str, layout: Layout, micro_batches: List[Batch]) -> Optional[torch.Tensor]:
     """Load a converted checkpoint at `layout` from its args alone, as the trainer would; MLM logits."""
     ckpt_dir = resolve_checkpoint_dir(ckpt)
-    args = dist_checkpointing.load_common_state_dict(ckpt_dir)["args"]
+    args = checkpoint_args(dist_checkpointing.load_common_state_dict(ckpt_dir))
     arch = NeoBERTArch(**args["arch"])
     initialize_model_parallel(layout.tp, layout.pp, layout.vpp, seed=1)
     config = transformer_config(arch, tensor_model_parallel_size=layout.tp,

@@ -8,6 +8,7 @@ vocabulary of 8200 pads to other sizes at other TP and padding multiples (as 305
 key/shape check runs on the meta device.
 """
 
+import argparse
 import dataclasses
 import json
 import os
@@ -28,7 +29,7 @@ from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+from megatron_neobert.training.checkpointing import checkpoint_args, iteration_dir, read_latest_iteration
 from parallel_cases import Layout
 from pretrain_cases import run_train, tiny_argv
 from test_hf_format import random_hf_state_dict
@@ -133,8 +134,10 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     # torch_dist writes one __<rank>_<n>.distcp set per saving rank: 4 ranks wrote it
     assert {name.split("_")[2] for name in os.listdir(ckpt) if name.endswith(".distcp")} == {"0", "1", "2", "3"}
     common = dist_checkpointing.load_common_state_dict(ckpt)
-    args = common["args"]
-    assert common["iteration"] == 0
+    assert isinstance(common["args"], argparse.Namespace)  # as Megatron-LM saves it, sizes at top level
+    args = checkpoint_args(common)
+    assert common["iteration"] == 0 and common["checkpoint_version"] == 3.0
+    assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"]) == (4, 64, 128)
     assert args["arch"] == dict(num_layers=4, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
                                 vocab_size=VOCAB_SIZE, max_sequence_length=1024, normalization="RMSNorm",
                                 activation="swiglu", position_embedding_type="rope", add_bias_linear=False,
@@ -334,11 +337,12 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     shutil.copytree(round_trip[0] / "mcore", dst)
     common_file = dst / "iter_0000000" / "common.pt"
     common = torch.load(common_file, weights_only=False)
+    args = checkpoint_args(common)
     for key, value in arg_changes.items():
-        if key in common["args"]["arch"]:
-            common["args"]["arch"][key] = value
+        if key in args["arch"]:
+            args["arch"][key] = value
         else:
-            common["args"][key] = value
+            args[key] = value
     torch.save(common, common_file)
     return dst
 

@@ -1,6 +1,7 @@
 """Trainer set-up without training: arguments and YAML, the recipe's schedule, which checkpoint
 folder a resume may load, throughput figures, the kernel report."""
 
+import argparse
 import glob
 import os
 import types
@@ -21,7 +22,7 @@ def test_defaults_are_the_recipe():
     a = parse_args(["--data-path", "d"])
     assert (a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay, a.clip_grad) == (0.9, 0.95, 1e-8, 0.1, 1.0)
     assert (a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters) == (6e-4, pytest.approx(6e-5), 2000, 900_000)
-    assert (a.optimizer, a.lr_decay_style, a.mask_rate, a.mask_scheme) == ("adamw", "cosine", 0.2, "mask")
+    assert (a.optimizer, a.lr_decay_style, a.mask_rate, a.mask_scheme) == ("adam", "cosine", 0.2, "mask")
     assert a.global_batch_size * a.seq_length == 2048 * 1024 and a.model_preset == "neobert-250m"
 
 
@@ -43,9 +44,9 @@ def test_ablation_configs_parse():
     assert len(archs) == 10
     m0, m0_args = archs["m0.yaml"]
     assert (m0.normalization, m0.activation, m0_args.mask_scheme, m0_args.mask_rate) == ("LayerNorm", "gelu", "80/10/10", 0.15)
-    assert m0_args.global_batch_size * m0_args.seq_length == 131072 and m0_args.optimizer == "adam"
+    assert m0_args.global_batch_size * m0_args.seq_length == 131072 and m0_args.optimizer == "adam-l2"
     assert archs["m3.yaml"][0].vocab_size == 32000
-    assert archs["m5.yaml"][1].mask_scheme == "mask" and archs["m4.yaml"][1].optimizer == "adamw"
+    assert archs["m5.yaml"][1].mask_scheme == "mask" and archs["m4.yaml"][1].optimizer == "adam"
     assert archs["m9.yaml"][0] == get_arch("neobert-250m")
 
 
@@ -54,7 +55,7 @@ def test_padded_vocabulary_is_the_checkpoints():
                        "--tensor-model-parallel-size", "2"])
     arch = model_arch(args)
     assert resolve_padded_vocab_size(args, arch, None, None) == 8448  # a multiple of 128 x TP 2
-    tp1_checkpoint = {"args": {"padded_vocab_size": 8320}}  # 8200 padded at TP 1
+    tp1_checkpoint = {"args": argparse.Namespace(padded_vocab_size=8320)}  # 8200 padded at TP 1
     assert resolve_padded_vocab_size(args, arch, "ckpt", tp1_checkpoint) == 8320
     args.tensor_model_parallel_size = 3
     with pytest.raises(ValueError, match="checkpoint ckpt has its vocabulary padded to 8320 rows, which "

@@ -38,7 +38,8 @@ from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_
                                                    read_hf_folder, replace_folder, write_hf_folder)
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
-from megatron_neobert.training.checkpointing import (iteration_dir, resolve_checkpoint_dir,
+from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpoint_args, iteration_dir,
+                                                     megatron_lm_args, resolve_checkpoint_dir,
                                                      write_latest_marker)
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def read_checkpoint_args(load: PathLike) -> Tuple[str, dict]:
         common = dist_checkpointing.load_common_state_dict(ckpt_dir)
     except Exception as err:  # a missing or unreadable common.pt
         raise ConversionError(f"{ckpt_dir}: cannot read the common state: {err}") from None
-    args = common.get("args") if isinstance(common, dict) else None
+    args = checkpoint_args(common) if isinstance(common, dict) and "args" in common else None
     if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
         raise ConversionError(f"{ckpt_dir}: the common state has no args['arch']: not a megatron_neobert "
                               f"checkpoint (expected the trainer's layout)")
@@ -412,7 +413,7 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     initialize_model_parallel(tp, pp)
     config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default 128 x TP.
-    chunks = build_model_chunks(arch, config, "local", padded_vocab=common["args"]["padded_vocab_size"])
+    chunks = build_model_chunks(arch, config, "local", padded_vocab=checkpoint_args(common)["padded_vocab_size"])
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
     load_model_state(chunks, state)
     if torch.distributed.get_rank() == 0:
@@ -452,12 +453,11 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
     padded = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
     if tokenizer is None and any((src / f).is_file() for f in TOKENIZER_FILES):
         tokenizer = str(load) if not os.path.exists(str(load)) else str(src.resolve())
-    args = dict(arch=dataclasses.asdict(arch), padded_vocab_size=padded,
-                make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
-                model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
-                pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp, params_dtype=dtype,
-                converted_from=str(load))
+    args = megatron_lm_args(arch, padded, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                            tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
+                            model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
+                            pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
+                            params_dtype=dtype, converted_from=str(load))
 
     save.parent.mkdir(parents=True, exist_ok=True)
     tmp = save.parent / f".{save.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -481,7 +481,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         del model, params, mcore_sd
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
-        common = {"args": args, "iteration": 0}
+        common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
         run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)

@@ -7,6 +7,9 @@ the split's documents and lays them out (``packing.py``): *packed* samples of ex
 chunk each. The layout is computed once, cached as ``.npy`` files (rank 0 first when distributed)
 and memory-mapped.
 
+With no data at all (``--mock-data``: megatron-core's mock mode, blend and blend_per_split None),
+the low-level dataset is ``MockDocuments``: synthetic documents, packed and masked like real ones.
+
 Masking happens when a sample is read, from a generator seeded by (seed, dataset, index): sample i
 is a pure function of (seed, data, split, sequence length, layout mode, i), so tensor-parallel
 ranks agree, a resumed run sees exactly the samples it would have seen, and asking for more
@@ -90,6 +93,30 @@ def sample_stream(unique_identifiers: Dict) -> int:
     return int(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8], 16)
 
 
+class MockDocuments:
+    """Megatron-LM's mock data idea for MLM: `size` synthetic documents, the same for every seed
+    and run. Lengths are uniform in [1, 2 x seq_length) (so packing splits and fills); a document
+    counts up through the tokenizer's non-special ids from a random start (as Megatron-LM's
+    mock documents count up), so every id is as frequent as another."""
+
+    size = 100_000
+    seed = 0
+
+    def __init__(self, tokenizer, seq_length: int) -> None:
+        rng = numpy.random.default_rng(self.seed)
+        self.sequence_lengths = rng.integers(1, 2 * seq_length, self.size, dtype=numpy.int32)
+        self.document_indices = numpy.arange(self.size + 1, dtype=numpy.int64)
+        self._starts = rng.integers(0, 2**31, self.size, dtype=numpy.int64)
+        special = numpy.zeros(tokenizer.vocab_size, bool)
+        special[[i for i in tokenizer.special_ids if i < tokenizer.vocab_size]] = True
+        self._ids = numpy.flatnonzero(~special).astype(numpy.int64)
+
+    def get(self, idx: int, offset: int = 0, length: Optional[int] = None) -> numpy.ndarray:
+        if length is None:
+            length = int(self.sequence_lengths[idx]) - offset
+        return self._ids[(self._starts[idx] + offset + numpy.arange(length)) % self._ids.shape[0]]
+
+
 class MLMDataset(MegatronDataset):
     """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
     ``attention_mask`` (bool [S], padded)."""
@@ -120,7 +147,9 @@ class MLMDataset(MegatronDataset):
         return low_level_dataset.document_indices.shape[0] - 1
 
     @staticmethod
-    def build_low_level_dataset(dataset_path: str, config: MLMDatasetConfig) -> IndexedDataset:
+    def build_low_level_dataset(dataset_path: Optional[str], config: MLMDatasetConfig) -> IndexedDataset:
+        if dataset_path is None:  # megatron-core's mock mode
+            return MockDocuments(config.tokenizer, config.sequence_length)
         dataset = open_indexed(dataset_path, mmap=config.mmap_bin_files)
         check_vocabulary(dataset_path, config.tokenizer)
         return dataset
@@ -192,6 +221,8 @@ class MLMDataset(MegatronDataset):
         if cache is None and self.dataset_path is not None:
             cache = os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
                                  f"{type(self).__name__}_indices")
+        if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
+            return self._compute_layout()
         base = (f"{self.unique_description_hash}-{type(self).__name__}-layout{LAYOUT_VERSION}-"
                 f"{self.index_split.name}")
         paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in names}

@@ -1,4 +1,6 @@
-"""The tokenizers preprocessing and the MLM dataset use: Hugging Face or SentencePiece.
+"""The tokenizers preprocessing and the MLM dataset use: Hugging Face, SentencePiece, or BERT's
+WordPiece from a vocab.txt (Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase, whose
+``tokenizer_model`` is the vocab file).
 
 ``build_tokenizer(tokenizer_type, tokenizer_model)`` returns an object with ``tokenize(text)``
 (no special tokens added), ``vocab_size``, the BERT special ids ``pad_id unk_id cls_id sep_id
@@ -18,8 +20,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy
 
-TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "BertWordPieceLowerCase",
-                   "BertWordPieceCase")
+# Megatron-LM's WordPiece types: whether they lower-case.
+WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
 HUGE_TEXT = 1 << 18
 _SPACE = re.compile(r"\s")
 _ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -145,32 +148,34 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
         return self._tok.decode(list(ids))
 
 
+def check_wordpiece_vocab(vocab_file: str) -> None:
+    """A readable vocab.txt with BERT's special tokens, checked before anything is built."""
+    if not os.path.isfile(vocab_file):
+        raise ValueError(f"--vocab-file {vocab_file!r} not found")
+    with open(vocab_file, encoding="utf-8") as f:
+        tokens = {line.rstrip("\n") for line in f}
+    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in tokens]
+    if missing:
+        raise ValueError(f"--vocab-file {vocab_file!r} lacks {', '.join(missing)}: MLM pre-training "
+                         "needs [PAD] [UNK] [CLS] [SEP] [MASK] (one token per line)")
+
+
 class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
-    """Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase: a WordPiece ``vocab.txt``
-    (``--vocab-file``), encoded by the Hugging Face fast BERT tokenizer."""
+    """Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase: WordPiece from a vocab.txt
+    (``--vocab-file``), through the tokenizers library's BERT normaliser, pre-tokeniser and model."""
 
-    lower_case = True
+    def __init__(self, vocab_file: str, tokenizer_type: str) -> None:
+        check_wordpiece_vocab(vocab_file)
+        self.tokenizer_type = tokenizer_type
+        super().__init__(vocab_file)
 
-    def __init__(self, tokenizer_model: str) -> None:
-        if not os.path.isfile(tokenizer_model):
-            raise ValueError(f"{self.tokenizer_type} needs a WordPiece vocab.txt (--vocab-file); "
-                             f"{tokenizer_model!r} is not a file")
-        super().__init__(tokenizer_model)
+    def _load(self, vocab_file: str):
+        from tokenizers import BertWordPieceTokenizer
+        from transformers import PreTrainedTokenizerFast
 
-    def _load(self, tokenizer_model: str):
-        from transformers import BertTokenizerFast
-        with open(tokenizer_model, encoding="utf-8") as f:  # one token a line, id = line number
-            vocab = {line.strip(): i for i, line in enumerate(f)}
-        return BertTokenizerFast(vocab=vocab, do_lower_case=self.lower_case)
-
-
-class BertWordPieceLowerCase(BertWordPieceMLMTokenizer):
-    tokenizer_type = "BertWordPieceLowerCase"
-
-
-class BertWordPieceCase(BertWordPieceMLMTokenizer):
-    tokenizer_type = "BertWordPieceCase"
-    lower_case = False
+        backend = BertWordPieceTokenizer(vocab_file, lowercase=WORDPIECE_TYPES[self.tokenizer_type])
+        return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]",
+                                       pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
 
 
 class SentencePieceMLMTokenizer(MLMTokenizer):
@@ -220,13 +225,11 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
-    """Load a tokenizer by Megatron-LM type name and model (HF name/folder or .model file)."""
+    """Load a tokenizer by Megatron-LM type name and model (HF name/folder, .model file or vocab.txt)."""
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceMLMTokenizer(tokenizer_model)
     if tokenizer_type == "SentencePieceTokenizer":
         return SentencePieceMLMTokenizer(tokenizer_model)
-    if tokenizer_type == "BertWordPieceLowerCase":
-        return BertWordPieceLowerCase(tokenizer_model)
-    if tokenizer_type == "BertWordPieceCase":
-        return BertWordPieceCase(tokenizer_model)
+    if tokenizer_type in WORDPIECE_TYPES:
+        return BertWordPieceMLMTokenizer(tokenizer_model, tokenizer_type)
     raise ValueError(f"unknown tokenizer type {tokenizer_type!r}; expected one of {TOKENIZER_TYPES}")

@@ -276,8 +276,8 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer, unwrap
     from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
-    # No data is read (the batches are synthetic), but the trainer's flags require a path.
-    flags = ["--data-path", "synthetic", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
+    # No data is read: the batches are synthetic.
+    flags = ["--mock-data", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     args = parse_args(flags)

@@ -13,7 +13,10 @@ from typing import List, Optional
 
 import yaml
 
+from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
+from megatron_neobert.training.megatron_args import (add_megatron_lm_args, apply_megatron_lm_args, explicit_dests,
+                                                     recipe_defaults_applied)
 from megatron_neobert.training.validation import validate_precision_args
 
 # Architecture overrides of the preset (Megatron-LM names) -> NeoBERTArch fields.
@@ -28,8 +31,9 @@ ARCH_OVERRIDES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: Megatron-LM's --exit-signal must not be read as a prefix of another flag.
     p = argparse.ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
 
     g = p.add_argument_group("model")
@@ -68,14 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-length", type=int, default=1024)
     g.add_argument("--train-iters", type=int, default=1_000_000)
     g.add_argument("--lr", type=float, default=6e-4)
-    g.add_argument("--min-lr", type=float, default=None, help="default: 10%% of --lr")
+    g.add_argument("--min-lr", type=float, default=None)
     g.add_argument("--lr-warmup-iters", type=int, default=2000)
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: 90%% of --train-iters")
+    g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-style", default="cosine", choices=["cosine", "linear", "constant"])
     g.add_argument("--override-opt-param-scheduler", action="store_true",
                    help="take the schedule from the flags, not from the loaded checkpoint")
-    g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam"],
-                   help="adam: L2 penalty in the gradient (BERT-like M0); adamw: decoupled decay")
+    g.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "adam-l2"],
+                   help="adam: Adam with decoupled weight decay (AdamW), as Megatron-LM's adam; adamw: the "
+                        "same; adam-l2: weight decay as an L2 penalty in the gradient (torch.optim.Adam, "
+                        "the BERT-like ablation M0)")
     g.add_argument("--weight-decay", type=float, default=0.1)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.95)
@@ -95,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(--split is then unused)")
     g.add_argument("--split", default="949,50,1")
     g.add_argument("--data-cache-path", default=None)
-    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
+    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES)
     g.add_argument("--tokenizer-model", default="bert-base-uncased")
     g.add_argument("--mask-rate", type=float, default=0.2)
     g.add_argument("--mask-scheme", default="mask", choices=["mask", "80/10/10"])
@@ -133,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
     g.add_argument("--pytorch-profiler-collect-callstack", action="store_true",
                    help="Python stacks in the trace (larger trace, slower profiled steps)")
+
+    add_megatron_lm_args(p)
     return p
 
 
@@ -155,7 +163,7 @@ def add_fault_tolerance_args(p: argparse.ArgumentParser) -> None:
                    help="start in a --save that holds another run's checkpoints, deleting them")
 
 
-def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
+def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> List[str]:
     with open(path) as f:
         settings = yaml.safe_load(f) or {}
     known = {a.dest for a in parser._actions}
@@ -166,18 +174,22 @@ def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
             raise ValueError(f"{path}: unknown setting {key!r}")
         values[dest] = value
     parser.set_defaults(**values)
+    return list(values)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)
-    if first.config:
-        _apply_config_file(parser, first.config)
+    config_keys = _apply_config_file(parser, first.config) if first.config else []
     args = parser.parse_args(argv)
-    return validate(args)
+    return validate(args, explicit_dests(build_parser, argv, config_keys))
 
 
-def validate(args: argparse.Namespace) -> argparse.Namespace:
+def validate(args: argparse.Namespace, explicit=frozenset()) -> argparse.Namespace:
+    """Check the settings and fill in the derived defaults; `explicit`: the settings the user gave
+    (the others may take the recipe's defaults, reported at start-up)."""
+    args.explicit_flags = sorted(explicit)
+    apply_megatron_lm_args(args, explicit)
     if args.min_lr is None:
         args.min_lr = 0.1 * args.lr
     if args.lr_decay_iters is None:
@@ -199,11 +211,16 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         if not (args.tensorboard_dir or args.save):
             raise ValueError("--profile writes its trace to --tensorboard-dir, else to --save/profile: "
                              "give one of them")
-    if [args.data_path, args.data_args_path, args.per_split_data_args_path].count(None) != 2:
-        raise ValueError("give exactly one of --data-path, --data-args-path, "
-                         "--per-split-data-args-path (see tools/preprocess_data.py)")
+    sources = {"--data-path": args.data_path, "--data-args-path": args.data_args_path,
+               "--per-split-data-args-path": args.per_split_data_args_path,
+               "--train-data-path": args.train_data_path, "--mock-data": args.mock_data or None}
+    given = [flag for flag, value in sources.items() if value is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of {', '.join(sources)} (got {', '.join(given) or 'none'}; "
+                         "see tools/preprocess_data.py)")
     if os.path.exists(args.tokenizer_model):
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the
         # export and a resume find it from any working directory.
         args.tokenizer_model = os.path.abspath(args.tokenizer_model)
+    args.recipe_defaults_applied = recipe_defaults_applied(args, explicit)
     return validate_precision_args(args)

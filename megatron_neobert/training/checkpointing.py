@@ -8,16 +8,50 @@ A checkpoint root (`--save` / `--load`) holds one folder per saved iteration and
 Inside an iteration folder the model's tensors come from `model_sharded_state_dict(chunks)`:
 under "model" (one chunk) or "model0", "model1", ... (virtual pipeline stages), as Megatron-LM
 does. Sharded-tensor keys are global (layer numbers included), so a checkpoint loads at any
-other TP/PP/VPP layout. The common (unsharded) state holds "args" (a dict that includes
-"arch", the `NeoBERTArch` fields) and "iteration".
+other TP/PP/VPP layout. The common (unsharded) state holds "iteration", "checkpoint_version" and
+"args" as Megatron-LM saves them: an `argparse.Namespace` with the model's sizes at top level
+(what Megatron-LM's load_args_from_checkpoint and its tools read) plus "arch", the `NeoBERTArch`
+fields. Older checkpoints of this project hold a dict instead; `checkpoint_args` reads both.
 """
 
+import argparse
+import dataclasses
 import os
 from typing import List, Optional
 
 import torch
 
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
+
+# torch.load(weights_only=True), also inside megatron-core's load_common_state_dict, refuses any
+# class it does not know; a Namespace of plain values is safe to rebuild.
+torch.serialization.add_safe_globals([argparse.Namespace])
+
+
+def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
+    """A checkpoint's args: `settings` (the run's flags) with the model's shape at top level under
+    Megatron-LM's names, and "arch"."""
+    learned = arch.position_embedding_type == "learned_absolute"
+    shape = dict(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads, kv_channels=arch.kv_channels,
+        num_query_groups=arch.num_attention_heads, group_query_attention=False,
+        max_position_embeddings=arch.max_sequence_length, position_embedding_type=arch.position_embedding_type,
+        add_position_embedding=learned, use_rotary_position_embeddings=not learned,
+        rotary_base=arch.rotary_base, rotary_percent=1.0, rotary_interleaved=False,
+        add_bias_linear=arch.add_bias_linear, add_qkv_bias=arch.add_bias_linear,
+        swiglu=arch.activation == "swiglu", squared_relu=False, normalization=arch.normalization,
+        norm_epsilon=arch.norm_epsilon, apply_layernorm_1p=False, untie_embeddings_and_output_weights=True,
+        attention_dropout=0.0, hidden_dropout=0.0, num_experts=None, expert_model_parallel_size=1,
+        vocab_size=arch.vocab_size, padded_vocab_size=padded_vocab_size, ckpt_format="torch_dist")
+    return argparse.Namespace(**{**settings, **shape, "arch": dataclasses.asdict(arch)})
+
+
+def checkpoint_args(common: dict) -> dict:
+    """A checkpoint's args as a dict (a live view of a Namespace), from either form."""
+    args = common["args"]
+    return vars(args) if isinstance(args, argparse.Namespace) else args
 
 
 def iteration_dir(root: str, iteration: int) -> str:

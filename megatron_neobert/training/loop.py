@@ -23,8 +23,11 @@ from megatron_neobert.training.checkpoint_integrity import read_verified_checkpo
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, resolve_padded_vocab_size,
-                                                   resume_param_sync, setup_model_and_optimizer)
+from megatron_neobert.training.checkpointing import megatron_lm_args
+from megatron_neobert.training.megatron_args import schedule_steps
+from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
+                                                   resolve_padded_vocab_size, resume_param_sync,
+                                                   setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.processes import exit_with_launcher, keep_write_results_in_process
 from megatron_neobert.training.run_checks import check_optimizer_setup, trained_length
@@ -37,8 +40,8 @@ from megatron_neobert.training.watchdog import ProgressWatchdog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
-DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "split", "seq_length",
-                    "packed", "seed", "tokenizer_type", "tokenizer_model")
+DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "train_data_path", "mock_data",
+                    "split", "seq_length", "packed", "seed", "tokenizer_type", "tokenizer_model")
 
 
 class NonFiniteLossError(TrainingError):
@@ -121,10 +124,34 @@ def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
     return bool(args.save_interval and state.iteration % args.save_interval == 0 and not state.skipped_in_a_row)
 
 
+def startup_notes(args, arch) -> List[str]:
+    """What the run took from the recipe rather than from the user, and how the model differs from
+    its preset: printed at start-up, so that neither happens silently."""
+    notes = []
+    if args.recipe_defaults_applied:
+        notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
+                     + "; ".join(args.recipe_defaults_applied))
+    changed = preset_overrides(args, arch)
+    if changed:
+        notes.append(f"model preset {args.model_preset} overridden by the flags: {', '.join(changed)} "
+                     f"(the model is not the preset's)")
+    return notes
+
+
+def fp16_step(optimizer, state: TrainState) -> tuple:
+    """(stepped, grad norm) with --fp16: megatron-core's loss scaler finds overflows, skips the step
+    and lowers the scale; such skips are routine (the scale starts high) and do not stop the run."""
+    ok, grad_norm, _ = optimizer.step()
+    if not ok:
+        state.skipped_iters += 1
+    return ok, grad_norm
+
+
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
-    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens."""
+    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens,
+    loss_scale (None without --fp16)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
@@ -132,10 +159,14 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
     stats = run_micro_batches(chunks, batches, forward_only=False, forward_step=forward_step, pad_id=pad_id)
     state.iteration += 1
     state.consumed_samples += args.global_batch_size
-    if math.isfinite(stats.loss) and grads_are_finite(chunks):
-        ok, grad_norm, _ = optimizer.step()
-        assert ok, "megatron-core's optimizer found a non-finite gradient after our check"
-        scheduler.step(increment=1)
+    loss_scale = float(optimizer.get_loss_scale()) if args.fp16 else None
+    stepped = False
+    if math.isfinite(stats.loss) and args.fp16:
+        stepped, grad_norm = fp16_step(optimizer, state)
+        state.skipped_in_a_row = 0
+    elif math.isfinite(stats.loss) and grads_are_finite(chunks):
+        stepped, grad_norm, _ = optimizer.step()
+        assert stepped, "megatron-core's optimizer found a non-finite gradient after our check"
         state.skipped_in_a_row = 0
     else:
         grad_norm = float("nan")
@@ -149,10 +180,12 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
                 f"{state.iteration} without saving. Last good checkpoint: "
                 f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
+    if stepped:  # in iterations, or in samples with --train-samples
+        scheduler.step(increment=schedule_steps(args)[3])
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
-                skipped=state.skipped_in_a_row > 0, predicted=stats.predicted, tokens=stats.real_tokens,
-                attended=stats.attended_pairs)
+                skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
+                attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale)
 
 
 def train(args, forward_step: ForwardStep = mlm_forward_step,
@@ -188,6 +221,8 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
            watchdog: ProgressWatchdog, started: float) -> dict:
     checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
+    if args.use_checkpoint_args:
+        use_checkpoint_args(args, checkpoint, common)
     arch = trained_length(args, model_arch(args), common)
     finetune = args.finetune
     if checkpoint and not finetune and not holds_training_state(common):
@@ -198,6 +233,8 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
     num_micro = num_micro_batches(args)
     print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
     print_rank_0(describe_layout(args, arch, padded_vocab, len(chunks), num_micro))
+    for note in startup_notes(args, arch):
+        print_rank_0(note)
 
     state = TrainState()
     if checkpoint:
@@ -209,17 +246,20 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
         args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size)
     if tokenizer.vocab_size > arch.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} entries, model preset {arch.vocab_size}")
-    saved_args = dict(vars(args), arch=dataclasses.asdict(arch), padded_vocab_size=padded_vocab,
-                      data_parallel_size=parallel_state.get_data_parallel_world_size(),
-                      world_size=torch.distributed.get_world_size())
 
     def save():
         watchdog.at(state.iteration, "checkpoint save")
         finish_param_sync(chunks)
+        saved_args = megatron_lm_args(
+            arch, padded_vocab, **vars(args), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            world_size=torch.distributed.get_world_size(),
+            virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
+            consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
+            consumed_valid_samples=(evals_done + len(history["eval"])) * args.eval_iters * args.global_batch_size)
         save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
                         dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
                              skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
-                        saved_args, args.keep_last_n_checkpoints)
+                        saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim)
         resume_param_sync(chunks)
         state.last_saved = state.iteration
         print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
@@ -249,7 +289,8 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
             if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
                 watchdog.at(state.iteration, "evaluation")
                 stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
-                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration)
+                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration,
+                              consumed_samples=state.consumed_samples)
                 history["eval"].append(result)
                 log.evaluation(result)
             watchdog.at(state.iteration, "agreeing whether to stop")

@@ -1,6 +1,7 @@
 """The trainer's set-up: this rank's model chunks (pipeline stages, virtual stages) wrapped for
 training, their optimizer and learning-rate schedule, from the command-line arguments."""
 
+import dataclasses
 import random
 from typing import List, Optional
 
@@ -16,7 +17,9 @@ from megatron.core.transformer.module import Float16Module
 from megatron_neobert.model import NeoBERTArch, build_model, get_arch, padded_vocab_size, transformer_config
 from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
+from megatron_neobert.training.checkpointing import checkpoint_args
 from megatron_neobert.training.arguments import ARCH_OVERRIDES
+from megatron_neobert.training.megatron_args import schedule_steps
 
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
@@ -72,10 +75,33 @@ def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
 
 
 def model_arch(args) -> NeoBERTArch:
-    """The preset's shape with the architecture flags that were given applied to it."""
+    """The preset's shape with the architecture flags that were given applied to it (with
+    --use-checkpoint-args, the checkpoint's shape: `use_checkpoint_args` set `args.checkpoint_arch`)."""
     overrides = {field: getattr(args, name) for name, field in ARCH_OVERRIDES.items()
                  if getattr(args, name) is not None}
+    saved = getattr(args, "checkpoint_arch", None)
+    if saved is not None:
+        return dataclasses.replace(NeoBERTArch(**saved), **overrides)
     return get_arch(args.model_preset, **overrides)
+
+
+def preset_overrides(args, arch: NeoBERTArch) -> List[str]:
+    """'field preset -> this run' for each size where the model is not the preset's."""
+    preset = get_arch(args.model_preset)
+    return [f"{f.name} {getattr(preset, f.name)} -> {getattr(arch, f.name)}" for f in dataclasses.fields(arch)
+            if getattr(preset, f.name) != getattr(arch, f.name)]
+
+
+def use_checkpoint_args(args, checkpoint: Optional[str], common: Optional[dict]) -> None:
+    """--use-checkpoint-args: the model's preset and shape, and the sequence length unless given,
+    from the checkpoint's args (as Megatron-LM's load_args_from_checkpoint: sizes given on the
+    command line win)."""
+    if checkpoint is None:
+        raise ValueError(f"--use-checkpoint-args: no checkpoint in --load {args.load}")
+    saved = checkpoint_args(common)
+    args.model_preset, args.checkpoint_arch = saved["model_preset"], saved["arch"]
+    if "seq_length" not in args.explicit_flags and saved.get("seq_length"):  # a converter's has none
+        args.seq_length = saved["seq_length"]
 
 
 def resolve_padded_vocab_size(args, arch: NeoBERTArch, checkpoint: Optional[str], common: Optional[dict]) -> int:
@@ -84,7 +110,7 @@ def resolve_padded_vocab_size(args, arch: NeoBERTArch, checkpoint: Optional[str]
     at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
     word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
     tp = args.tensor_model_parallel_size
-    saved = common["args"].get("padded_vocab_size") if common else None
+    saved = checkpoint_args(common).get("padded_vocab_size") if common else None
     if saved is None:
         return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
     if saved < arch.vocab_size:
@@ -107,12 +133,14 @@ def set_random_seed(seed: int) -> None:
 
 
 def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
-    """The recipe's schedule, in iterations: linear warmup from 0, decay to min-lr, then constant."""
+    """Linear warmup from 0, decay to min-lr, then constant; in iterations, or in samples with
+    --train-samples (step it by `schedule_steps(args)[3]` per iteration)."""
+    warmup, decay, span, _ = schedule_steps(args)
     return OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters,
+        lr_warmup_steps=warmup, lr_decay_steps=decay,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters, wd_incr_style="constant",
+        wd_incr_steps=span, wd_incr_style="constant",
         use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
         override_opt_param_scheduler=args.override_opt_param_scheduler)
 
@@ -126,7 +154,7 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
     initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp,
                               distributed_timeout_minutes=args.distributed_timeout_minutes)
     set_random_seed(args.seed)
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     recompute = {}
     if args.recompute_granularity:
         recompute = dict(recompute_granularity=args.recompute_granularity)
@@ -137,7 +165,7 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
         arch, tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=vpp, sequence_parallel=args.sequence_parallel,
-        bf16=args.bf16, params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=args.bf16, fp16=args.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **recompute)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
@@ -149,10 +177,13 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
         if len(chunks) == 1:
             config.param_sync_func = config.param_sync_func[0]
     optimizer = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", decoupled_weight_decay=args.optimizer == "adamw", lr=args.lr,
+        optimizer="adam", decoupled_weight_decay=args.optimizer != "adam-l2", lr=args.lr,
         min_lr=args.min_lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
         adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16,
+        fp16=args.fp16, initial_loss_scale=args.initial_loss_scale, loss_scale=args.loss_scale,
         params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer), chunks)
+    if args.fp16:  # the schedules multiply the loss by the loss scale before the backward pass
+        config.grad_scale_func = optimizer.scale_loss
     return config, chunks, optimizer, build_scheduler(args, optimizer)
 
 

@@ -1,6 +1,14 @@
-"""What the trainer prints and writes to TensorBoard: a console line every --log-interval steps
-(loss, accuracy, lr, grad norm, tokens/s, TFLOP/s, MFU, memory, time left) and the validations."""
+"""What the trainer prints and writes to TensorBoard and wandb: a console line every --log-interval
+steps (loss, accuracy, lr, grad norm, tokens/s, TFLOP/s, MFU, memory, time left) and the validations.
 
+TensorBoard / wandb tags are Megatron-LM's, so its dashboards read them: every step "lm loss",
+"learning-rate", "batch-size", "grad-norm", "loss-scale" (--fp16) and their "... vs samples"; every
+--log-interval "iteration-time" (seconds per step) and, with --log-throughput, "throughput"
+(TFLOP/s per GPU); each validation "lm loss validation" (and "... vs samples"). The project's own
+figures go under train/, perf/ and validation/.
+"""
+
+import os
 from typing import List, Optional
 
 import torch
@@ -21,14 +29,31 @@ class TrainingLog:
         self.args, self.arch, self.padded_vocab = args, arch, padded_vocab
         self.peak = peak_tflops(fp8=args.fp8_format is not None)
         self.window: List[dict] = []
-        self.writer = None
-        if args.tensorboard_dir and torch.distributed.get_rank() == 0:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(args.tensorboard_dir)
+        self.writers = []  # each with add_scalar(tag, value, step) and close()
+        if torch.distributed.get_rank() == 0:
+            if args.tensorboard_dir:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writers.append(SummaryWriter(args.tensorboard_dir))
+            if args.wandb_project:
+                self.writers.append(WandbWriter(args))
+
+    def _scalars(self, step: int, values) -> None:
+        for name, value in values:
+            if value is not None:
+                for writer in self.writers:
+                    writer.add_scalar(name, value, step)
 
     def step(self, record: dict, elapsed: Optional[float], skipped_total: int) -> None:
         """Add a step's record; with `elapsed` (seconds since the window began) report the window."""
         self.window.append(record)
+        it, samples = record["iteration"], record["consumed_samples"]
+        good = not record["skipped"]
+        for name, value in [("lm loss", record["loss"] if good else None), ("learning-rate", record["lr"]),
+                            ("batch-size", self.args.global_batch_size),
+                            ("grad-norm", record["grad_norm"] if good else None),
+                            ("loss-scale", record["loss_scale"])]:
+            self._scalars(it, [(name, value)])
+            self._scalars(samples, [(f"{name} vs samples", value)])
         if elapsed is not None:
             self._report(elapsed, skipped_total)
             self.window = []
@@ -53,22 +78,38 @@ class TrainingLog:
             f" | tokens/s {tokens / per_step:,.0f} | TFLOP/s/GPU {tflops:.3g} | MFU {mfu}"
             f" | {per_step * 1000:.0f} ms/step | mem {memory_gib():.2f} GiB"
             f" | skipped {skipped_total} | left {format_duration(per_step * (args.train_iters - it))}")
-        if self.writer:
-            for name, value in [("train/loss", loss), ("train/accuracy", acc), ("train/lr", last["lr"]),
-                                ("train/grad_norm", grad_norm), ("perf/tokens_per_s", tokens / per_step),
-                                ("perf/tflops_per_gpu", tflops),
-                                ("perf/mfu", tflops / self.peak if self.peak else None),
-                                ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)]:
-                if value is not None:
-                    self.writer.add_scalar(name, value, it)
+        self._scalars(it, [("iteration-time", per_step), ("throughput", tflops if args.log_throughput else None),
+                           ("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
+                           ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
+                           ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
 
     def evaluation(self, result: dict) -> None:
         print_rank_0(f" validation at iteration {result['iteration']}: loss {result['loss']:.4f} "
                      f"| accuracy {result['accuracy']:.4f}")
-        if self.writer:
-            self.writer.add_scalar("validation/loss", result["loss"], result["iteration"])
-            self.writer.add_scalar("validation/accuracy", result["accuracy"], result["iteration"])
+        self._scalars(result["iteration"], [("lm loss validation", result["loss"]),
+                                            ("validation/accuracy", result["accuracy"])])
+        self._scalars(result["consumed_samples"], [("lm loss validation vs samples", result["loss"])])
 
     def close(self) -> None:
-        if self.writer:
-            self.writer.close()
+        for writer in self.writers:
+            writer.close()
+
+
+class WandbWriter:
+    """Weights & Biases as Megatron-LM sets it up: project, run name, files under --wandb-save-dir
+    (default --save/wandb), the arguments as the run's config. WANDB_MODE=offline writes locally."""
+
+    def __init__(self, args):
+        import wandb  # present: the arguments' check found it
+        save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
+        os.makedirs(save_dir, exist_ok=True)
+        self.run = wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project,
+                              config=vars(args))
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        if name.endswith(" vs samples"):  # wandb's step only increases: the iteration is it (as Megatron-LM)
+            return
+        self.run.log({name: value}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()

@@ -9,7 +9,9 @@ An iteration folder holds, as one megatron-core distributed checkpoint:
   The faster "dp_reshardable" format only reshards across DP, and "fully_sharded_model_space"
   (the 0.16 default) needs flattened sharded tensors that 0.16's dist_checkpointing rejects.
   The non-distributed optimizers map their state onto the model's sharded tensors, reshardable too;
-- "opt_param_scheduler", "train_state" (iteration, data position, skipped steps) and "args"
+- "opt_param_scheduler", "train_state" (iteration, data position, skipped steps), "args" (an
+  argparse.Namespace, see `checkpointing.megatron_lm_args`), "checkpoint_version" 3.0 and
+  megatron-core's "content_metadata" naming the optimizer-state format, as Megatron-LM writes them
   (common state, written by rank 0);
 - "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
   have other ranks).
@@ -36,7 +38,9 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 
 from megatron_neobert.training.checkpoint_integrity import write_verified_folder
 from megatron_neobert.training.checkpointing import (
+    CHECKPOINT_VERSION,
     LATEST_MARKER,
+    checkpoint_args,
     iteration_dir,
     load_model_state,
     model_sharded_state_dict,
@@ -46,8 +50,10 @@ from megatron_neobert.training.checkpointing import (
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-CHECKPOINT_VERSION = 1
+# The sharded-state-dict metadata, saved as megatron-core's content metadata so that Megatron-LM's
+# loader uses the same optimizer-state format (without it, it assumes an older one).
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "singleton_local_shards": False,
+                      "chained_optim_avoid_prefix": True}
 
 
 def _layout():
@@ -135,8 +141,9 @@ def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: 
 
 
 def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, train_state: dict,
-                    args: dict, keep_last_n: Optional[int] = None) -> str:
-    """Save the training state at `iteration` under `root`; returns the iteration folder."""
+                    args, keep_last_n: Optional[int] = None, save_optimizer: bool = True) -> str:
+    """Save the training state at `iteration` under `root`; returns the iteration folder.
+    `save_optimizer=False` (--no-save-optim): a resume from it starts a fresh optimizer."""
     path = iteration_dir(root, iteration)
     rank0 = torch.distributed.get_rank() == 0
     if rank0:
@@ -144,7 +151,8 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
             shutil.rmtree(path)
         os.makedirs(path)
     torch.distributed.barrier()
-    state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=True, with_rng=True)
+    state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=save_optimizer,
+                        with_rng=True)
     state.update(args=args, iteration=iteration, train_state=train_state,
                  opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION)
     # Data-parallel replicas split the writing instead of DP rank 0 writing everything.
@@ -152,7 +160,9 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
     # Every rank's shards on disk, checksummed, or the partial folder removed and an error raised.
-    write_verified_folder(lambda: dist_checkpointing.save(state, path, sharded_strategy=strategy), root, path, iteration)
+    write_verified_folder(lambda: dist_checkpointing.save(state, path, sharded_strategy=strategy,
+                                                          content_metadata=dict(OPTIMIZER_METADATA)),
+                          root, path, iteration)
     if rank0:
         write_latest_marker(root, iteration)
         if keep_last_n:
@@ -221,9 +231,13 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     follows the iteration, not the optimizer).
     """
     assert finetune or holds_training_state(common), f"{path} holds no training state: load it with finetune"
-    saved_layout = tuple(common["args"][k] for k in ("pipeline_model_parallel_size",
+    saved_layout = tuple(checkpoint_args(common)[k] for k in ("pipeline_model_parallel_size",
                                                      "tensor_model_parallel_size", "data_parallel_size"))
     with_optimizer = load_optimizer and not finetune and "optimizer" in common
+    saved_format = (common.get("content_metadata") or OPTIMIZER_METADATA)["distrib_optim_sharding_type"]
+    if with_optimizer and saved_format != OPTIMIZER_METADATA["distrib_optim_sharding_type"]:
+        raise ValueError(f"{path}: optimizer state in the {saved_format!r} format; this trainer reads "
+                         f"{OPTIMIZER_METADATA['distrib_optim_sharding_type']!r} (load with --no-load-optim)")
     with_rng = load_rng and not finetune and saved_layout == _layout()
     if load_rng and not finetune and not with_rng:
         logger.info("checkpoint layout (PP, TP, DP) %s differs from this run's %s: RNG states not "

@@ -35,14 +35,14 @@ def validate_precision_args(args: argparse.Namespace,
     te = _detect_te() if te_available is None else te_available
     on_gpu = bool(capability)
     if args.bf16 is None:
-        args.bf16 = on_gpu  # the recipe trains in bf16; fp32 (--no-bf16) is for debugging
+        args.bf16 = on_gpu and not args.fp16  # the recipe trains in bf16; fp32 (--no-bf16) is for debugging
     uses_te = args.transformer_impl == "transformer_engine" or (
         args.transformer_impl == "auto" and te and on_gpu)
     if args.transformer_impl == "transformer_engine" and not te:
         raise ValueError("--transformer-impl transformer_engine: Transformer Engine does not import here")
-    if uses_te and args.packed and not args.bf16:
+    if uses_te and args.packed and not (args.bf16 or args.fp16):
         raise ValueError("Transformer Engine attention has no fp32 kernel for packed (THD) input: "
-                         "pass --bf16, or --no-packed, or --transformer-impl local")
+                         "pass --bf16 (or --fp16), or --no-packed, or --transformer-impl local")
     if args.fp8_format is None:
         return args
     if not te:

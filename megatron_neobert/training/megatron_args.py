@@ -1,0 +1,197 @@
+"""The flags a Megatron-LM user brings, with Megatron-LM's meanings (core_v0.16).
+
+NeoBERT's recipe sets other defaults than Megatron-LM for some of them: `--help` shows both, and
+the trainer prints, at start-up, the recipe defaults that the command line (and --config) left in
+place. Sample-based schedules (`--train-samples`, ...) and `--lr-warmup-fraction` resolve here into
+the numbers the scheduler reads (`schedule_steps`).
+"""
+
+import argparse
+import importlib.util
+import os
+from typing import Iterable, List, Optional, Set
+
+from megatron_neobert.data.tokenizer import WORDPIECE_TYPES, check_wordpiece_vocab
+
+# dest: (the recipe's default, Megatron-LM's), as --help and the start-up report show them.
+RECIPE_DEFAULTS = {
+    "lr": ("6e-4", "none, required"),
+    "min_lr": ("10% of --lr", "0.0"),
+    "adam_beta2": ("0.95", "0.999"),
+    "weight_decay": ("0.1", "0.01"),
+    "lr_decay_style": ("cosine", "linear"),
+    "lr_warmup_iters": ("2000", "0"),
+    "lr_decay_iters": ("90% of --train-iters", "--train-iters"),
+    "lr_warmup_samples": ("2000 x --global-batch-size", "0"),
+    "lr_decay_samples": ("90% of --train-samples", "--train-samples"),
+    "train_iters": ("1,000,000", "none, required unless --train-samples"),
+    "micro_batch_size": ("32", "none, required"),
+    "global_batch_size": ("2048", "micro-batch x data-parallel size"),
+    "seq_length": ("1024", "none, required"),
+    "split": ("949,50,1", "969,30,1"),
+}
+RECIPE_WARMUP_ITERS = 2000
+RECIPE_DECAY_FRACTION = 0.9
+CKPT_FORMATS = ("torch_dist", "torch", "torch_dcp", "zarr", "fsdp_dtensor")
+
+
+def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Megatron-LM flags")
+    g.add_argument("--fp16", action="store_true",
+                   help="fp16 weights and activations, fp32 main weights, dynamic loss scaling")
+    g.add_argument("--initial-loss-scale", type=float, default=2.0**32, help="with --fp16")
+    g.add_argument("--loss-scale", type=float, default=None, help="with --fp16: a static scale instead")
+    g.add_argument("--lr-warmup-fraction", type=float, default=None,
+                   help="warmup over this fraction of the decay steps (instead of --lr-warmup-iters/-samples)")
+    g.add_argument("--train-samples", type=int, default=None,
+                   help="train for this many samples (instead of --train-iters): iterations = samples / "
+                        "global batch; the schedule then counts samples")
+    g.add_argument("--lr-decay-samples", type=int, default=None, help="with --train-samples")
+    g.add_argument("--lr-warmup-samples", type=int, default=None, help="with --train-samples")
+    g.add_argument("--vocab-file", default=None,
+                   help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="*", default=None,
+                       help=f"prefixes (or weight-prefix pairs) of the {split} split only; "
+                            "replaces --data-path and --split")
+    g.add_argument("--mock-data", action="store_true",
+                   help="synthetic deterministic documents, packed and masked as real ones: no files")
+    g.add_argument("--ckpt-format", default="torch_dist",
+                   help="checkpoint format; torch_dist (megatron-core distributed checkpoint) only")
+    g.add_argument("--log-throughput", action="store_true",
+                   help="write TFLOP/s per GPU as 'throughput' to TensorBoard / wandb")
+    g.add_argument("--wandb-project", default="", help="log to Weights & Biases (WANDB_MODE=offline works)")
+    g.add_argument("--wandb-exp-name", default="", help="the run's name; required with --wandb-project")
+    g.add_argument("--wandb-save-dir", default="", help="default: --save/wandb")
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="selective recomputation (= --recompute-granularity selective)")
+    g.add_argument("--use-checkpoint-args", action="store_true",
+                   help="take the model's shape (preset, sizes, sequence length) from the --load checkpoint")
+    g.add_argument("--no-save-optim", action="store_true", help="save checkpoints without the optimizer state")
+    for action in p._actions:
+        if action.dest in RECIPE_DEFAULTS:
+            recipe, megatron = RECIPE_DEFAULTS[action.dest]
+            note = f"recipe default {recipe}; Megatron-LM's: {megatron}".replace("%", "%%")
+            action.help = f"{action.help}; {note}" if action.help else note
+
+
+def explicit_dests(build_parser, argv: Optional[List[str]], config_keys: Iterable[str]) -> Set[str]:
+    """The settings the user gave: on the command line or in the --config file."""
+    probe = build_parser()
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    given, _ = probe.parse_known_args(argv)
+    return set(vars(given)) | {k.replace("-", "_") for k in config_keys}
+
+
+def _refuse(condition: bool, message: str) -> None:
+    if condition:
+        raise ValueError(message)
+
+
+def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None:
+    """Check and resolve the Megatron-LM flags, before the recipe's own defaults are filled in."""
+    _refuse(args.ckpt_format != "torch_dist",
+            f"--ckpt-format {args.ckpt_format}: only torch_dist is written and read (megatron-core's "
+            f"distributed checkpoint, loadable at any TP/PP/DP); Megatron-LM's other formats "
+            f"({', '.join(CKPT_FORMATS[1:])}) are not implemented here")
+    _refuse(args.fp16 and args.bf16, "--fp16 and --bf16 exclude each other")
+    _refuse(args.fp16 and args.fp8_format is not None, "--fp8-format runs with --bf16, not --fp16")
+    if args.recompute_activations:
+        _refuse(args.recompute_granularity == "full",
+                "--recompute-activations means --recompute-granularity selective; not with full")
+        args.recompute_granularity = "selective"
+    _resolve_schedule(args, explicit)
+    _resolve_data(args, explicit)
+    _resolve_tokenizer(args, explicit)
+    if args.wandb_project:
+        _refuse(not args.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
+        _refuse(importlib.util.find_spec("wandb") is None,
+                "--wandb-project needs the wandb package: pip install wandb (or this package's wandb extra)")
+        _refuse(not (args.wandb_save_dir or args.save), "--wandb-project writes into --wandb-save-dir, "
+                "else --save/wandb: give one of them")
+    _refuse(args.use_checkpoint_args and not args.load, "--use-checkpoint-args reads the --load checkpoint: give --load")
+
+
+def _resolve_schedule(args, explicit: Set[str]) -> None:
+    fraction = args.lr_warmup_fraction
+    _refuse(fraction is not None and not 0.0 <= fraction < 1.0,
+            f"--lr-warmup-fraction {fraction} must be in [0, 1)")
+    if args.train_samples is None:
+        _refuse(args.lr_decay_samples is not None or args.lr_warmup_samples is not None,
+                "--lr-decay-samples / --lr-warmup-samples go with --train-samples; with --train-iters use "
+                "--lr-decay-iters / --lr-warmup-iters")
+        _refuse(fraction is not None and "lr_warmup_iters" in explicit,
+                "give --lr-warmup-fraction or --lr-warmup-iters, not both")
+        if fraction is not None:
+            args.lr_warmup_iters = 0
+        return
+    gbs = args.global_batch_size
+    _refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
+    _refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
+            "with --train-samples the schedule is in samples: use --lr-decay-samples / --lr-warmup-samples")
+    _refuse(args.train_samples < gbs, f"--train-samples {args.train_samples} is less than one global batch ({gbs})")
+    _refuse(fraction is not None and args.lr_warmup_samples is not None,
+            "give --lr-warmup-fraction or --lr-warmup-samples, not both")
+    args.train_iters = args.train_samples // gbs  # as Megatron-LM without batch-size ramp-up
+    if args.lr_decay_samples is None:
+        args.lr_decay_samples = int(RECIPE_DECAY_FRACTION * args.train_samples)
+    if args.lr_warmup_samples is None:
+        args.lr_warmup_samples = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
+    _refuse(fraction is None and args.lr_warmup_samples >= args.lr_decay_samples,
+            f"--lr-warmup-samples {args.lr_warmup_samples} must be below --lr-decay-samples {args.lr_decay_samples} "
+            f"(recipe defaults: {RECIPE_DEFAULTS['lr_warmup_samples'][0]}, {RECIPE_DEFAULTS['lr_decay_samples'][0]})")
+    # The iteration fields mirror the sample schedule (read by the log and the checks).
+    args.lr_decay_iters = args.lr_decay_samples // gbs
+    args.lr_warmup_iters = 0
+
+
+def _resolve_data(args, explicit: Set[str]) -> None:
+    per_split = [args.train_data_path, args.valid_data_path, args.test_data_path]
+    _refuse("split" in explicit and (args.mock_data or any(per_split)),
+            "--split divides --data-path; --mock-data and --train/valid/test-data-path do not read it")
+    if args.mock_data:
+        _refuse(args.data_path is not None or any(per_split), "--mock-data reads no files: drop --data-path "
+                "and --train/valid/test-data-path")
+    elif any(per_split):
+        _refuse(args.data_path is not None, "--data-path and --train/valid/test-data-path exclude each other")
+        _refuse(not args.train_data_path, "--valid/test-data-path need --train-data-path too")
+
+
+def _resolve_tokenizer(args, explicit: Set[str]) -> None:
+    if args.tokenizer_type not in WORDPIECE_TYPES:
+        _refuse(args.vocab_file is not None, f"--vocab-file is read by --tokenizer-type "
+                f"{' / '.join(WORDPIECE_TYPES)}, not {args.tokenizer_type} (use --tokenizer-model)")
+        return
+    _refuse(args.vocab_file is None, f"--tokenizer-type {args.tokenizer_type} needs --vocab-file (a WordPiece vocab.txt)")
+    _refuse("tokenizer_model" in explicit,
+            f"--tokenizer-type {args.tokenizer_type} reads --vocab-file, not --tokenizer-model")
+    args.vocab_file = os.path.abspath(args.vocab_file)
+    check_wordpiece_vocab(args.vocab_file)
+    args.tokenizer_model = args.vocab_file  # what build_tokenizer and the checkpoint's args name
+
+
+def recipe_defaults_applied(args, explicit: Set[str]) -> List[str]:
+    """The recipe defaults the user left in place, with their final values, for the start-up report."""
+    samples = args.train_samples is not None
+    skip = {"lr_decay_samples", "lr_warmup_samples"} if not samples else {"lr_decay_iters", "lr_warmup_iters",
+                                                                          "train_iters"}
+    if args.lr_warmup_fraction is not None:
+        skip |= {"lr_warmup_iters", "lr_warmup_samples"}
+    if args.mock_data or args.train_data_path:
+        skip.add("split")
+    return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (Megatron-LM's default: {RECIPE_DEFAULTS[dest][1]})"
+            for dest in RECIPE_DEFAULTS if dest not in explicit and dest not in skip]
+
+
+def schedule_steps(args):
+    """(warmup, decay, weight-decay span, increment per iteration) of the scheduler: in samples with
+    --train-samples, else in iterations; --lr-warmup-fraction is a fraction of the decay, as Megatron-LM."""
+    if args.train_samples is not None:
+        decay, warmup, span, increment = (args.lr_decay_samples, args.lr_warmup_samples, args.train_samples,
+                                          args.global_batch_size)
+    else:
+        decay, warmup, span, increment = args.lr_decay_iters, args.lr_warmup_iters, args.train_iters, 1
+    if args.lr_warmup_fraction is not None:
+        warmup = args.lr_warmup_fraction * decay
+    return warmup, decay, span, increment
