@@ -154,9 +154,10 @@ def neobert_config_from_dims(
 # megatron-core <-> HF state dicts
 # --------------------------------------------------------------------------------------------------------
 
-# Per-layer names: (megatron local spec, Transformer Engine alias or None) -> HF suffix. Identity mappings:
+# Per-layer names: (megatron local spec, Transformer Engine alias or None) -> HF suffix. Same layouts but one:
 # - linear_qkv rows are grouped per query group ([q_g; k_g; v_g], each dim_head rows); with one head per
-#   group (no GQA) that is exactly the published `qkv.view(heads, 3, dim_head, H)` layout.
+#   group (no GQA) that is the published `qkv.view(heads, 3, dim_head, H)` layout, except that each
+#   head's q and k rows are in rotate-half order (convert.py permutes them; q.k is unchanged).
 # - linear_fc1 of a gated MLP is [gate; up], with silu applied to the first half, like `ffn.w12`.
 _LAYER_MAP = (
     ("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight", "attention_norm.weight"),
