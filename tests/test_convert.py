@@ -301,7 +301,7 @@ def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weight
 
 
 def official_250m_shapes():
-    """Spec section 2, written out independently of hf_format.expected_hf_shapes."""
+    """The published checkpoint's shapes, written out independently of hf_format.expected_hf_shapes."""
     shapes = {"model.encoder.weight": (30522, 768), "model.layer_norm.weight": (768,),
               "decoder.weight": (30522, 768), "decoder.bias": (30522,)}
     for i in range(28):

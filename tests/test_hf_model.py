@@ -142,7 +142,7 @@ def pad(seqs, left=False):
 # Layout of the published checkpoint
 # ------------------------------------------------------------------------------------------------
 
-OFFICIAL_250M = {  # NEOBERT_SPEC section 2
+OFFICIAL_250M = {  # the published checkpoint's tensors
     "model.encoder.weight": (30522, 768),
     "attention_norm.weight": (768,),
     "qkv.weight": (2304, 768),

@@ -198,11 +198,6 @@ def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
     return Layout(sample_ptr, piece_doc, piece_start, piece_len, piece_wrapped)
 
 
-def piece_cost(piece_doc: numpy.ndarray, piece_len: numpy.ndarray) -> numpy.ndarray:
-    """Tokens a piece occupies: its tokens plus [CLS] and [SEP]; a padding piece only its length."""
-    return piece_len.astype(numpy.int64) + numpy.where(piece_doc == PAD_PIECE, 0, 2)
-
-
 def chunk_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
     """One piece per sample: each document cut into chunks of ``seq_length - 2`` tokens."""
     if seq_length < 3:

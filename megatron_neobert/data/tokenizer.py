@@ -76,8 +76,6 @@ class MLMTokenizer:
                                         for part in _slices(texts[i])])
         return ids
 
-    def detokenize(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
 
     def __getstate__(self):
         # Rebuild from (type, model) in DataLoader / preprocessing workers instead of pickling
@@ -144,8 +142,6 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
             return [e.ids for e in encode(list(texts), add_special_tokens=False)]
         return super().tokenize_batch(texts)
 
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
 
 
 def check_wordpiece_vocab(vocab_file: str) -> None:
@@ -220,8 +216,6 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
     def tokenize_batch(self, texts: Sequence[str]) -> List[List[int]]:
         return self._sp.encode(list(texts), out_type=int)
 
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return self._sp.decode(list(ids))
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:

@@ -39,11 +39,11 @@ def swiglu_width(nominal_intermediate_size: int) -> int:
 
 
 PRESETS: Dict[str, NeoBERTArch] = {
-    # The published model (spec section 1): 28 x 768, 12 heads, SwiGLU 2048, 30522 WordPiece.
+    # The published model: 28 x 768, 12 heads, SwiGLU 2048, 30522 WordPiece.
     "neobert-250m": NeoBERTArch(28, 768, 12, swiglu_width(3072), 30522, 4096),
     # For tests and the quickstart; its vocabulary is the built-in sample tokenizer's.
     "neobert-tiny": NeoBERTArch(4, 128, 4, swiglu_width(512), 8192, 1024),
-    # The paper's ablation ladder (section 3). M2-M5 and M9 change data, optimiser, masking and
+    # The paper's ablation ladder. M2-M5 and M9 change data, optimiser, masking and
     # batch, not the architecture: they reuse the preset of the step before them.
     "ablation-m0": NeoBERTArch(12, 768, 12, 3072, 30522, 512, normalization="LayerNorm",
                                activation="gelu", position_embedding_type="learned_absolute",

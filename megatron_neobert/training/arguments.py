@@ -1,6 +1,6 @@
 """Command-line arguments of the pre-training script, with Megatron-LM's spellings.
 
-Defaults reproduce NeoBERT's recipe (spec section 3): AdamW (0.9, 0.95, 1e-8), weight decay 0.1,
+Defaults reproduce NeoBERT's recipe: AdamW (0.9, 0.95, 1e-8), weight decay 0.1,
 gradient clipping 1.0, 2,000 warmup steps to 6e-4, cosine decay to 10% of the peak over 90% of
 the steps then constant, 20% masking all replaced by [MASK], 1024 tokens, 2M tokens per step.
 A `--config` YAML file holds the same settings (keys are flag names, with - or _); flags given

@@ -1,6 +1,6 @@
 """Throughput figures for the log: FLOPs per step, TFLOP/s per GPU, MFU, memory.
 
-FLOPs follow the spec (section 5): 6 x non-embedding parameters per token, plus attention
+FLOPs as the paper counts them: 6 x non-embedding parameters per token, plus attention
 (12 x layers x hidden per query-key pair, forward and backward), plus the MLM head
 (6 x hidden x vocab) on the positions where logits are computed, i.e. the masked ones. The pairs
 are those attention computes usefully: L^2 per document of length L (packed documents attend

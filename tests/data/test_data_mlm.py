@@ -15,10 +15,14 @@ from megatron_neobert.data.blend import parse_data_path
 from megatron_neobert.data.length_subset import make_length_subset
 from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
 from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
-from megatron_neobert.data.packing import (PAD_PIECE, chunk_documents, pack_documents,
-                                           piece_cost)
+from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
 
 SEQ = 256
+
+
+def piece_cost(piece_doc: numpy.ndarray, piece_len: numpy.ndarray) -> numpy.ndarray:
+    """Tokens a piece occupies in its sample: its tokens plus [CLS] and [SEP]; padding only its length."""
+    return piece_len.astype(numpy.int64) + numpy.where(piece_doc == PAD_PIECE, 0, 2)
 
 
 def _config(tok, prefixes, weights=None, cache=None, **kw):
