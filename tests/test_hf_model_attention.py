@@ -11,6 +11,7 @@ import transformers
 from packaging import version
 from transformers import DataCollatorWithFlattening
 
+from megatron_neobert.parallel.cpu import cuda_redirection_paused
 from megatron_neobert.conversion.modeling_neobert import (
     NeoBERT,
     NeoBERTForMultipleChoice,
@@ -23,6 +24,14 @@ from test_hf_model import ATOL, VOCAB, load_model, pad, random_official_state_di
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TRANSFORMERS_5 = version.parse(transformers.__version__).major >= 5
+
+
+@pytest.fixture(autouse=True)
+def traceable():
+    """An earlier test in this worker may have converted a checkpoint in-process, which leaves megatron's
+    CPU redirection on; the HF model needs none, and compile/export/flex cannot trace through it."""
+    with cuda_redirection_paused():
+        yield
 
 
 @pytest.fixture(scope="module")

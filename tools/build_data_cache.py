@@ -16,15 +16,16 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from megatron_neobert.data.tokenizer import build_tokenizer  # noqa: E402
-from megatron_neobert.data.trainer_datasets import build_trainer_datasets  # noqa: E402
 from megatron_neobert.training.arguments import parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        args = parse_args(argv)
+        args = parse_args(argv)  # --help answers here, before megatron-core is imported
+        from megatron_neobert.data.tokenizer import build_tokenizer
+        from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
         start = time.perf_counter()
         datasets = build_trainer_datasets(args, tokenizer)

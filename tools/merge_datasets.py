@@ -9,25 +9,25 @@ several nodes) into one, in order, with megatron-core's IndexedDatasetBuilder.ad
 the output is written atomically and refused when the inputs hold no document or come from different tokenizers.
 """
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from megatron_neobert.data.merge import merge_datasets  # noqa: E402
-from megatron_neobert.data.preprocess import shards_of  # noqa: E402
+from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", nargs="+", help="dataset prefixes, merged in this order")
     source.add_argument("--shard-dir", help="a folder of preprocess_data.py shards")
     parser.add_argument("--json-key", default="content", help="the key of the shards to merge")
-    parser.add_argument("--output-prefix", required=True)
+    parser.add_argument("--output-prefix", required=True, help="writes {prefix}.bin / .idx")
     args = parser.parse_args(argv)
+    from megatron_neobert.data.merge import merge_datasets
+    from megatron_neobert.data.preprocess import shards_of
+
     try:
         prefixes = args.input or shards_of(args.shard_dir, args.json_key)
         documents = merge_datasets(prefixes, args.output_prefix)

@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import yaml
 
+from megatron_neobert.cli import ArgumentParser
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
 from megatron_neobert.training.megatron_args import (add_megatron_lm_args, apply_megatron_lm_args, explicit_dests,
@@ -32,29 +33,40 @@ ARCH_OVERRIDES = {
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: Megatron-LM's --exit-signal must not be read as a prefix of another flag.
-    p = argparse.ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    p = ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
+                       allow_abbrev=False)
     p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
 
     g = p.add_argument_group("model")
-    g.add_argument("--model-preset", default="neobert-250m", choices=sorted(PRESETS))
+    g.add_argument("--model-preset", default="neobert-250m", choices=sorted(PRESETS),
+                   help="architecture preset (neobert-250m is the published model)")
     for name in ARCH_OVERRIDES:
         g.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                        help="override the preset's value")
-    g.add_argument("--transformer-impl", default="auto", choices=["auto", "transformer_engine", "local"])
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
-    g.add_argument("--recompute-method", default="uniform", choices=["uniform", "block"])
-    g.add_argument("--recompute-num-layers", type=int, default=1)
+    g.add_argument("--transformer-impl", default="auto", choices=["auto", "transformer_engine", "local"],
+                   help="layer implementation: Transformer Engine, megatron-core's local layers, or auto (TE when it imports on a GPU)")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this x TP (a loaded checkpoint's padding wins)")
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="activation recomputation: full layers or selective (attention core)")
+    g.add_argument("--recompute-method", default="uniform", choices=["uniform", "block"],
+                   help="with full recomputation: uniform chunks or the first N layers of a stage (block)")
+    g.add_argument("--recompute-num-layers", type=int, default=1,
+                   help="layers per recomputed chunk (uniform) or recomputed layers per stage (block)")
 
     g = p.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true")
-    g.add_argument("--overlap-param-gather", action="store_true")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel ranks per layer")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="layers per virtual stage: interleaved 1F1B")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="split norms and dropout activations along the sequence across TP ranks")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="shard the optimizer state and fp32 main weights across data-parallel ranks")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="reduce gradients bucket by bucket during the backward pass")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="all-gather updated parameters during the next forward (needs --use-distributed-optimizer)")
     g.add_argument("--ddp-bucket-size", type=int, default=None,
                    help="parameters per gradient-reduction bucket with --overlap-grad-reduce (default: "
                         "megatron-core's, max(40M, 1M x DP))")
@@ -63,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 weights and activations, fp32 main weights (default: on with a GPU, off on CPU)")
     g.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"], help="needs Transformer Engine")
-    g.add_argument("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+    g.add_argument("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"],
+                   help="Transformer Engine FP8 scaling recipe (mxfp8 needs Blackwell)")
 
     g = p.add_argument_group("batch and schedule")
     g.add_argument("--micro-batch-size", type=int, default=32)
@@ -83,13 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "same; adam-l2: weight decay as an L2 penalty in the gradient (torch.optim.Adam, "
                         "the BERT-like ablation M0)")
     g.add_argument("--weight-decay", type=float, default=0.1)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam's first-moment decay")
     g.add_argument("--adam-beta2", type=float, default=0.95)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam's epsilon")
+    g.add_argument("--clip-grad", type=float, default=1.0, help="clip the global gradient norm to this (0: no clipping)")
     g.add_argument("--max-skipped-iters", type=int, default=10,
                    help="stop after this many consecutive steps skipped for a non-finite loss or gradient")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=int, default=1234, help="random seed of weights, data order and masks")
 
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None,
@@ -100,24 +113,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help='JSON {"train": ..., "valid": ..., "test": ...}, each like --data-path '
                         "(--split is then unused)")
     g.add_argument("--split", default="949,50,1")
-    g.add_argument("--data-cache-path", default=None)
-    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES)
-    g.add_argument("--tokenizer-model", default="bert-base-uncased")
-    g.add_argument("--mask-rate", type=float, default=0.2)
-    g.add_argument("--mask-scheme", default="mask", choices=["mask", "80/10/10"])
+    g.add_argument("--data-cache-path", default=None,
+                   help="folder of the datasets' layout caches (default: cache/ beside each dataset)")
+    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
+                   help="as Megatron-LM's; BertWordPiece* read --vocab-file")
+    g.add_argument("--tokenizer-model", default="bert-base-uncased",
+                   help="Hugging Face name or folder, or a SentencePiece .model file")
+    g.add_argument("--mask-rate", type=float, default=0.2, help="fraction of tokens masked for the MLM loss")
+    g.add_argument("--mask-scheme", default="mask", choices=["mask", "80/10/10"],
+                   help="mask: every chosen token becomes [MASK]; 80/10/10: BERT's mask/random/keep")
     g.add_argument("--packed", action=argparse.BooleanOptionalAction, default=True,
                    help="pack documents with per-document attention (cu_seqlens), or pad")
-    g.add_argument("--data-loader", default="torch", choices=["torch", "dali"])
-    g.add_argument("--num-workers", type=int, default=2)
+    g.add_argument("--data-loader", default="torch", choices=["torch", "dali"], help="PyTorch DataLoader or NVIDIA DALI")
+    g.add_argument("--num-workers", type=int, default=2, help="data-loader worker processes per rank")
 
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--save", default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--keep-last-n-checkpoints", type=int, default=None)
+    g.add_argument("--save", default=None, help="checkpoint root to save to")
+    g.add_argument("--load", default=None, help="checkpoint root to resume from (its latest complete iteration)")
+    g.add_argument("--save-interval", type=int, default=None,
+                   help="save every this many iterations (also at the end and when stopping early)")
+    g.add_argument("--keep-last-n-checkpoints", type=int, default=None,
+                   help="delete all but the newest N iteration folders after each save")
     g.add_argument("--no-load-optim", action="store_true",
                    help="load the model (and schedule position), start with a fresh optimizer state")
-    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true", help="do not restore the RNG states of the checkpoint")
     g.add_argument("--finetune", action="store_true",
                    help="load the model only; iteration, data position, optimizer and schedule start at 0")
     g.add_argument("--exit-signal-handler", action="store_true",
@@ -127,16 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_fault_tolerance_args(p)
 
     g = p.add_argument_group("logging and evaluation")
-    g.add_argument("--log-interval", type=int, default=100)
-    g.add_argument("--eval-interval", type=int, default=1000)
-    g.add_argument("--eval-iters", type=int, default=100)
-    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--log-interval", type=int, default=100, help="iterations per console and TensorBoard line")
+    g.add_argument("--eval-interval", type=int, default=1000, help="iterations between validations (0: none)")
+    g.add_argument("--eval-iters", type=int, default=100, help="global batches per validation")
+    g.add_argument("--tensorboard-dir", default=None, help="write TensorBoard events here (rank 0)")
     g.add_argument("--profile", action="store_true",
                    help="PyTorch profiler over steps --profile-step-start + 1 .. --profile-step-end: a trace "
                         "in --tensorboard-dir (else --save/profile) and the top operators in the log")
-    g.add_argument("--profile-step-start", type=int, default=10)
-    g.add_argument("--profile-step-end", type=int, default=12)
-    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0])
+    g.add_argument("--profile-step-start", type=int, default=10,
+                   help="with --profile: the step after which profiling starts")
+    g.add_argument("--profile-step-end", type=int, default=12, help="with --profile: the last profiled step")
+    g.add_argument("--profile-ranks", type=int, nargs="+", default=[0],
+                   help="with --profile: the global ranks that profile")
     g.add_argument("--pytorch-profiler-collect-callstack", action="store_true",
                    help="Python stacks in the trace (larger trace, slower profiled steps)")
 
