@@ -26,10 +26,7 @@ import sys
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
 from megatron_neobert.cli import ArgumentParser  # noqa: E402
-from megatron_neobert.data.tokenizer import TOKENIZER_TYPES  # noqa: E402
-
-_VOCAB_FILE_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
-
+from megatron_neobert.data.tokenizer import TOKENIZER_TYPES, wordpiece_tokenizer_model  # noqa: E402
 
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
@@ -81,13 +78,13 @@ def get_args(argv=None):
                             "WORLD_SIZE, else 1); with more than one, shards are not merged")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    if args.tokenizer_type in _VOCAB_FILE_TYPES:
-        if args.vocab_file is None:
-            parser.error(f"--tokenizer-type {args.tokenizer_type} needs --vocab-file")
-        args.tokenizer_model = args.vocab_file
-    elif args.vocab_file is not None:
-        parser.error(f"--vocab-file is for {' / '.join(_VOCAB_FILE_TYPES)}; "
-                     f"{args.tokenizer_type} reads --tokenizer-model")
+    try:
+        vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file,
+                                               args.tokenizer_model != parser.get_default("tokenizer_model"))
+    except ValueError as err:
+        parser.error(str(err))
+    if vocab_file is not None:
+        args.tokenizer_model = vocab_file
     env_rank, env_world = rank_from_environment()
     args.rank = env_rank if args.rank is None else args.rank
     args.world_size = env_world if args.world_size is None else args.world_size

@@ -156,6 +156,25 @@ def check_wordpiece_vocab(vocab_file: str) -> None:
                          "needs [PAD] [UNK] [CLS] [SEP] [MASK] (one token per line)")
 
 
+def wordpiece_tokenizer_model(tokenizer_type: str, vocab_file: Optional[str], tokenizer_model_given: bool
+                              ) -> Optional[str]:
+    """Megatron-LM's --tokenizer-type / --vocab-file pair: for the WordPiece types the vocab file (absolute,
+    checked) is the tokenizer to build; for the others None (--tokenizer-model names it). Raises ValueError
+    naming the flags for a pair that cannot go together."""
+    if tokenizer_type not in WORDPIECE_TYPES:
+        if vocab_file is not None:
+            raise ValueError(f"--vocab-file is read by --tokenizer-type {' / '.join(WORDPIECE_TYPES)}, not "
+                             f"{tokenizer_type} (use --tokenizer-model)")
+        return None
+    if vocab_file is None:
+        raise ValueError(f"--tokenizer-type {tokenizer_type} needs --vocab-file (a WordPiece vocab.txt)")
+    if tokenizer_model_given:
+        raise ValueError(f"--tokenizer-type {tokenizer_type} reads --vocab-file, not --tokenizer-model")
+    vocab_file = os.path.abspath(vocab_file)
+    check_wordpiece_vocab(vocab_file)
+    return vocab_file
+
+
 class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
     """Megatron-LM's BertWordPieceLowerCase / BertWordPieceCase: WordPiece from a vocab.txt
     (``--vocab-file``), through the tokenizers library's BERT normaliser, pre-tokeniser and model."""

@@ -8,10 +8,9 @@ the numbers the scheduler reads (`schedule_steps`).
 
 import argparse
 import importlib.util
-import os
 from typing import Iterable, List, Optional, Set
 
-from megatron_neobert.data.tokenizer import WORDPIECE_TYPES, check_wordpiece_vocab
+from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
 
 # dest: (the recipe's default, Megatron-LM's), as --help and the start-up report show them.
 RECIPE_DEFAULTS = {
@@ -159,16 +158,10 @@ def _resolve_data(args, explicit: Set[str]) -> None:
 
 
 def _resolve_tokenizer(args, explicit: Set[str]) -> None:
-    if args.tokenizer_type not in WORDPIECE_TYPES:
-        _refuse(args.vocab_file is not None, f"--vocab-file is read by --tokenizer-type "
-                f"{' / '.join(WORDPIECE_TYPES)}, not {args.tokenizer_type} (use --tokenizer-model)")
-        return
-    _refuse(args.vocab_file is None, f"--tokenizer-type {args.tokenizer_type} needs --vocab-file (a WordPiece vocab.txt)")
-    _refuse("tokenizer_model" in explicit,
-            f"--tokenizer-type {args.tokenizer_type} reads --vocab-file, not --tokenizer-model")
-    args.vocab_file = os.path.abspath(args.vocab_file)
-    check_wordpiece_vocab(args.vocab_file)
-    args.tokenizer_model = args.vocab_file  # what build_tokenizer and the checkpoint's args name
+    vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
+    if vocab_file is not None:
+        # What build_tokenizer and the checkpoint's args name.
+        args.vocab_file = args.tokenizer_model = vocab_file
 
 
 def recipe_defaults_applied(args, explicit: Set[str]) -> List[str]:
