@@ -1,20 +1,15 @@
 """Checks at the start of a run that would otherwise fail deep inside a step or a load."""
 
-import argparse
 import dataclasses
 from typing import Optional
 
 from megatron_neobert.model import NeoBERTArch
+from megatron_neobert.training.checkpointing import checkpoint_args
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.train_log import print_rank_0
 
 # Settings that decide the layout of the optimizer state in a checkpoint.
 OPTIMIZER_SETUP = {"bf16": "--bf16", "use_distributed_optimizer": "--use-distributed-optimizer"}
-
-
-def saved_args(common: dict) -> dict:
-    args = common["args"]
-    return vars(args) if isinstance(args, argparse.Namespace) else args
 
 
 def trained_length(args, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTArch:
@@ -28,7 +23,7 @@ def trained_length(args, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTAr
                                 f"({arch.position_embedding_type}); lower --seq-length or raise "
                                 f"--max-position-embeddings (a new position table)")
         return arch
-    loaded = saved_args(common).get("arch", {}).get("max_sequence_length", 0) if common else 0
+    loaded = checkpoint_args(common).get("arch", {}).get("max_sequence_length", 0) if common else 0
     longest = max(arch.max_sequence_length, args.seq_length, loaded)
     if args.seq_length > arch.max_sequence_length:
         print_rank_0(f"--seq-length {args.seq_length} is above the preset's {arch.max_sequence_length} positions: "
@@ -38,7 +33,7 @@ def trained_length(args, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTAr
 
 def check_optimizer_setup(args, checkpoint: str, common: dict) -> None:
     """A checkpoint's optimizer state loads only into the optimizer setup that saved it."""
-    saved = saved_args(common)
+    saved = checkpoint_args(common)
     on_off = lambda value: "on" if value else "off"
     differs = [f"{flag} {on_off(saved.get(key))} there, {on_off(getattr(args, key))} here"
                for key, flag in OPTIMIZER_SETUP.items() if bool(saved.get(key)) != bool(getattr(args, key))]
