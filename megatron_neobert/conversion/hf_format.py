@@ -314,18 +314,20 @@ def _copy_tokenizer(tokenizer_path: PathLike, dst: Path, config: NeoBERTConfig) 
     for name in found:
         shutil.copyfile(src / name, dst / name)
     if (dst / "tokenizer_config.json").is_file():
-        _standardise_tokenizer_config(dst / "tokenizer_config.json")
+        _standardise_tokenizer_config(dst / "tokenizer_config.json", config.max_length)
 
 
-def _standardise_tokenizer_config(path: Path) -> None:
+def _standardise_tokenizer_config(path: Path, max_length: int) -> None:
     """Lets the tokenizer load on its own, with a standard class: `TokenizersBackend` (the name transformers 5
     saves) becomes `PreTrainedTokenizerFast`, which transformers 4 and 5 both resolve (4.x then skips the
-    model's remote-code config), and NeoBERT's inputs are declared (it has no token types)."""
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
+    model's remote-code config); NeoBERT's inputs are declared (it has no token types); and the tokenizer
+    announces the model's length, as config.json's max_length and sentence_bert_config.json's
+    max_seq_length do."""
+    config = _read_json(path)
     if config.get("tokenizer_class") == "TokenizersBackend":
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config["model_input_names"] = ["input_ids", "attention_mask"]
+    config["model_max_length"] = max_length
     _write_json(path, config)
 
 
@@ -383,7 +385,6 @@ def write_hf_folder(
         shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
         if tokenizer_path is not None:
             _copy_tokenizer(tokenizer_path, tmp, config)
-            _announce_length(tmp / "tokenizer_config.json", config.max_length)
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
 
@@ -413,13 +414,6 @@ def _read_json(path: Path):
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err})") from None
-
-
-def _announce_length(tokenizer_config: Path, max_length: int) -> None:
-    """The tokenizer announces the model's length, as config.json's max_length and
-    sentence_bert_config.json's max_seq_length do."""
-    if tokenizer_config.is_file():
-        _write_json(tokenizer_config, {**_read_json(tokenizer_config), "model_max_length": max_length})
 
 
 def _load_sharded(src: Path, index_name: str) -> StateDict:
