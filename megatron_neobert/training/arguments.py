@@ -16,6 +16,7 @@ import yaml
 from megatron_neobert.cli import ArgumentParser
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
+from megatron_neobert.training.processes import EXIT_SIGNALS
 from megatron_neobert.training.megatron_args import (add_megatron_lm_args, apply_megatron_lm_args, explicit_dests,
                                                      recipe_defaults_applied)
 from megatron_neobert.training.validation import validate_precision_args
@@ -168,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_fault_tolerance_args(p: argparse.ArgumentParser) -> None:
     """Pre-emption, hangs, and what may be written to --save or loaded from --load."""
     g = p.add_argument_group("fault tolerance")
-    g.add_argument("--exit-signal", default="SIGTERM", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"],
+    g.add_argument("--exit-signal", default="SIGTERM", choices=list(EXIT_SIGNALS),
                    help="the signal --exit-signal-handler answers (as Megatron-LM)")
     g.add_argument("--exit-duration-in-mins", type=float, default=None,
                    help="save and exit once the run has lasted this long (all ranks stop at the same step)")
