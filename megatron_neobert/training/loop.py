@@ -205,7 +205,7 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         init_distributed(args.distributed_timeout_minutes)
         exit_with_launcher()
         keep_write_results_in_process()
-        watchdog = ProgressWatchdog(args.distributed_timeout_minutes * 30, args.distributed_timeout_minutes)
+        watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
         lock = claim_save_dir(args)
         return _train(args, forward_step, on_step, handler, watchdog, started)
     finally:

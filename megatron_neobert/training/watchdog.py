@@ -13,8 +13,9 @@ import time
 
 
 class ProgressWatchdog:
-    def __init__(self, after_s: float, timeout_minutes: float):
-        self.after_s, self.timeout_minutes = after_s, timeout_minutes
+    def __init__(self, timeout_minutes: float):
+        self.timeout_minutes = timeout_minutes
+        self.after_s = timeout_minutes * 60 / 2  # half the collectives' timeout
         self._where = (time.monotonic(), 0, "set-up")
         self._warned_for = None
         self._stop = threading.Event()
