@@ -12,6 +12,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("NEOBERT_ALLOW_CPU", "1")
 
 
+def pytest_configure(config):
+    # The markers of transformers' common model tests (test_hf_transformers_common.py), registered
+    # by transformers' own conftest, which its sdist does not ship.
+    for marker in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                   "torch_compile_test", "slow"):
+        config.addinivalue_line("markers", f"{marker}: a marker of transformers' common model tests")
+
+
 @pytest.fixture(scope="session")
 def single_rank():
     """megatron-core parallel state for one CPU rank, inside the test process."""

@@ -415,6 +415,48 @@ def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, j
     job.wait_until_gone(30)
 
 
+FORKING_RANK = """
+import multiprocessing as mp, os, sys, threading, time
+from megatron_neobert.training.processes import forked_children_die_with_rank
+forked_children_die_with_rank()
+fork = mp.get_context("fork")
+main_child = fork.Process(target=time.sleep, args=(600,))  # as megatron-core forks a checkpoint writer
+main_child.start()
+thread_child = fork.Process(target=time.sleep, args=(600,))
+worker = threading.Thread(target=thread_child.start)  # forked by a thread that ends at once
+worker.start(); worker.join()
+print(main_child.pid, thread_child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for its parent to collect it."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_children_the_main_thread_forks_die_with_the_rank_killed_by_sigkill():
+    rank = subprocess.Popen([sys.executable, "-c", FORKING_RANK], stdout=subprocess.PIPE, text=True)
+    try:
+        main_child, thread_child = map(int, rank.stdout.readline().split())
+        time.sleep(0.5)
+        assert alive(main_child) and alive(thread_child)  # the ended thread did not take its child along
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 10
+        while alive(main_child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(main_child)
+        assert alive(thread_child)  # a child of another thread is not tied to the rank's lifetime
+    finally:
+        for pid in (main_child, thread_child):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock(data, tmp_path, job_factory):
     root = str(tmp_path / "ckpt")
     job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))

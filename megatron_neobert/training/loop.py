@@ -29,7 +29,8 @@ from megatron_neobert.training.model_setup import (finish_param_sync, model_arch
                                                    resolve_padded_vocab_size, resume_param_sync,
                                                    setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
-from megatron_neobert.training.processes import exit_with_launcher, keep_write_results_in_process
+from megatron_neobert.training.processes import (exit_with_launcher, forked_children_die_with_rank,
+                                                  keep_write_results_in_process)
 from megatron_neobert.training.run_checks import check_optimizer_setup, trained_length
 from megatron_neobert.training.save_lock import claim_save_dir
 from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
@@ -205,6 +206,7 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         init_distributed(args.distributed_timeout_minutes)
         exit_with_launcher()
         keep_write_results_in_process()
+        forked_children_die_with_rank()
         watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
         lock = claim_save_dir(args)
         return _train(args, forward_step, on_step, handler, watchdog, started)

@@ -10,7 +10,9 @@ rank's group, SLURM signals every process of a step), so the rank's helpers get 
   (~370 MB each). The save is synchronous here, so the results never leave the rank's process:
   `keep_write_results_in_process` gives megatron-core an in-process queue instead, and no server
   is started. Its per-file writers are forked children that inherit the rank's handlers and exit
-  when their file is written.
+  when their file is written; a writer whose rank dies mid-save waits on the rank forever (in
+  `count_queue.get()`), so `forked_children_die_with_rank` has every child the rank's main thread
+  forks die with it.
 - The ranks themselves: under torchrun, `exit_with_launcher` ends a rank whose torchrun is gone
   (`kill -9` of torchrun, or of its node's agent) instead of training on unwatched.
 """
@@ -33,6 +35,32 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the DataLoader's own parent check remains
         pass
+
+
+_fork = {"registered": False, "parent": None}
+
+
+def _before_fork() -> None:
+    # The kernel signals a child when the *thread* that forked it ends: only children of the main
+    # thread (which lives as long as the rank) may be tied to it.
+    main = threading.current_thread() is threading.main_thread()
+    _fork["parent"] = os.getpid() if main else None
+
+
+def _after_fork_in_child() -> None:
+    parent = _fork["parent"]
+    if parent is not None:
+        die_with_parent()
+        if os.getppid() != parent:  # the rank died between the fork and the prctl
+            os._exit(1)
+
+
+def forked_children_die_with_rank() -> None:
+    """Every process the main thread forks from now on (checkpoint writers, DataLoader workers)
+    gets SIGKILL when this process ends, however it ends (kill -9 included)."""
+    if not _fork["registered"]:
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _fork["registered"] = True
 
 
 def ignore_exit_signals() -> None:
