@@ -1,7 +1,8 @@
 """Data-pipeline benchmark on the built-in sample corpus (or any Parquet file), in one run:
 
-1. preprocessing throughput: preprocess_data with N workers (batched encoding in the tokenizer's
-   Rust backend) against Megatron-LM's loop with the same N worker processes: megatron-core's
+1. preprocessing throughput: preprocess_data with N workers (BERT WordPiece: each distinct
+   whitespace-delimited piece encoded once, tokenizer.WordPieceCache; other tokenizers: batched
+   encoding in the Rust backend) against Megatron-LM's loop with the same N worker processes: megatron-core's
    HuggingFaceTokenizer.text_to_ids on one document at a time (Pool.imap, 32 per task), and
    against a plain backend loop in one process;
 2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length;
@@ -139,9 +140,10 @@ def main(argv=None):
     print(f"   {'plain loop, 1 process':<38}{plain_tokens / plain_seconds:>12,.0f} tokens/s"
           f"  ({plain_seconds:.2f} s, tokenizing only)")
     megatron_rate = megatron_tokens / megatron_seconds
-    print(f"   {f'Megatron-LM loop, {args.workers} workers':<38}{megatron_rate:>12,.0f} tokens/s"
+    workers = f"{args.workers} worker{'s' if args.workers != 1 else ''}"
+    print(f"   {f'Megatron-LM loop, {workers}':<38}{megatron_rate:>12,.0f} tokens/s"
           f"  ({megatron_seconds:.2f} s, tokenizing only)")
-    print(f"   {f'preprocess_data, {args.workers} workers':<38}{stats.tokens_per_second:>12,.0f} "
+    print(f"   {f'preprocess_data, {workers}':<38}{stats.tokens_per_second:>12,.0f} "
           f"tokens/s  ({stats.seconds:.2f} s, reading + tokenizing + writing .bin/.idx)")
     print(f"   speed-up: {stats.tokens_per_second / megatron_rate:.2f}x Megatron-LM's loop, "
           f"{stats.tokens_per_second / (plain_tokens / plain_seconds):.2f}x the plain loop")

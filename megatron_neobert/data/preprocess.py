@@ -14,8 +14,9 @@ goes to rank ``i % world_size``). With one rank the shards are merged into the o
 removed; with several, ``tools/merge_datasets.py`` merges them once every rank is done. An input
 that yields no document never replaces an existing dataset.
 
-Documents are tokenized in batches by worker processes (the Rust backend's ``encode_batch``) but
-written in input order, so the output does not depend on the number of workers or partitions.
+Documents are tokenized in batches by worker processes (BERT WordPiece tokenizers encode each
+distinct piece of text once, ``tokenizer.WordPieceCache``; others use the Rust backend's batch
+encoding) but written in input order, so the output does not depend on the number of workers or partitions.
 """
 
 import collections

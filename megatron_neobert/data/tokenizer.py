@@ -12,10 +12,16 @@ Megatron-LM's ``--tokenizer-type`` values; the ``BertWordPiece*`` types read a `
 A text longer than ``HUGE_TEXT`` characters is encoded in slices cut before a whitespace, so a
 single huge document never holds the backend's per-token records (strings, offsets) for all of
 its tokens at once; whitespace-split tokenizers (WordPiece, byte-level BPE) give the same ids.
+
+BERT WordPiece tokenizers (Hugging Face ``bert-base-uncased`` and the ``BertWordPiece*`` types)
+encode through ``WordPieceCache``: each distinct whitespace-delimited piece of text is encoded
+once and its ids reused, with the ids of whole-document encoding (see its doc).
 """
 
+import json
 import os
 import re
+from itertools import chain
 from typing import Dict, List, Optional, Sequence
 
 import numpy
@@ -24,7 +30,9 @@ import numpy
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
 TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
 HUGE_TEXT = 1 << 18
-_SPACE = re.compile(r"\s")
+# Whitespace to cut huge texts before: a split point for every whitespace-split tokenizer (Python's
+# \s also matches \x0b \x0c \x1c-\x1f \x85, which BERT's normalizer deletes inside a word).
+_SPACE = re.compile("[\t\n\r ]")
 _ROLES = ("pad", "unk", "cls", "sep", "mask")
 # Pieces a SentencePiece model may use for the BERT special tokens, in order of preference.
 _SP_PIECES = {
@@ -102,6 +110,87 @@ def _slices(text: str):
     yield text[start:]
 
 
+class WordPieceCache:
+    """Encodes with a BERT WordPiece backend one distinct piece of text at a time, where a piece
+    is a run of characters between BERT whitespace.
+
+    BERT's normalizer works character by character (it deletes control characters and turns
+    whitespace into spaces) and its pre-tokenizer splits at every whitespace and punctuation
+    character, so a piece tokenizes alone exactly as inside its document, and so does each part
+    of a piece cut at ASCII punctuation (unless a special token such as [MASK] spans the cut). A
+    corpus repeats its words: after a few batches nearly every piece is a dictionary hit, and the
+    backend (normalizer, pre-tokenizer, WordPiece) runs only on the parts of the new ones. The
+    work per document is C-level (split, set difference, dictionary lookups); the cache holds at
+    most ``max_pieces`` pieces and starts over when full.
+    """
+
+    # What BERT's normalizer turns into a space: \t \n \r and Unicode White_Space outside the
+    # control characters (those it deletes). Python's str.split() splits at all of these and also
+    # at the control characters below, so it is used for texts without them.
+    _PIECE = re.compile("[^\t\n\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
+    _CONTROL_SPACE = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
+    # ASCII punctuation (BERT's in every Unicode version), and the runs between it.
+    _PARTS = re.compile(r"[!-/:-@\[-`{-~]|[^!-/:-@\[-`{-~]+")
+    # New parts are encoded as one text joined by this special token: a call per part costs the
+    # backend ~10 us, more than the part. Its content holds a space, so no piece can contain it,
+    # and the text around a special token is encoded segment by segment.
+    _BOUNDARY = "<piece boundary>"
+
+    def __init__(self, backend, max_pieces: int = 1 << 20) -> None:
+        from tokenizers import AddedToken, Tokenizer
+
+        self._joined = Tokenizer.from_str(backend.to_str())
+        specials = sorted(self._joined.get_added_tokens_decoder().values(), key=lambda t: -len(t.content))
+        self._special = re.compile("|".join(re.escape(t.content) for t in specials)) if specials else None
+        self._joined.add_special_tokens([AddedToken(self._BOUNDARY, special=True, normalized=False)])
+        self._boundary_id = self._joined.token_to_id(self._BOUNDARY)
+        self._max_pieces = max_pieces
+        self._ids: Dict[str, tuple] = {}  # tuples of ints: the garbage collector skips them
+
+    @staticmethod
+    def applies_to(backend) -> bool:
+        """Whether pieces encode as in context: BERT normalizer (with clean_text), pre-tokenizer
+        and WordPiece model; no truncation or padding; added tokens matched on the raw text,
+        without whitespace and without left/right stripping."""
+        config = json.loads(backend.to_str())
+        normalizer, pre_tokenizer = config.get("normalizer") or {}, config.get("pre_tokenizer") or {}
+        return (normalizer.get("type") == "BertNormalizer" and normalizer.get("clean_text") is True
+                and pre_tokenizer.get("type") == "BertPreTokenizer"
+                and config["model"].get("type") == "WordPiece"
+                and backend.truncation is None and backend.padding is None
+                and all(not (token["lstrip"] or token["rstrip"] or token["normalized"])
+                        and token["content"].split() == [token["content"]]
+                        for token in config.get("added_tokens", [])))
+
+    def _pieces(self, text: str) -> List[str]:
+        return text.split() if self._CONTROL_SPACE.search(text) is None else self._PIECE.findall(text)
+
+    def _encode_parts(self, parts: List[str]) -> List[tuple]:
+        encode = getattr(self._joined, "encode_batch_fast", self._joined.encode_batch)
+        ids = encode([self._BOUNDARY.join(parts)], add_special_tokens=False)[0].ids
+        ends = numpy.flatnonzero(numpy.asarray(ids) == self._boundary_id).tolist() + [len(ids)]
+        return [tuple(ids[start + 1:end]) for start, end in zip([-1] + ends[:-1], ends)]
+
+    def _encode_pieces(self, pieces: List[str]) -> List[tuple]:
+        special = self._special
+        parts = [[piece] if special is not None and special.search(piece) else self._PARTS.findall(piece)
+                 for piece in pieces]
+        unique = list(set().union(*parts))
+        part_ids = dict(zip(unique, self._encode_parts(unique))).__getitem__
+        return [tuple(chain.from_iterable(map(part_ids, piece_parts))) for piece_parts in parts]
+
+    def encode(self, texts: Sequence[str]) -> List[List[int]]:
+        pieces = [self._pieces(text) for text in texts]
+        new = list(set().union(*pieces).difference(self._ids))
+        if len(self._ids) + len(new) > self._max_pieces:
+            self._ids.clear()
+            new = list(set().union(*pieces))
+        if new:
+            self._ids.update(zip(new, self._encode_pieces(new)))
+        ids = self._ids.__getitem__
+        return [list(chain.from_iterable(map(ids, doc))) for doc in pieces]
+
+
 class HuggingFaceMLMTokenizer(MLMTokenizer):
     tokenizer_type = "HuggingFaceTokenizer"
 
@@ -114,6 +203,8 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
                              f"runs need a local folder or a cached name): {err}") from err
         # The fast backend encodes without the max-length warning and much faster in batches.
         self._backend = getattr(self._tok, "backend_tokenizer", None) if self._tok.is_fast else None
+        self._word_pieces = (WordPieceCache(self._backend)
+                             if self._backend is not None and WordPieceCache.applies_to(self._backend) else None)
         self.vocab_size = len(self._tok)
         ids = {role: getattr(self._tok, f"{role}_token_id") for role in _ROLES}
         missing = [role for role, i in ids.items() if i is None]
@@ -136,6 +227,8 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
         return self._tok.encode(text, add_special_tokens=False)
 
     def tokenize_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        if self._word_pieces is not None:
+            return self._word_pieces.encode(texts)
         if self._backend is not None:
             # encode_batch_fast (tokenizers >= 0.21) skips the character offsets: 3-4x faster.
             encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)

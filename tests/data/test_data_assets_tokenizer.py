@@ -86,3 +86,58 @@ def test_sentencepiece_without_specials_is_a_clear_error(tmp_path):
     model = _train_sentencepiece(tmp_path, "plain")  # default pieces: <unk> <s> </s>, no mask/pad
     with pytest.raises(ValueError, match=r"lacks BERT special pieces: pad .*mask"):
         build_tokenizer("SentencePieceTokenizer", model)
+
+
+# Pieces of text that stress BERT's normalizer and pre-tokenizer at piece boundaries: every kind of
+# whitespace, control characters it deletes (some of them whitespace to Python), combining marks,
+# CJK (padded with spaces), final sigma, special tokens inside words, over-long words ([UNK]).
+_NASTY = ["the", "Word", "naïve", "e\u0301", "\u0308", "ΣΑΣ", "ς", "中文", "の", "42", ".", ",", "'s", "-", "(",
+          "[MASK]", "[SEP]x", "x[CLS]", "[mask]", " ", "  ", "\t", "\n", "\r\n", "\xa0", "\u2003", "\u3000", "\u2028",
+          "\x00", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\x07", "\u200b", "\ufeff", "\ufffd", "\u200d", "😀",
+          "ภาษา", "عربي", "a" * 101, "b" * 100, "é" * 100,
+          "x.[MASK].y", "[[SEP]]", "#", "##ing", "don't", "e.g.", "\u2026", "«", "\u201cq\u201d", "$5", "a_b", "[", "]"]
+
+
+def _nasty_documents(rng, n):
+    return ["".join(rng.choice(_NASTY, size=int(rng.integers(0, 60)))) for _ in range(n)]
+
+
+def test_word_piece_cache_gives_the_ids_of_whole_documents(sample_tokenizer):
+    from megatron_neobert.data.tokenizer import WordPieceCache
+    backend = sample_tokenizer._backend
+    rng = numpy.random.default_rng(0)
+    small = WordPieceCache(backend, max_pieces=50)  # starts over many times
+    for _ in range(20):  # later batches mostly hit the cache
+        docs = _nasty_documents(rng, 50)
+        whole = [e.ids for e in backend.encode_batch(docs, add_special_tokens=False)]
+        assert sample_tokenizer.tokenize_batch(docs) == whole
+        assert small.encode(docs) == whole
+
+
+def test_every_character_a_piece_ends_at_is_whitespace_to_bert(sample_tokenizer):
+    """All of Unicode: wherever either piece splitter cuts, BERT drops the character and splits."""
+    from megatron_neobert.data.tokenizer import WordPieceCache
+    backend = sample_tokenizer._backend
+    everything = list(map(chr, range(0x110000)))
+    cuts = [c for c in everything if not WordPieceCache._PIECE.match(c)]
+    assert cuts == [c for c in everything if c.isspace() and not WordPieceCache._CONTROL_SPACE.match(c)]
+    assert len(cuts) == 22
+    ids = [e.ids for e in backend.encode_batch([f"ab{c}cd" for c in cuts] + ["ab", "cd"], add_special_tokens=False)]
+    assert all(split == ids[-2] + ids[-1] for split in ids[:-2])
+
+
+def test_word_piece_cache_applies_to_bert_word_piece_only(sample_tokenizer, tmp_path):
+    from tokenizers import AddedToken, Tokenizer, models, normalizers
+    from megatron_neobert.data.tokenizer import WordPieceCache
+    backend = sample_tokenizer._backend
+    assert WordPieceCache.applies_to(backend)
+    assert build_tokenizer("BertWordPieceLowerCase", os.path.join(SAMPLE_TOKENIZER, "vocab.txt"))._word_pieces
+    variants = {"no clean_text": lambda t: setattr(t, "normalizer", normalizers.BertNormalizer(clean_text=False)),
+                "truncation": lambda t: t.enable_truncation(512),
+                "lstrip token": lambda t: t.add_special_tokens([AddedToken("<m>", lstrip=True)]),
+                "normalized token": lambda t: t.add_tokens([AddedToken("hello", normalized=True)]),
+                "BPE": lambda t: setattr(t, "model", models.BPE())}
+    for name, change in variants.items():
+        variant = Tokenizer.from_str(backend.to_str())
+        change(variant)
+        assert not WordPieceCache.applies_to(variant), name
