@@ -360,6 +360,7 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     ("preset mismatch", r"does not match --model-preset neobert-tiny: hidden_size=64 \(preset: 128\), "
                         r"ffn_hidden_size=128 \(preset: 344\), vocab_size=8200 \(preset: 8192\)$"),
     ("no args", "no args\\['arch'\\]"),
+    ("interleaved rotary", "do not record rotary_interleaved=False: its Q/K rows are in the interleaved RoPE order"),
 ])
 def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
     preset = None
@@ -382,6 +383,11 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
         src = tampered_checkpoint(round_trip, tmp_path, **dataclasses.asdict(get_arch("ablation-m0")))
     elif case == "preset mismatch":
         src, preset = round_trip[0] / "mcore", "neobert-tiny"
+    elif case == "interleaved rotary":  # as versions before the rotate-half rows wrote
+        src = tampered_checkpoint(round_trip, tmp_path)
+        common = torch.load(src / "iter_0000000" / "common.pt", weights_only=False)
+        del checkpoint_args(common)["rotary_interleaved"]
+        torch.save(common, src / "iter_0000000" / "common.pt")
     elif case == "no args":
         src = tampered_checkpoint(round_trip, tmp_path)
         common = torch.load(src / "iter_0000000" / "common.pt", weights_only=False)

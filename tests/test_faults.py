@@ -103,6 +103,23 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_one_offered(how, problem
         assert losses(resumed) == losses(reference, 6)
 
 
+def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data, tmp_path):
+    """Earlier versions stored Q/K rows interleaved without saying so: loading them as rotate-half
+    rows would train on silently wrong attention."""
+    import torch
+
+    from megatron_neobert.training.checkpointing import checkpoint_args
+
+    root = copy_root(one_rank_run[1], tmp_path / "ckpt")
+    common_file = os.path.join(iteration_dir(root, 8), "common.pt")
+    common = torch.load(common_file, weights_only=False)
+    del checkpoint_args(common)["rotary_interleaved"]
+    torch.save(common, common_file)
+    with pytest.raises(TrainingError, match=rf"^checkpoint {re.escape(iteration_dir(root, 8))}: its args do not "
+                                            r"record rotary_interleaved=False: its Q/K rows are in the interleaved"):
+        train_here(data, "--train-iters", "10", "--load", root, "--no-verify-checkpoint")
+
+
 def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run, data, tmp_path):
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
     damage(iteration_dir(root, 8), "truncate shard")

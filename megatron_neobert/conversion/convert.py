@@ -39,7 +39,7 @@ from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpoint_args, iteration_dir,
-                                                     megatron_lm_args, resolve_checkpoint_dir,
+                                                     megatron_lm_args, resolve_checkpoint_dir, rotary_layout_problem,
                                                      write_latest_marker)
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,9 @@ def read_checkpoint_args(load: PathLike) -> Tuple[str, dict]:
     if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
         raise ConversionError(f"{ckpt_dir}: the common state has no args['arch']: not a megatron_neobert "
                               f"checkpoint (expected the trainer's layout)")
+    problem = rotary_layout_problem(args)
+    if problem:
+        raise ConversionError(f"{ckpt_dir}: {problem}")
     return ckpt_dir, args
 
 

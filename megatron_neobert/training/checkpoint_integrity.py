@@ -22,7 +22,8 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+from megatron_neobert.training.checkpointing import (checkpoint_args, iteration_dir, read_latest_iteration,
+                                                     rotary_layout_problem)
 from megatron_neobert.training.errors import TrainingError
 
 MANIFEST = "checksums.json"
@@ -216,4 +217,8 @@ def read_verified_checkpoint(root: str, ckpt_step: Optional[int] = None, verify:
         return None, None
     if verify:
         verify_checkpoint(path, root, iteration)
-    return path, dist_checkpointing.load_common_state_dict(path)
+    common = dist_checkpointing.load_common_state_dict(path)
+    problem = rotary_layout_problem(checkpoint_args(common))
+    if problem:
+        raise TrainingError(f"checkpoint {path}: {problem}")
+    return path, common

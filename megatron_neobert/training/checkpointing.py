@@ -54,6 +54,21 @@ def checkpoint_args(common: dict) -> dict:
     return vars(args) if isinstance(args, argparse.Namespace) else args
 
 
+def rotary_layout_problem(args: dict) -> Optional[str]:
+    """Why this version cannot read a checkpoint's Q/K rows, or None.
+
+    RoPE models keep each head's Q and K rows in rotate-half order, so that megatron-core's fused
+    RoPE applies, and say so with Megatron-LM's `rotary_interleaved=False`. Earlier versions wrote
+    the rows interleaved without recording it: loaded as they are, every attention score would be
+    wrong without an error. Their Hugging Face export has the same layout as this version's.
+    """
+    if args.get("arch", {}).get("position_embedding_type") == "learned_absolute" or args.get("rotary_interleaved") is False:
+        return None
+    return ("its args do not record rotary_interleaved=False: its Q/K rows are in the interleaved RoPE order of "
+            "earlier megatron_neobert versions, which this version does not read; export it to Hugging Face with "
+            "the version that wrote it (tools/convert_checkpoint.py) and import that folder with this one")
+
+
 def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
