@@ -44,6 +44,7 @@ def stop_requested(handler: Optional[ExitSignalHandler], started: float,
     flags = torch.tensor([1.0 if handler and handler.received else 0.0, 1.0 if over_time else 0.0],
                          device="cuda" if torch.cuda.is_available() else "cpu")
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    if flags[0].item():
+    signalled, over_time = flags.tolist()  # one device-to-host copy
+    if signalled:
         return "signal"
-    return "exit-duration" if flags[1].item() else None
+    return "exit-duration" if over_time else None
