@@ -83,11 +83,11 @@ def get_args(argv=None):
     group.add_argument("--workers", type=int, default=1, help="tokenizer worker processes")
     group.add_argument("--partitions", type=int, default=1,
                        help="input files (shards) tokenized at once, each by workers // "
-                            "partitions worker processes, merged in input order. Megatron-LM "
-                            "instead deals the lines of its inputs into this many partition files; "
-                            "its output equals ours with --partitions 1 or "
-                            "--keep-sequential-samples, while its default round-robin deal puts "
-                            "the documents in another order. Ours never changes the bytes")
+                            "partitions processes, merged in input order: the bytes never depend "
+                            "on it. Megatron-LM's instead deals its input lines into this many "
+                            "partition files, round-robin (another document order) unless "
+                            "--keep-sequential-samples; so ours equals its output with "
+                            "--partitions 1 or --keep-sequential-samples (docs/data.md)")
     group.add_argument("--log-interval", type=int, default=1000,
                        help="log progress every this many documents of a file (0: never)")
     group.add_argument("--chunk-documents", type=int, default=64,
