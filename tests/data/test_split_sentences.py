@@ -10,7 +10,7 @@ import sys
 
 import numpy
 import pytest
-from data_helpers import file_bytes, listing, read_documents
+from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, write_jsonl
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.preprocess import preprocess_data
@@ -46,30 +46,7 @@ def punkt_model(punkt_root, monkeypatch):
 
 
 def _write_jsonl(path, texts):
-    with open(path, "w", encoding="utf-8") as f:
-        for text in texts:
-            f.write(json.dumps({"content": text}) + "\n")
-
-
-def _reference_pair(documents, prefix, append_eod, eod):
-    """Megatron-LM's encoder loop: each sentence tokenized on its own, empty ones dropped, EOD on
-    the last sentence of a non-empty document; one sequence per sentence."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(SAMPLE_TOKENIZER)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-    for sentences in documents:
-        ids, lengths = [], []
-        for sentence in sentences:
-            sentence_ids = tok(sentence, add_special_tokens=False)["input_ids"]
-            if sentence_ids:
-                ids += sentence_ids
-                lengths.append(len(sentence_ids))
-        if ids and append_eod:
-            ids.append(eod)
-            lengths[-1] += 1
-        builder.add_document(ids, lengths)
-    builder.finalize(prefix + ".idx")
+    write_jsonl(path, [{"content": text} for text in texts])
 
 
 @pytest.mark.parametrize("append_eod", [False, True])
@@ -90,7 +67,7 @@ def test_sentences_are_the_sequences_and_records_the_documents(
     assert stats.outputs["content"] == str(tmp_path / "ours_content_sentence")
     assert "ours_content_sentence.idx" in listing(tmp_path)
     sentences = [punkt_model.tokenize(text) for text in texts]  # nltk's own splitting
-    _reference_pair(sentences, str(tmp_path / "ref"), append_eod, sample_tokenizer.eod_id)
+    megatron_lm_pair(sentences, str(tmp_path / "ref"), append_eod, sample_tokenizer.eod_id)
     assert file_bytes(stats.outputs["content"]) == file_bytes(str(tmp_path / "ref"))
 
     ds = open_indexed(stats.outputs["content"])
@@ -216,3 +193,27 @@ def test_a_chunk_is_one_batch_call_of_all_its_sentences(punkt_model, corpus_slic
                     progress=False)
     sentences = [len(punkt_model.tokenize(t)) for t in texts]
     assert calls == [sum(sentences[:4]), sum(sentences[4:8]), sum(sentences[8:])]
+
+
+def test_sentence_and_document_data_never_mix(punkt_model, corpus_slice, tmp_path):
+    from megatron_neobert.data.merge import merge_datasets
+    texts = corpus_slice[1][:6]
+    for name in ("a", "b"):
+        _write_jsonl(tmp_path / f"{name}.jsonl", texts)
+    run = dict(tokenizer_model=SAMPLE_TOKENIZER, progress=False)
+    # Shards of a killed sentence run are not resumed by a document run, and vice versa.
+    split = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run)
+    assert split.shards_done_before == 0
+    again = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run)
+    assert again.shards_done_before == 1 and again.documents == 0
+    whole = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
+                            str(tmp_path / "rw"), rank=0, world_size=2, **run)
+    assert whole.shards_done_before == 0 and whole.documents == 6
+    sentences = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "s"),
+                                split_sentences=True, **run).outputs["content"]
+    documents = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "d"), **run).outputs["content"]
+    with pytest.raises(ValueError, match="different tokenizers or sentence splitting"):
+        merge_datasets([sentences, documents], str(tmp_path / "mixed"))
+    assert not os.path.exists(str(tmp_path / "mixed.idx"))
