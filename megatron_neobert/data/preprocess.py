@@ -120,7 +120,8 @@ def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod
     out = []
     for texts in columns:
         pieces = [splitter.split(text) for text in texts] if splitter else [[t] for t in texts]
-        ids = tokenizer.tokenize_documents(list(itertools.chain.from_iterable(pieces)))
+        flat = list(itertools.chain.from_iterable(pieces))
+        ids = tokenizer.tokenize_documents(flat) if flat else []  # a chunk of empty texts
         lengths = numpy.fromiter(map(len, ids), numpy.int64, len(ids))
         tokens = (numpy.concatenate([numpy.asarray(i, dtype) for i in ids]) if ids
                   else numpy.zeros(0, dtype))

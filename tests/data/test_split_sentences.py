@@ -217,3 +217,12 @@ def test_sentence_and_document_data_never_mix(punkt_model, corpus_slice, tmp_pat
     with pytest.raises(ValueError, match="different tokenizers or sentence splitting"):
         merge_datasets([sentences, documents], str(tmp_path / "mixed"))
     assert not os.path.exists(str(tmp_path / "mixed.idx"))
+
+
+def test_a_chunk_without_any_sentence(punkt_model, tmp_path):
+    _write_jsonl(tmp_path / "in.jsonl", ["", "  ", "Some text here. More."])
+    stats = preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "out"),
+                            tokenizer_model=SAMPLE_TOKENIZER, split_sentences=True,
+                            append_eod=True, chunk_documents=2, progress=False)
+    from megatron_neobert.data.indexed import open_indexed
+    assert numpy.diff(open_indexed(stats.outputs["content"]).document_indices).tolist() == [0, 0, 2]
