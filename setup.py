@@ -39,8 +39,11 @@ setup(
         "dali": DALI,
         # Weights & Biases logging (--wandb-project), as Megatron-LM's.
         "wandb": ["wandb"],
+        # tools/preprocess_data.py --split-sentences (NLTK punkt; its model is a separate download:
+        # python -m nltk.downloader punkt_tab).
+        "data": ["nltk"],
         # parameterized: transformers' common model tests, run on our HF model, import it.
-        "test": ["pytest", "pytest-xdist", "parameterized", "wandb"] + EVAL + DALI,
+        "test": ["pytest", "pytest-xdist", "parameterized", "wandb", "nltk"] + EVAL + DALI,
     },
     entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},
 )

@@ -7,6 +7,10 @@ writes data/refinedweb_content_document.bin/.idx (one whole document per sequenc
 per input record) and data/refinedweb_content_document.tokenizer.json. Each input file is first
 written as a shard in data/refinedweb_shards/; a killed run started again skips complete shards.
 
+With --split-sentences (as Megatron-LM's: NLTK punkt; pip install nltk and
+python -m nltk.downloader punkt_tab), each sentence is one sequence of its document and the
+output is data/refinedweb_content_sentence.bin/.idx.
+
 Across nodes, each rank takes every world_size-th file and writes shards only; merge them after:
 
     # SLURM job array (rank/world size from SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)
@@ -47,6 +51,17 @@ def get_args(argv=None):
                             "saved by datasets.save_to_disk; each file is one shard")
     group.add_argument("--json-keys", nargs="+", default=["content"],
                        help="text field(s) to tokenize; one output dataset per key")
+    group.add_argument("--split-sentences", action="store_true",
+                       help="as Megatron-LM's: split each text into sentences with NLTK punkt "
+                            "(needs nltk and its punkt_tab model for --lang), tokenize each on "
+                            "its own, one sequence per non-empty sentence; writes "
+                            "{prefix}_{key}_sentence instead of _document")
+    group.add_argument("--keep-newlines", action="store_true",
+                       help="as Megatron-LM's: keep the newlines after sentences in the sentences "
+                            "(only with --split-sentences)")
+    group.add_argument("--lang", default=None,
+                       help="as Megatron-LM's: the punkt model (language) of --split-sentences "
+                            "(default: english)")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
                        help="as Megatron-LM's")
@@ -55,17 +70,24 @@ def get_args(argv=None):
     group.add_argument("--vocab-file", default=None,
                        help="WordPiece vocab.txt for the BertWordPiece* tokenizer types")
     group.add_argument("--append-eod", action="store_true",
-                       help="append the end-of-document token (EOS, else [SEP]) to each document")
+                       help="append the end-of-document token (EOS, else [SEP]) to each non-empty "
+                            "document (with --split-sentences: to its last sentence)")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True,
-                       help="writes {prefix}_{key}_document.bin/.idx per --json-keys key")
+                       help="writes {prefix}_{key}_document.bin/.idx per --json-keys key "
+                            "(_sentence with --split-sentences)")
     group.add_argument("--shard-dir", default=None,
                        help="where per-file shards are kept until merged (default: "
                             "OUTPUT_PREFIX_shards)")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer worker processes")
     group.add_argument("--partitions", type=int, default=1,
-                       help="input files written at once, each with workers/partitions workers")
+                       help="input files (shards) tokenized at once, each by workers // "
+                            "partitions processes, merged in input order: the bytes never depend "
+                            "on it. Megatron-LM's instead deals its input lines into this many "
+                            "partition files, round-robin (another document order) unless "
+                            "--keep-sequential-samples; so ours equals its output with "
+                            "--partitions 1 or --keep-sequential-samples (docs/data.md)")
     group.add_argument("--log-interval", type=int, default=1000,
                        help="log progress every this many documents of a file (0: never)")
     group.add_argument("--chunk-documents", type=int, default=64,
@@ -78,6 +100,11 @@ def get_args(argv=None):
                             "WORLD_SIZE, else 1); with more than one, shards are not merged")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    for flag, given in (("--keep-newlines", args.keep_newlines), ("--lang", args.lang is not None)):
+        if given and not args.split_sentences:
+            parser.error(f"{flag} only applies to sentence splitting: add --split-sentences, or "
+                         f"drop {flag}")
+    args.lang = args.lang or "english"
     try:
         vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file,
                                                args.tokenizer_model != parser.get_default("tokenizer_model"))
@@ -102,7 +129,8 @@ def main(argv=None) -> int:
             args.tokenizer_model, args.workers, args.chunk_documents,
             progress=not args.no_progress, append_eod=args.append_eod,
             log_interval=args.log_interval, partitions=args.partitions, rank=args.rank,
-            world_size=args.world_size, shard_dir=args.shard_dir)
+            world_size=args.world_size, shard_dir=args.shard_dir,
+            split_sentences=args.split_sentences, keep_newlines=args.keep_newlines, lang=args.lang)
     except ValueError as err:  # DataInputError, IndexedDataError, tokenizer errors, empty input
         print(f"error: {err}", file=sys.stderr)
         return 1

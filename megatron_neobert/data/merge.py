@@ -16,7 +16,7 @@ from megatron_neobert.data.records import publish, read_record
 
 logger = logging.getLogger(__name__)
 
-_SAME = ("tokenizer_type", "tokenizer_model", "vocab_size", "append_eod", "eod_id")
+_SAME = ("tokenizer_type", "tokenizer_model", "vocab_size", "append_eod", "eod_id", "split_sentences")
 
 
 def merged_record(prefixes: Sequence[str]) -> Optional[Dict]:
@@ -34,7 +34,7 @@ def merged_record(prefixes: Sequence[str]) -> Optional[Dict]:
         mine = {k: record.get(k) for k in _SAME}
         if mine != first:
             raise ValueError(f"{prefix} was written with {mine} but {prefixes[0]} with {first}: "
-                             "datasets from different tokenizers cannot be merged")
+                             "datasets from different tokenizers or sentence splitting cannot be merged")
     return {**first, "max_token_id": max(r["max_token_id"] for r in records),
             "documents": sum(r["documents"] for r in records)}
 

@@ -7,6 +7,11 @@ document i is record i. A text that gives no token (an empty one) is kept as an 
 as Megatron-LM keeps it; ``--append-eod`` appends the tokenizer's EOD to each non-empty document.
 Only records that cannot be read at all (not JSON, not UTF-8, null) are skipped and counted.
 
+With ``split_sentences`` (Megatron-LM's ``--split-sentences``, ``sentences.py``) each text is
+split into sentences by NLTK punkt, each sentence is tokenized on its own and is one sequence
+(sentences without tokens are dropped), a document holds its sentences, the EOD goes on its last
+sentence, and the output is ``{output_prefix}_{key}_sentence``.
+
 Each input file becomes one *shard* per key in ``{output_prefix}_shards/`` (written under
 ``.partial`` names, checked, renamed, then marked complete by its record), so a killed job
 resumes where it stopped, and several nodes can share the files (``rank``/``world_size``: file i
@@ -20,6 +25,7 @@ encoding) but written in input order, so the output does not depend on the numbe
 """
 
 import collections
+import itertools
 import json
 import logging
 import multiprocessing
@@ -28,7 +34,7 @@ import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_idx_path
@@ -38,6 +44,7 @@ from megatron_neobert.data.indexed import check_indexed, discard_partial, partia
 from megatron_neobert.data.merge import merge_datasets
 from megatron_neobert.data.readers import Record, count_records, expand_inputs, iter_records
 from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
+from megatron_neobert.data.sentences import SentenceSplitter
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -82,36 +89,58 @@ class _Settings:
     append_eod: bool
     log_interval: int
     progress: bool
+    splitter: Optional[SentenceSplitter]
 
 
 # ---- worker side -------------------------------------------------------------------------------
 _worker_tokenizer: Optional[MLMTokenizer] = None
+_worker_splitter = None
 
 
-def _init_worker(tokenizer: MLMTokenizer) -> None:
+def _init_worker(tokenizer: MLMTokenizer, splitter) -> None:
     # One thread per worker: parallelism comes from the processes, not from the Rust thread pool,
     # which would otherwise oversubscribe the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    global _worker_tokenizer
+    global _worker_tokenizer, _worker_splitter
     # Forked workers inherit the parent's loaded tokenizer (it has not encoded anything yet, so
-    # no Rust thread pool is copied); under spawn it arrives pickled and is rebuilt.
-    _worker_tokenizer = tokenizer
+    # no Rust thread pool is copied) and splitter; under spawn they arrive pickled and are rebuilt.
+    _worker_tokenizer, _worker_splitter = tokenizer, splitter
 
 
-def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod: bool
-            ) -> List[List[numpy.ndarray]]:
+class EncodedChunk(NamedTuple):
+    """The documents of a chunk for one key, as the builder takes them."""
+    tokens: numpy.ndarray  # every token of the chunk, document after document
+    sequence_lengths: numpy.ndarray  # int64: tokens per sequence (document, or sentence)
+    document_sequences: numpy.ndarray  # int64 [documents + 1]: document d is sequences [d]:[d+1]
+
+
+def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod: bool,
+            splitter=None) -> List[EncodedChunk]:
+    """Per key, the chunk's texts tokenized in one batch call: whole, or (with a splitter) as
+    sentences, a sentence without tokens dropped as Megatron-LM drops it."""
     out = []
     for texts in columns:
-        docs = [numpy.asarray(ids, dtype=dtype) for ids in tokenizer.tokenize_documents(texts)]
+        pieces = [splitter.split(text) for text in texts] if splitter else [[t] for t in texts]
+        flat = list(itertools.chain.from_iterable(pieces))
+        ids = tokenizer.tokenize_documents(flat) if flat else []  # a chunk of empty texts
+        lengths = numpy.fromiter(map(len, ids), numpy.int64, len(ids))
+        tokens = (numpy.concatenate([numpy.asarray(i, dtype) for i in ids]) if ids
+                  else numpy.zeros(0, dtype))
+        owner = numpy.repeat(numpy.arange(len(texts)), [len(p) for p in pieces])[lengths > 0]
+        lengths = lengths[lengths > 0]
+        document_sequences = numpy.zeros(len(texts) + 1, numpy.int64)
+        numpy.cumsum(numpy.bincount(owner, minlength=len(texts)), out=document_sequences[1:])
         if append_eod:  # Megatron-LM: on the last sentence of each non-empty document
-            docs = [numpy.append(d, numpy.asarray(tokenizer.eod_id, dtype)) if d.size else d
-                    for d in docs]
-        out.append(docs)
+            last = document_sequences[1:][document_sequences[1:] > document_sequences[:-1]] - 1
+            ends = numpy.cumsum(lengths)[last]
+            tokens = numpy.insert(tokens, ends, numpy.asarray(tokenizer.eod_id, dtype))
+            lengths[last] += 1
+        out.append(EncodedChunk(tokens, lengths, document_sequences))
     return out
 
 
 def _encode_in_worker(columns: List[List[str]], dtype, append_eod: bool):
-    return _encode(_worker_tokenizer, columns, dtype, append_eod)
+    return _encode(_worker_tokenizer, columns, dtype, append_eod, _worker_splitter)
 
 
 # ---- one shard ---------------------------------------------------------------------------------
@@ -191,17 +220,22 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
     max_id = {key: -1 for key in s.json_keys}
     start = time.perf_counter()
     pool = (multiprocessing.get_context("fork").Pool(
-        s.workers, initializer=_init_worker, initargs=(s.tokenizer,)) if s.workers > 1 else None)
+        s.workers, initializer=_init_worker, initargs=(s.tokenizer, s.splitter))
+        if s.workers > 1 else None)
 
-    def write(wheres, encoded):
+    def write(wheres, encoded: List[EncodedChunk]):
+        for key, chunk in zip(s.json_keys, encoded):
+            stats.tokens += chunk.tokens.size
+            if chunk.tokens.size:
+                max_id[key] = max(max_id[key], int(chunk.tokens.max()))
+        token_starts = [numpy.concatenate([[0], numpy.cumsum(c.sequence_lengths)])[
+            c.document_sequences] for c in encoded]
         for i in range(len(wheres)):
-            for k, key in enumerate(s.json_keys):
-                doc = encoded[k][i]
+            for key, chunk, first in zip(s.json_keys, encoded, token_starts):
+                seq = chunk.document_sequences
                 # An empty document has no sequence, as megatron-core's builder writes [] with [].
-                builders[key].add_document(doc, [doc.size] if doc.size else [])
-                stats.tokens += doc.size
-                if doc.size:
-                    max_id[key] = max(max_id[key], int(doc.max()))
+                builders[key].add_document(chunk.tokens[first[i]:first[i + 1]],
+                                           chunk.sequence_lengths[seq[i]:seq[i + 1]].tolist())
             stats.documents += 1
             if s.log_interval and stats.documents % s.log_interval == 0:
                 elapsed = time.perf_counter() - start
@@ -214,7 +248,7 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
         chunks = _chunks(iter_records(path, s.json_keys), s.json_keys, s.chunk_documents, stats)
         if pool is None:
             for wheres, columns in chunks:
-                write(wheres, _encode(s.tokenizer, columns, dtype, s.append_eod))
+                write(wheres, _encode(s.tokenizer, columns, dtype, s.append_eod, s.splitter))
         else:
             # Bounded look-ahead: results are consumed in submission order, so the output is
             # identical to the single-process one, and memory stays flat on huge files.
@@ -265,11 +299,16 @@ def preprocess_data(
     rank: int = 0,
     world_size: int = 1,
     shard_dir: Optional[str] = None,
+    split_sentences: bool = False,
+    keep_newlines: bool = False,
+    lang: str = "english",
 ) -> PreprocessStats:
     """Tokenize ``inputs`` (files, globs, folders, saved datasets) into indexed datasets.
 
-    ``partitions`` shards are written at once, each with ``workers // partitions`` tokenizer
-    processes. Returns the counts and the output prefix per key (shards when ``world_size > 1``).
+    ``partitions`` shards (input files) are written at once, each with ``workers // partitions``
+    tokenizer processes, and merged in input order. ``split_sentences``, ``keep_newlines`` and
+    ``lang`` are Megatron-LM's ``--split-sentences``, ``--keep-newlines`` and ``--lang``.
+    Returns the counts and the output prefix per key (shards when ``world_size > 1``).
     Raises ``DataInputError`` (bad input, named by file and record) or ``ValueError`` (bad
     tokenizer, nothing to write) after removing anything half written; existing outputs are
     replaced only once the new pair is complete and checked.
@@ -279,14 +318,20 @@ def preprocess_data(
     if workers < 1 or partitions < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need workers >= 1, partitions >= 1 and 0 <= rank < world_size; got "
                          f"workers={workers}, partitions={partitions}, rank={rank} of {world_size}")
+    if keep_newlines and not split_sentences:
+        raise ValueError("--keep-newlines keeps the newlines after sentences and needs "
+                         "--split-sentences; without it documents are never split")
     json_keys = list(json_keys)
     files = expand_inputs(inputs)
     tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)  # fail fast, before any output
+    splitter = SentenceSplitter(lang, keep_newlines) if split_sentences else None  # nltk: only here
     shard_dir = shard_dir or f"{output_prefix}_shards"
     os.makedirs(shard_dir, exist_ok=True)
     settings = _Settings(json_keys, tokenizer, max(1, workers // partitions), chunk_documents,
-                         append_eod, log_interval, progress)
-    base = tokenizer_record(tokenizer, append_eod)
+                         append_eod, log_interval, progress, splitter)
+    # Part of what a complete shard must match: a resumed run never reuses other splitting.
+    base = {**tokenizer_record(tokenizer, append_eod), "split_sentences": {
+        "lang": lang, "keep_newlines": keep_newlines} if splitter else None}
     shards = [(path, _shard_prefixes(shard_dir, i, path, json_keys),
                {**base, "input": _input_identity(path) if os.path.isfile(path) else path})
               for i, path in enumerate(files)]
@@ -330,7 +375,7 @@ def preprocess_data(
                     rank, world_size, stats.summary(), shard_dir, output_prefix)
         return stats
     for key in json_keys:
-        stats.outputs[key] = f"{output_prefix}_{key}_document"
+        stats.outputs[key] = f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
         merge_datasets([prefixes[key] for _, prefixes, _ in shards], stats.outputs[key])
     for _, prefixes, _ in shards:
         for prefix in prefixes.values():

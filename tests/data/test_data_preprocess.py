@@ -6,7 +6,7 @@ import os
 
 import numpy
 import pytest
-from data_helpers import file_bytes, listing, read_documents
+from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, write_jsonl
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.indexed import IndexedDataError, check_indexed
@@ -17,12 +17,6 @@ from megatron_neobert.data.readers import DataInputError
 def _run(inputs, prefix, **kw):
     kw.setdefault("tokenizer_model", SAMPLE_TOKENIZER)
     return preprocess_data(inputs, prefix, progress=False, **kw)
-
-
-def _write_jsonl(path, rows, opener=open):
-    with opener(path, "wt", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
 
 
 def test_readback_equals_the_tokenizer_and_reads_with_megatron_core(indexed_prefix, expected_ids):
@@ -49,8 +43,8 @@ def test_jsonl_gz_zst_folder_and_datasets_inputs_agree(corpus_slice, expected_id
     src = tmp_path / "src"
     src.mkdir()
     # Three partitions in three formats; sorted file order = a.jsonl, b.jsonl.gz, c.jsonl.zst.
-    _write_jsonl(src / "a.jsonl", rows[:50])
-    _write_jsonl(src / "b.jsonl.gz", rows[50:120], opener=gzip.open)
+    write_jsonl(src / "a.jsonl", rows[:50])
+    write_jsonl(src / "b.jsonl.gz", rows[50:120], opener=gzip.open)
     with open(src / "c.jsonl.zst", "wb") as f:
         f.write(zstandard.ZstdCompressor().compress(
             "".join(json.dumps(r) + "\n" for r in rows[120:]).encode()))
@@ -100,7 +94,7 @@ def test_missing_text_field_fails_without_touching_existing_output(corpus_slice,
     with pytest.raises(DataInputError, match=r"slice.parquet: no column 'contnt'.*content"):
         _run([corpus_slice[0]], prefix, json_keys=["contnt"])
     jsonl = tmp_path / "rows.jsonl"
-    _write_jsonl(jsonl, [{"content": "fine text"}, {"text": "field renamed"}])
+    write_jsonl(jsonl, [{"content": "fine text"}, {"text": "field renamed"}])
     with pytest.raises(DataInputError, match=r"rows.jsonl, record 2: no field 'content'"):
         _run([str(jsonl)], prefix)
     assert file_bytes(stats.outputs["content"]) == before
@@ -160,31 +154,17 @@ def test_truncated_bin_and_mismatched_idx_are_detected(indexed_prefix, tmp_path)
 
 
 # ---- Megatron-LM's behaviour, shards, resume, nodes ---------------------------------------------
-def _megatron_lm_pair(texts, prefix, append_eod, eod):
-    """What Megatron-LM's tools/preprocess_data.py writes: per record, the ids (plus EOD on a
-    non-empty document) as one sequence, and an empty document as no sequence at all."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(SAMPLE_TOKENIZER)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-    for text in texts:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        if ids and append_eod:
-            ids.append(eod)
-        builder.add_document(ids, [len(ids)] if ids else [])
-    builder.finalize(prefix + ".idx")
-
-
 @pytest.mark.parametrize("append_eod", [False, True])
 def test_bytes_equal_megatron_lm_with_empty_documents(corpus_slice, sample_tokenizer, append_eod,
                                                       tmp_path):
     texts = corpus_slice[1][:20]
     texts = texts[:5] + ["", " \n "] + texts[5:]
     path = tmp_path / "in.jsonl"
-    _write_jsonl(path, [{"content": t} for t in texts])
+    write_jsonl(path, [{"content": t} for t in texts])
     stats = _run([str(path)], str(tmp_path / "ours"), append_eod=append_eod, workers=2,
                  chunk_documents=4)
-    _megatron_lm_pair(texts, str(tmp_path / "theirs"), append_eod, sample_tokenizer.eod_id)
+    megatron_lm_pair([[t] for t in texts], str(tmp_path / "theirs"), append_eod,
+                     sample_tokenizer.eod_id)
     assert file_bytes(stats.outputs["content"]) == file_bytes(str(tmp_path / "theirs"))
     docs = read_documents(stats.outputs["content"])
     assert len(docs) == len(texts) and len(docs[5]) == len(docs[6]) == 0  # document i = record i
@@ -195,7 +175,7 @@ def _three_files(corpus_slice, folder):
     folder.mkdir()
     texts = corpus_slice[1]
     for i, part in enumerate((texts[:40], texts[40:41], texts[41:90])):
-        _write_jsonl(folder / f"part{i}.jsonl", [{"content": t} for t in part])
+        write_jsonl(folder / f"part{i}.jsonl", [{"content": t} for t in part])
     return str(folder)
 
 
