@@ -139,6 +139,16 @@ def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod
     return out
 
 
+def _add_documents(builder: IndexedDatasetBuilder, chunk: EncodedChunk) -> None:
+    """A chunk's documents appended at once: the bytes and index entries that megatron-core's
+    ``add_document`` writes one document at a time (an empty document has no sequence, as its
+    builder writes [] with []), without a Python call per document."""
+    first_sequence = len(builder.sequence_lengths)
+    builder.data_file.write(chunk.tokens.tobytes(order="C"))
+    builder.sequence_lengths.extend(chunk.sequence_lengths.tolist())
+    builder.document_indices.extend((first_sequence + chunk.document_sequences[1:]).tolist())
+
+
 def _encode_in_worker(columns: List[List[str]], dtype, append_eod: bool):
     return _encode(_worker_tokenizer, columns, dtype, append_eod, _worker_splitter)
 
@@ -228,19 +238,13 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
             stats.tokens += chunk.tokens.size
             if chunk.tokens.size:
                 max_id[key] = max(max_id[key], int(chunk.tokens.max()))
-        token_starts = [numpy.concatenate([[0], numpy.cumsum(c.sequence_lengths)])[
-            c.document_sequences] for c in encoded]
-        for i in range(len(wheres)):
-            for key, chunk, first in zip(s.json_keys, encoded, token_starts):
-                seq = chunk.document_sequences
-                # An empty document has no sequence, as megatron-core's builder writes [] with [].
-                builders[key].add_document(chunk.tokens[first[i]:first[i + 1]],
-                                           chunk.sequence_lengths[seq[i]:seq[i + 1]].tolist())
-            stats.documents += 1
-            if s.log_interval and stats.documents % s.log_interval == 0:
-                elapsed = time.perf_counter() - start
-                logger.info("%s: processed %d documents (%.0f docs/s, %.0f tokens/s)", path,
-                            stats.documents, stats.documents / elapsed, stats.tokens / elapsed)
+            _add_documents(builders[key], chunk)
+        logged = stats.documents // s.log_interval if s.log_interval else 0
+        stats.documents += len(wheres)
+        if s.log_interval and stats.documents // s.log_interval > logged:
+            elapsed = time.perf_counter() - start
+            logger.info("%s: processed %d documents (%.0f docs/s, %.0f tokens/s)", path,
+                        stats.documents, stats.documents / elapsed, stats.tokens / elapsed)
         if bar is not None:
             bar.update(len(wheres))
 
