@@ -147,6 +147,10 @@ def main(argv=None):
           f"tokens/s  ({stats.seconds:.2f} s, reading + tokenizing + writing .bin/.idx)")
     print(f"   speed-up: {stats.tokens_per_second / megatron_rate:.2f}x Megatron-LM's loop, "
           f"{stats.tokens_per_second / (plain_tokens / plain_seconds):.2f}x the plain loop")
+    per_worker = stats.tokens_per_second / args.workers
+    print(f"   RefinedWeb's 600B tokens at {per_worker:,.0f} tokens/s per worker: "
+          f"{600e9 / per_worker / 3600:,.0f} worker-hours ({600e9 / megatron_rate * args.workers / 3600:,.0f} "
+          f"with Megatron-LM's loop), e.g. {600e9 / per_worker / 3600 / 1024:.1f} h on 1,024 workers")
     print(f"\n2. real (non-pad) tokens per batch at length {args.seq_length}, "
           f"micro batch {args.micro_batch_size}, one epoch")
     print(f"   {'mode':<10}{'real tokens':>12}{'samples':>10}{'batches':>10}")

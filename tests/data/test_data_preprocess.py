@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 
 import numpy
 import pytest
@@ -272,3 +273,16 @@ def test_bert_word_piece_vocab_file_gives_the_same_ids(corpus_slice, expected_id
                  "--no-progress"]) == 0
     docs = read_documents(prefix + "_content_document")
     assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids))
+
+
+def test_the_data_benchmark_runs_its_three_parts_on_the_same_tokens(corpus_slice, capsys):
+    """tools/benchmark_data.py end to end on a slice: the plain loop, Megatron-LM's loop and
+    preprocess_data must count the same tokens (the script asserts it) before any ratio is printed."""
+    from tools.benchmark_data import main
+    main(["--corpus", corpus_slice[0], "--repeats", "1", "--layout-documents", "20000", "--seq-length", "256"])
+    out = capsys.readouterr().out
+    assert f"({len(corpus_slice[1]):,} documents," in out
+    assert re.search(r"speed-up: \d+\.\d\dx Megatron-LM's loop", out)
+    assert re.search(r"RefinedWeb's 600B tokens at [\d,]+ tokens/s per worker: [\d,]+ worker-hours", out)
+    for mode in ("packed", "padded"):  # the layout table: seconds, MB, MB, samples, us/doc, 1B docs
+        assert re.search(rf"^   {mode} +\d+\.\d +[\d,]+ +[\d,]+ +[\d,]+ +\d+\.\d\d +\d+\.\d min$", out, re.M), out
