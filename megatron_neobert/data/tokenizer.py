@@ -136,7 +136,7 @@ class WordPieceCache:
     # and the text around a special token is encoded segment by segment.
     _BOUNDARY = "<piece boundary>"
 
-    def __init__(self, backend, max_pieces: int = 1 << 20) -> None:
+    def __init__(self, backend, max_pieces: int = 1 << 19) -> None:
         from tokenizers import AddedToken, Tokenizer
 
         self._joined = Tokenizer.from_str(backend.to_str())
