@@ -112,9 +112,9 @@ def run_micro_batches(chunks, batches: List[dict], forward_only: bool, forward_s
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
         for r in reports:
             sums[:3] += r["lm loss"].to(sums)
-        if pad_id is not None:
-            sums[3] = sum(real_tokens(b, pad_id).to(sums) for b in batches)
-            sums[4] = sum(attended_pairs(b, pad_id).to(sums) for b in batches)
+        if pad_id is not None:  # counted on the host batches: the copy must not wait for the GPU
+            sums[3] = sum(real_tokens(b, pad_id).to(sums, non_blocking=True) for b in batches)
+            sums[4] = sum(attended_pairs(b, pad_id).to(sums, non_blocking=True) for b in batches)
         torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
     # Only the last stage holds losses: summing over the pipeline hands them to every rank.
     torch.distributed.all_reduce(sums, group=parallel_state.get_pipeline_model_parallel_group())
