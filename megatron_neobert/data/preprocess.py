@@ -21,7 +21,8 @@ that yields no document never replaces an existing dataset.
 
 Documents are tokenized in batches by worker processes (BERT WordPiece tokenizers encode each
 distinct piece of text once, ``tokenizer.WordPieceCache``; others use the Rust backend's batch
-encoding) but written in input order, so the output does not depend on the number of workers or partitions.
+encoding) but written in input order, so the output does not depend on the number of workers or
+partitions.
 """
 
 import collections

@@ -84,7 +84,6 @@ class MLMTokenizer:
                                         for part in _slices(texts[i])])
         return ids
 
-
     def __getstate__(self):
         # Rebuild from (type, model) in DataLoader / preprocessing workers instead of pickling
         # backend objects, which not every backend version supports.
@@ -96,6 +95,12 @@ class MLMTokenizer:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.tokenizer_model!r}, vocab_size={self.vocab_size}, "
                 f"pad={self.pad_id}, cls={self.cls_id}, sep={self.sep_id}, mask={self.mask_id})")
+
+
+def _batch_encoder(backend):
+    """The backend's batch encoding: encode_batch_fast (tokenizers >= 0.21) skips the character
+    offsets, 3-4x faster."""
+    return getattr(backend, "encode_batch_fast", backend.encode_batch)
 
 
 def _slices(text: str):
@@ -166,8 +171,7 @@ class WordPieceCache:
         return text.split() if self._CONTROL_SPACE.search(text) is None else self._PIECE.findall(text)
 
     def _encode_parts(self, parts: List[str]) -> List[tuple]:
-        encode = getattr(self._joined, "encode_batch_fast", self._joined.encode_batch)
-        ids = encode([self._BOUNDARY.join(parts)], add_special_tokens=False)[0].ids
+        ids = _batch_encoder(self._joined)([self._BOUNDARY.join(parts)], add_special_tokens=False)[0].ids
         ends = numpy.flatnonzero(numpy.asarray(ids) == self._boundary_id).tolist() + [len(ids)]
         return [tuple(ids[start + 1:end]) for start, end in zip([-1] + ends[:-1], ends)]
 
@@ -230,11 +234,8 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
         if self._word_pieces is not None:
             return self._word_pieces.encode(texts)
         if self._backend is not None:
-            # encode_batch_fast (tokenizers >= 0.21) skips the character offsets: 3-4x faster.
-            encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
-            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+            return [e.ids for e in _batch_encoder(self._backend)(list(texts), add_special_tokens=False)]
         return super().tokenize_batch(texts)
-
 
 
 def check_wordpiece_vocab(vocab_file: str) -> None:
@@ -327,7 +328,6 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
 
     def tokenize_batch(self, texts: Sequence[str]) -> List[List[int]]:
         return self._sp.encode(list(texts), out_type=int)
-
 
 
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
