@@ -20,6 +20,24 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{marker}: a marker of transformers' common model tests")
 
 
+def pytest_report_header(config):
+    from importlib.metadata import version
+
+    return f"transformers {version('transformers')} (its common tests: tests/test_hf_transformers_common.py)"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Lists transformers' common tests that a release other than the reviewed one skips for a reason nobody has
+    reviewed: a warning to read before pinning that release, not a failure."""
+    unreviewed = sorted({f"{report.nodeid}: {report.longrepr[2]}" for reports in terminalreporter.stats.values()
+                         for report in reports if getattr(report, "skipped", False)
+                         and isinstance(report.longrepr, tuple) and "not reviewed for transformers" in report.longrepr[2]})
+    if unreviewed:
+        terminalreporter.write_sep("=", f"{len(unreviewed)} transformers common tests skipped, not reviewed")
+        for line in unreviewed:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def single_rank():
     """megatron-core parallel state for one CPU rank, inside the test process."""
