@@ -117,8 +117,10 @@ def test_tensorboard_has_megatron_lm_tags(bert_run):
     assert [e.step for e in events.Scalars("lm loss vs samples")] == [8 * i for i in range(1, ITERS + 1)]
     assert [e.value for e in events.Scalars("lm loss validation")] == pytest.approx(
         [r["loss"] for r in history["eval"]], rel=1e-6)
-    assert [e.value for e in events.Scalars("learning-rate")] == pytest.approx(
-        [r["lr"] for r in history["train"]], rel=1e-6)
+    # Megatron-LM's "learning-rate" at an iteration is the lr after that step's scheduler update: the next step's.
+    lrs = [e.value for e in events.Scalars("learning-rate")]
+    assert lrs[:-1] == pytest.approx([r["lr"] for r in history["train"][1:]], rel=1e-6)
+    assert lrs == pytest.approx([r["logged_lr"] for r in history["train"]], rel=1e-6)
 
 
 def _mock_argv(*extra):

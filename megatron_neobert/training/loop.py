@@ -16,6 +16,7 @@ from typing import Callable, List, Optional
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.parallel.launch import init_distributed
@@ -151,7 +152,7 @@ def fp16_step(optimizer, state: TrainState) -> tuple:
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
-    iteration, loss, accuracy, lr (used by that step), grad_norm, skipped, predicted, tokens,
+    iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs it), grad_norm, skipped, predicted, tokens,
     loss_scale (None without --fp16)."""
     for c in chunks:
         c.zero_grad_buffer()
@@ -183,7 +184,10 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
     if stepped:  # in iterations, or in samples with --train-samples
         scheduler.step(increment=schedule_steps(args)[3])
+    # Megatron-LM logs the lr after the scheduler's step (the next step's), that of the default param group.
+    logged_lr = get_canonical_lr_for_logging(optimizer.param_groups)
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
+                logged_lr=optimizer.param_groups[0]["lr"] if logged_lr is None else logged_lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
                 skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
                 attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale)

@@ -1,5 +1,15 @@
 """What the trainer prints and writes to TensorBoard and wandb: a console line every --log-interval
-steps (loss, accuracy, lr, grad norm, tokens/s, TFLOP/s, MFU, memory, time left) and the validations.
+steps and the validations.
+
+The console lines are Megatron-LM's, field for field and number format for number format, so its log
+parsers read them; the project's own figures follow Megatron-LM's fields on the same line:
+
+ [2026-11-25 15:20:01] iteration        6/       6 | consumed samples:          192 | elapsed time per
+ iteration (ms): 233.1 | learning rate: 1.000000E-05 | global batch size:    32 | lm loss: 1.021100E+01 |
+ loss scale: 1.0 | grad norm: 1.436 | number of skipped iterations:   0 | number of nan iterations:   0 |
+ accuracy: 0.0120 | tokens/s: 8,800 | MFU: n/a | mem (GiB): 0.42 | time left: 0s |
+ validation loss at iteration 6 | lm loss value: 1.019000E+01 | lm loss PPL: 2.663000E+04 | accuracy: 0.0130 |
+(each line one line; the validation line between two lines of dashes, as Megatron-LM prints it).
 
 TensorBoard / wandb tags are Megatron-LM's, so its dashboards read them: every step "lm loss",
 "learning-rate", "batch-size", "grad-norm", "loss-scale" (--fp16) and their "... vs samples"; every
@@ -8,7 +18,9 @@ TensorBoard / wandb tags are Megatron-LM's, so its dashboards read them: every s
 figures go under train/, perf/ and validation/.
 """
 
+import math
 import os
+from datetime import datetime
 from typing import List, Optional
 
 import torch
@@ -48,7 +60,7 @@ class TrainingLog:
         self.window.append(record)
         it, samples = record["iteration"], record["consumed_samples"]
         good = not record["skipped"]
-        for name, value in [("lm loss", record["loss"] if good else None), ("learning-rate", record["lr"]),
+        for name, value in [("lm loss", record["loss"] if good else None), ("learning-rate", record["logged_lr"]),
                             ("batch-size", self.args.global_batch_size),
                             ("grad-norm", record["grad_norm"] if good else None),
                             ("loss-scale", record["loss_scale"])]:
@@ -70,22 +82,34 @@ class TrainingLog:
         flops = sum(step_flops(self.arch, r["tokens"], r["predicted"], r["attended"], self.padded_vocab)
                     for r in window)
         tflops = flops / elapsed / torch.distributed.get_world_size() / 1e12
-        mfu = f"{100 * tflops / self.peak:.1f}%" if self.peak else "n/a"
-        grad_norm = last["grad_norm"]
-        print_rank_0(
-            f" iteration {it:8d}/{args.train_iters} | loss {loss:.4f} | accuracy {acc:.4f} | lr {last['lr']:.3e}"
-            f" | grad norm {grad_norm if grad_norm is None else f'{grad_norm:.3f}'}"
-            f" | tokens/s {tokens / per_step:,.0f} | TFLOP/s/GPU {tflops:.3g} | MFU {mfu}"
-            f" | {per_step * 1000:.0f} ms/step | mem {memory_gib():.2f} GiB"
-            f" | skipped {skipped_total} | left {format_duration(per_step * (args.train_iters - it))}")
+        fields = [f"consumed samples: {last['consumed_samples']:12d}",
+                  f"elapsed time per iteration (ms): {per_step * 1000.0:.1f}"]
+        if args.log_throughput:
+            fields.append(f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f}")
+        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {args.global_batch_size:5d}"]
+        if good and loss > 0.0:  # Megatron-LM leaves out a loss whose average is not positive
+            fields.append(f"lm loss: {loss:.6E}")
+        fields.append(f"loss scale: {last['loss_scale'] or 1.0:.1f}")
+        if last["grad_norm"] is not None:
+            fields.append(f"grad norm: {last['grad_norm']:.3f}")
+        # Both counts are the window's, as Megatron-LM's; the run's total of skipped steps is on TensorBoard.
+        fields += [f"number of skipped iterations: {n - len(good):3d}",
+                   f"number of nan iterations: {sum(not math.isfinite(r['loss']) for r in window):3d}",
+                   f"accuracy: {acc:.4f}", f"tokens/s: {tokens / per_step:,.0f}",
+                   f"MFU: {100 * tflops / self.peak:.1f}%" if self.peak else "MFU: n/a",
+                   f"mem (GiB): {memory_gib():.2f}",
+                   f"time left: {format_duration(per_step * (args.train_iters - it))}"]
+        print_rank_0(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{args.train_iters:8d} |"
+                     + "".join(f" {field} |" for field in fields))
         self._scalars(it, [("iteration-time", per_step), ("throughput", tflops if args.log_throughput else None),
                            ("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
 
     def evaluation(self, result: dict) -> None:
-        print_rank_0(f" validation at iteration {result['iteration']}: loss {result['loss']:.4f} "
-                     f"| accuracy {result['accuracy']:.4f}")
+        line = (f" validation loss at iteration {result['iteration']} | lm loss value: {result['loss']:.6E} |"
+                f" lm loss PPL: {math.exp(min(20, result['loss'])):.6E} | accuracy: {result['accuracy']:.4f} |")
+        print_rank_0("\n".join(["-" * (len(line) + 1), line, "-" * (len(line) + 1)]))
         self._scalars(result["iteration"], [("lm loss validation", result["loss"]),
                                             ("validation/accuracy", result["accuracy"])])
         self._scalars(result["consumed_samples"], [("lm loss validation vs samples", result["loss"])])

@@ -1,0 +1,63 @@
+"""The trainer's console lines, read with the field patterns a Megatron-LM log parser uses."""
+
+import argparse
+import math
+import re
+
+import pytest
+
+from megatron_neobert.model.config import get_arch
+from megatron_neobert.training.train_log import TrainingLog
+
+# What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
+ITERATION = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+(\d+)/\s*(\d+) \|")
+FIELD = r" {}: +([-+.\dE]+|nan) \|"
+MEGATRON_FIELDS = ("consumed samples", "elapsed time per iteration \\(ms\\)", "learning rate", "global batch size",
+                   "lm loss", "loss scale", "grad norm", "number of skipped iterations", "number of nan iterations")
+VALIDATION = re.compile(r"^ validation loss at iteration (\d+) \| lm loss value: ([-+.\dE]+) \| "
+                        r"lm loss PPL: ([-+.\dE]+) \|")
+
+
+def _record(iteration, loss, lr, skipped=False):
+    return dict(iteration=iteration, loss=loss, accuracy=0.25, lr=lr, logged_lr=lr / 2, grad_norm=1.4375,
+                skipped=skipped, predicted=40, tokens=200, attended=4000, consumed_samples=32 * iteration,
+                loss_scale=None)
+
+
+def _parse(line):
+    head = ITERATION.match(line)
+    assert head, line
+    values = {}
+    for name in MEGATRON_FIELDS:
+        found = re.search(FIELD.format(name), line)
+        assert found, (name, line)
+        values[name.replace("\\", "")] = float(found.group(1))
+    # Megatron-LM's fields come first, in its order: ours only after "number of nan iterations".
+    assert line.index("number of nan iterations") < line.index("accuracy:") < line.index("tokens/s:")
+    return (int(head.group(1)), int(head.group(2))), values
+
+
+def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, capsys):
+    args = argparse.Namespace(fp8_format=None, tensorboard_dir=None, wandb_project=None, global_batch_size=32,
+                              train_iters=6, log_throughput=False)
+    log = TrainingLog(args, get_arch("neobert-tiny"), padded_vocab=8192)
+    log.step(_record(1, 10.25, 1e-4), None, 0)
+    log.step(_record(2, 10.75, 2e-4), None, 0)
+    log.step(_record(3, float("nan"), 3e-4, skipped=True), 0.5, 1)
+    log.evaluation(dict(iteration=3, loss=2.5, accuracy=0.5, consumed_samples=96))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and set(lines[1]) == set(lines[3]) == {"-"} and len(lines[1]) == len(lines[2]) + 1
+
+    (it, total), values = _parse(lines[0])
+    assert (it, total) == (3, 6)
+    assert values["consumed samples"] == 96 and values["global batch size"] == 32
+    assert values["elapsed time per iteration (ms)"] == pytest.approx(500 / 3, abs=0.05)
+    assert values["lm loss"] == pytest.approx(10.5)  # the window's steps taken, as Megatron-LM averages
+    assert values["learning rate"] == 1.5e-4  # the lr after the last step's scheduler update
+    assert values["loss scale"] == 1.0 and values["grad norm"] == 1.438
+    assert values["number of skipped iterations"] == 1 and values["number of nan iterations"] == 1
+
+    found = VALIDATION.match(lines[2])
+    assert found, lines[2]
+    assert (int(found.group(1)), float(found.group(2))) == (3, 2.5)
+    assert float(found.group(3)) == pytest.approx(math.exp(2.5), rel=1e-6)
