@@ -32,7 +32,9 @@ def bert_example_argv(data, root, *extra):
             "--data-path", prefix, "--vocab-file", VOCAB, "--tokenizer-type", "BertWordPieceLowerCase",
             "--split", "949,50,1", "--log-interval", "2", "--save-interval", "2", "--eval-interval", "2",
             "--eval-iters", "1", "--save", str(root / "ckpt"), "--load", str(root / "ckpt"),
-            "--tensorboard-dir", str(root / "tb"), "--log-throughput", "--ckpt-format", "torch_dist",
+            "--tensorboard-dir", str(root / "tb"), "--log-throughput", "--log-timers-to-tensorboard",
+            "--log-validation-ppl-to-tensorboard", "--log-world-size-to-tensorboard", "--log-params-norm",
+            "--log-num-zeros-in-grad", "--ckpt-format", "torch_dist",
             "--data-cache-path", cache, "--num-workers", "0", "--seed", "7", *extra]
 
 
@@ -97,6 +99,9 @@ def test_saved_args_read_with_megatron_lm_rules(bert_run):
     assert not wrong, wrong
     with open(os.path.join(ckpt, "common.pt"), "rb") as f:
         assert torch.load(f, weights_only=True)["args"] == args
+    # The schedule counts samples and the FLOPs are kept, as Megatron-LM's tools read them.
+    assert common["opt_param_scheduler"]["num_steps"] == ITERS * 8
+    assert common["num_floating_point_operations_so_far"] > 0
 
 
 def test_tensorboard_has_megatron_lm_tags(bert_run):
@@ -106,11 +111,18 @@ def test_tensorboard_has_megatron_lm_tags(bert_run):
     events = EventAccumulator(str(root / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    megatron = {"lm loss", "learning-rate", "grad-norm", "iteration-time", "throughput", "batch-size",
-                "lm loss validation", "lm loss vs samples", "learning-rate vs samples", "lm loss validation vs samples"}
+    megatron = {"lm loss", "learning-rate", "grad-norm", "iteration-time", "throughput", "batch-size", "loss-scale",
+                "world-size", "params-norm", "num-zeros", "lm loss validation", "lm loss validation ppl",
+                "lm loss vs samples", "learning-rate vs samples", "lm loss validation vs samples",
+                "lm loss validation ppl vs samples"}
     assert megatron <= tags, megatron - tags
     assert {"train/accuracy", "perf/tokens_per_s", "validation/accuracy"} <= tags
-    assert "loss-scale" not in tags  # fp32: no loss scaling
+    assert {e.value for e in events.Scalars("loss-scale")} == {1.0}  # fp32: written as Megatron-LM does, 1.0
+    assert {e.value for e in events.Scalars("world-size")} == {2.0}
+    assert [e.value for e in events.Scalars("params-norm")] == pytest.approx(
+        [r["params_norm"] for r in history["train"]], rel=1e-6)
+    assert [e.value for e in events.Scalars("lm loss validation ppl")] == pytest.approx(
+        [math.exp(r["loss"]) for r in history["eval"]], rel=1e-6)
     loss = events.Scalars("lm loss")
     assert [e.step for e in loss] == list(range(1, ITERS + 1))
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in history["train"]], rel=1e-6)
@@ -254,12 +266,14 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     args = parse_args(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
     assert args.recompute_granularity == "selective"
     notes = startup_notes(args, model_arch(args))
-    assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[0]
-    assert "--lr-decay-style cosine" in notes[0] and "--adam-beta2" not in notes[0]
-    assert "neobert-tiny overridden" in notes[1] and "num_layers 4 -> 2" in notes[1]
-    assert "hidden_size 128 -> 64" in notes[1]
+    assert notes[0].startswith("NeoBERT where Megatron-LM's BERT differs: no binary (next-sentence) head")
+    assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[1]
+    assert "--lr-decay-style cosine" in notes[1] and "--adam-beta2" not in notes[1]
+    assert "--hidden-dropout 0.0 (Megatron-LM's default: 0.1)" in notes[1]
+    assert "neobert-tiny overridden" in notes[2] and "num_layers 4 -> 2" in notes[2]
+    assert "hidden_size 128 -> 64" in notes[2]
     plain = parse_args(["--data-path", "x", "--model-preset", "neobert-tiny"])
-    assert len(startup_notes(plain, model_arch(plain))) == 1
+    assert len(startup_notes(plain, model_arch(plain))) == 2
     from megatron_neobert.training.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())

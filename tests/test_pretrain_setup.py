@@ -81,15 +81,15 @@ def test_profile_window_is_checked(flags, message, tmp_path):
         assert parse_args(argv + ["--save", str(tmp_path)]).profile_step_end == 12
 
 
-def lr_at(scheduler, step):
-    scheduler.num_steps = step
-    return scheduler.get_lr(scheduler.optimizer.param_groups[0])
-
-
 def test_schedule_matches_the_recipe():
     args = parse_args(["--data-path", "d"])
     opt = types.SimpleNamespace(param_groups=[{"params": []}])
     s = build_scheduler(args, opt)
+
+    def lr_at(scheduler, iteration):  # the scheduler counts samples, as Megatron-LM's
+        scheduler.num_steps = iteration * args.global_batch_size
+        return scheduler.get_lr(scheduler.optimizer.param_groups[0])
+
     assert lr_at(s, 0) == 0.0
     assert lr_at(s, 1000) == pytest.approx(3e-4)
     assert lr_at(s, 2000) == pytest.approx(6e-4)

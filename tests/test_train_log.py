@@ -1,19 +1,20 @@
 """The trainer's console lines, read with the field patterns a Megatron-LM log parser uses."""
 
-import argparse
 import math
 import re
 
 import pytest
 
 from megatron_neobert.model.config import get_arch
+from megatron_neobert.training.arguments import parse_args
 from megatron_neobert.training.train_log import TrainingLog
 
 # What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
 ITERATION = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+(\d+)/\s*(\d+) \|")
 FIELD = r" {}: +([-+.\dE]+|nan) \|"
 MEGATRON_FIELDS = ("consumed samples", "elapsed time per iteration \\(ms\\)", "learning rate", "global batch size",
-                   "lm loss", "loss scale", "grad norm", "number of skipped iterations", "number of nan iterations")
+                   "lm loss", "loss scale", "grad norm", "num zeros", "params norm", "number of skipped iterations",
+                   "number of nan iterations")
 VALIDATION = re.compile(r"^ validation loss at iteration (\d+) \| lm loss value: ([-+.\dE]+) \| "
                         r"lm loss PPL: ([-+.\dE]+) \|")
 
@@ -21,7 +22,7 @@ VALIDATION = re.compile(r"^ validation loss at iteration (\d+) \| lm loss value:
 def _record(iteration, loss, lr, skipped=False):
     return dict(iteration=iteration, loss=loss, accuracy=0.25, lr=lr, logged_lr=lr / 2, grad_norm=1.4375,
                 skipped=skipped, predicted=40, tokens=200, attended=4000, consumed_samples=32 * iteration,
-                loss_scale=None)
+                loss_scale=None, num_zeros=17, params_norm=123.4567)
 
 
 def _parse(line):
@@ -32,14 +33,16 @@ def _parse(line):
         found = re.search(FIELD.format(name), line)
         assert found, (name, line)
         values[name.replace("\\", "")] = float(found.group(1))
-    # Megatron-LM's fields come first, in its order: ours only after "number of nan iterations".
+    starts = [line.index(name.replace("\\", "") + ":") for name in MEGATRON_FIELDS]
+    assert starts == sorted(starts), line  # in Megatron-LM's order
+    # Megatron-LM's fields come first: ours only after "number of nan iterations".
     assert line.index("number of nan iterations") < line.index("accuracy:") < line.index("tokens/s:")
     return (int(head.group(1)), int(head.group(2))), values
 
 
 def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, capsys):
-    args = argparse.Namespace(fp8_format=None, tensorboard_dir=None, wandb_project=None, global_batch_size=32,
-                              train_iters=6, log_throughput=False)
+    args = parse_args(["--mock-data", "--global-batch-size", "32", "--train-iters", "6", "--lr-warmup-iters", "0",
+                       "--log-params-norm", "--log-num-zeros-in-grad"])
     log = TrainingLog(args, get_arch("neobert-tiny"), padded_vocab=8192)
     log.step(_record(1, 10.25, 1e-4), None, 0)
     log.step(_record(2, 10.75, 2e-4), None, 0)
@@ -55,6 +58,7 @@ def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, ca
     assert values["lm loss"] == pytest.approx(10.5)  # the window's steps taken, as Megatron-LM averages
     assert values["learning rate"] == 1.5e-4  # the lr after the last step's scheduler update
     assert values["loss scale"] == 1.0 and values["grad norm"] == 1.438
+    assert values["num zeros"] == 17 and values["params norm"] == 123.457
     assert values["number of skipped iterations"] == 1 and values["number of nan iterations"] == 1
 
     found = VALIDATION.match(lines[2])

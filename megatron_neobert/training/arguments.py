@@ -17,8 +17,7 @@ from megatron_neobert.cli import ArgumentParser
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
 from megatron_neobert.training.processes import EXIT_SIGNALS
-from megatron_neobert.training.megatron_args import (add_megatron_lm_args, apply_megatron_lm_args, explicit_dests,
-                                                     recipe_defaults_applied)
+from megatron_neobert.training.megatron_args import add_megatron_lm_args, apply_megatron_lm_args, explicit_dests
 from megatron_neobert.training.validation import validate_precision_args
 
 # Architecture overrides of the preset (Megatron-LM names) -> NeoBERTArch fields.
@@ -244,5 +243,4 @@ def validate(args: argparse.Namespace, explicit=frozenset()) -> argparse.Namespa
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the
         # export and a resume find it from any working directory.
         args.tokenizer_model = os.path.abspath(args.tokenizer_model)
-    args.recipe_defaults_applied = recipe_defaults_applied(args, explicit)
     return validate_precision_args(args)

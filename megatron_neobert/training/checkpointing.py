@@ -43,7 +43,8 @@ def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Names
         add_bias_linear=arch.add_bias_linear, add_qkv_bias=arch.add_bias_linear,
         swiglu=arch.activation == "swiglu", squared_relu=False, normalization=arch.normalization,
         norm_epsilon=arch.norm_epsilon, apply_layernorm_1p=False, untie_embeddings_and_output_weights=True,
-        attention_dropout=0.0, hidden_dropout=0.0, num_experts=None, expert_model_parallel_size=1,
+        attention_dropout=settings.get("attention_dropout", 0.0), hidden_dropout=settings.get("hidden_dropout", 0.0),
+        num_experts=None, expert_model_parallel_size=1,
         vocab_size=arch.vocab_size, padded_vocab_size=padded_vocab_size, ckpt_format="torch_dist")
     return argparse.Namespace(**{**settings, **shape, "arch": dataclasses.asdict(arch)})
 

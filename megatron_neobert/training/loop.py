@@ -18,6 +18,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
+from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.parallel.launch import init_distributed
 from megatron_neobert.training.checkpoint_integrity import read_verified_checkpoint
@@ -25,7 +26,8 @@ from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.checkpointing import megatron_lm_args
-from megatron_neobert.training.megatron_args import schedule_steps
+from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
+from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
                                                    setup_model_and_optimizer, use_checkpoint_args)
@@ -35,7 +37,8 @@ from megatron_neobert.training.processes import (exit_with_launcher, forked_chil
 from megatron_neobert.training.run_checks import check_optimizer_setup, trained_length
 from megatron_neobert.training.save_lock import claim_save_dir
 from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
-from megatron_neobert.training.step import ForwardStep, StepStats, grads_are_finite, mlm_forward_step, run_micro_batches
+from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
+                                            run_micro_batches)
 from megatron_neobert.training.train_log import TrainingLog, print_rank_0
 from megatron_neobert.training.trainer_checkpoint import holds_training_state, load_checkpoint, save_checkpoint
 from megatron_neobert.training.watchdog import ProgressWatchdog
@@ -59,6 +62,7 @@ class TrainState:
     skipped_iters: int = 0  # steps skipped for a non-finite loss or gradient, in total
     skipped_in_a_row: int = 0
     last_saved: Optional[int] = None
+    floating_point_operations: float = 0.0  # training FLOPs so far, all ranks (Megatron-LM's count)
 
 
 def data_stream(args) -> dict:
@@ -90,12 +94,13 @@ def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, fi
     if not (finetune or args.no_load_optim):
         check_optimizer_setup(args, checkpoint, common)
     load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
-                    load_rng=not args.no_load_rng, finetune=finetune)
+                    load_rng=not args.no_load_rng, finetune=finetune, strict=args.dist_ckpt_strictness)
     state = TrainState()
     if not finetune:
         saved = common["train_state"]
         state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
-                           skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_saved=common["iteration"])
+                           skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_saved=common["iteration"],
+                           floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
         if saved["data_stream"] == data_stream(args):
             state.consumed_samples = saved["consumed_samples"]
         else:  # stage 2: new data or length; the old position means nothing there
@@ -129,31 +134,36 @@ def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
 def startup_notes(args, arch) -> List[str]:
     """What the run took from the recipe rather than from the user, and how the model differs from
     its preset: printed at start-up, so that neither happens silently."""
-    notes = []
-    if args.recipe_defaults_applied:
+    notes = [f"NeoBERT where Megatron-LM's BERT differs: {'; '.join(RECIPE_DIFFERENCES)}"]
+    applied = recipe_defaults_applied(args, set(args.explicit_flags))
+    if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
-                     + "; ".join(args.recipe_defaults_applied))
+                     + "; ".join(applied))
     changed = preset_overrides(args, arch)
     if changed:
         notes.append(f"model preset {args.model_preset} overridden by the flags: {', '.join(changed)} "
                      f"(the model is not the preset's)")
+    if "sequence_parallel" in args.explicit_flags and args.tensor_model_parallel_size == 1:
+        notes.append("warning: disabling sequence parallelism because tensor model parallelism is disabled "
+                     "(--tensor-model-parallel-size 1)")
     return notes
 
 
 def fp16_step(optimizer, state: TrainState) -> tuple:
-    """(stepped, grad norm) with --fp16: megatron-core's loss scaler finds overflows, skips the step
-    and lowers the scale; such skips are routine (the scale starts high) and do not stop the run."""
-    ok, grad_norm, _ = optimizer.step()
+    """(stepped, grad norm, zeros in the gradient) with --fp16: megatron-core's loss scaler finds overflows,
+    skips the step and lowers the scale; such skips are routine (the scale starts high) and do not stop the run."""
+    ok, grad_norm, num_zeros = optimizer.step()
     if not ok:
         state.skipped_iters += 1
-    return ok, grad_norm
+    return ok, grad_norm, num_zeros
 
 
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
     iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs it), grad_norm, skipped, predicted, tokens,
-    loss_scale (None without --fp16)."""
+    loss_scale (None without --fp16), num_zeros (with --log-num-zeros-in-grad), params_norm (with
+    --log-params-norm)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
@@ -162,12 +172,12 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
     state.iteration += 1
     state.consumed_samples += args.global_batch_size
     loss_scale = float(optimizer.get_loss_scale()) if args.fp16 else None
-    stepped = False
+    stepped, num_zeros = False, None
     if math.isfinite(stats.loss) and args.fp16:
-        stepped, grad_norm = fp16_step(optimizer, state)
+        stepped, grad_norm, num_zeros = fp16_step(optimizer, state)
         state.skipped_in_a_row = 0
     elif math.isfinite(stats.loss) and grads_are_finite(chunks):
-        stepped, grad_norm, _ = optimizer.step()
+        stepped, grad_norm, num_zeros = optimizer.step()
         assert stepped, "megatron-core's optimizer found a non-finite gradient after our check"
         state.skipped_in_a_row = 0
     else:
@@ -190,13 +200,14 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 logged_lr=optimizer.param_groups[0]["lr"] if logged_lr is None else logged_lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
                 skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
-                attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale)
+                attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale,
+                num_zeros=num_zeros, params_norm=params_norm(chunks) if args.log_params_norm else None)
 
 
 def train(args, forward_step: ForwardStep = mlm_forward_step,
           on_step: Optional[Callable[[dict], None]] = None) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
-    [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval",
+    [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
@@ -227,10 +238,17 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
            watchdog: ProgressWatchdog, started: float) -> dict:
     checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
+    pretrained = checkpoint is None and args.pretrained_checkpoint is not None
+    if pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
+        checkpoint, common = read_verified_checkpoint(args.pretrained_checkpoint, None, not args.no_verify_checkpoint)
+        if checkpoint is None:
+            raise TrainingError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no checkpoint")
+        print_rank_0(f"no checkpoint in --load {args.load}: starting from --pretrained-checkpoint {checkpoint}")
     if args.use_checkpoint_args:
         use_checkpoint_args(args, checkpoint, common)
-    arch = trained_length(args, model_arch(args), common)
-    finetune = args.finetune
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    arch = trained_length(args, model_arch(args, tokenizer.vocab_size), common)
+    finetune = args.finetune or pretrained
     if checkpoint and not finetune and not holds_training_state(common):
         print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
         finetune = True
@@ -247,9 +265,12 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
         state = resume(args, checkpoint, common, chunks, optimizer, scheduler, finetune)
     elif args.load:
         print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
+    if args.skip_train and not (args.eval_interval and args.eval_iters):
+        raise TrainingError("--skip-train runs one validation of --eval-iters batches: give --eval-iters and "
+                            "--eval-interval above 0")
     evals_done = state.iteration // args.eval_interval if args.eval_interval else 0
-    tokenizer, train_iter, valid_iter = build_data(
-        args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size)
+    _, train_iter, valid_iter = build_data(
+        args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size, tokenizer)
     if tokenizer.vocab_size > arch.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} entries, model preset {arch.vocab_size}")
 
@@ -265,7 +286,8 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
         save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
                         dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
                              skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
-                        saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim)
+                        saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim,
+                        save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations)
         resume_param_sync(chunks)
         state.last_saved = state.iteration
         print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
@@ -274,16 +296,29 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
                          f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
                          f"finite step")
 
-    history = {"train": [], "eval": [], "exit": "finished"}
+    history = {"train": [], "eval": [], "exit": "skip-train" if args.skip_train else "finished"}
     log = TrainingLog(args, arch, padded_vocab)
     profiler = StepProfiler(args)
+
+    def validate():
+        watchdog.at(state.iteration, "evaluation")
+        stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
+        result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration,
+                      consumed_samples=state.consumed_samples)
+        history["eval"].append(result)
+        log.evaluation(result)
+
     window_start = time.perf_counter()
     try:
-        while state.iteration < args.train_iters:
+        if args.skip_train:
+            validate()
+        while not args.skip_train and state.iteration < args.train_iters:
             watchdog.at(state.iteration + 1, "training step")
             profiler.step_begins(state.iteration)
             batches = [next(train_iter) for _ in range(num_micro)]
             record = train_step(args, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
+            state.floating_point_operations += step_flops(arch, record["tokens"], record["predicted"],
+                                                          record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
             history["train"].append(record)
             if on_step:
@@ -293,12 +328,7 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
             if report:
                 window_start = time.perf_counter()
             if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
-                watchdog.at(state.iteration, "evaluation")
-                stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
-                result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration,
-                              consumed_samples=state.consumed_samples)
-                history["eval"].append(result)
-                log.evaluation(result)
+                validate()
             watchdog.at(state.iteration, "agreeing whether to stop")
             stop = stop_reason(args, state, handler, started)
             if should_save(args, state, stop):

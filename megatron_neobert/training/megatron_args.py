@@ -10,7 +10,10 @@ import argparse
 import importlib.util
 from typing import Iterable, List, Optional, Set
 
+import torch
+
 from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
+from megatron_neobert.model.config import PRESETS, get_arch
 
 # dest: (the recipe's default, Megatron-LM's), as --help and the start-up report show them.
 RECIPE_DEFAULTS = {
@@ -28,7 +31,16 @@ RECIPE_DEFAULTS = {
     "global_batch_size": ("2048", "micro-batch x data-parallel size"),
     "seq_length": ("1024", "none, required"),
     "split": ("949,50,1", "969,30,1"),
+    "hidden_dropout": ("0.0", "0.1"),
+    "attention_dropout": ("0.0", "0.1"),
+    "init_method_std": ("none: NeoBERT's uniform(-0.02, 0.02)", "0.02, normal"),
+    "mask_rate": ("0.2, every chosen token [MASK]", "--mask-prob 0.15, BERT's 80/10/10"),
 }
+# What NeoBERT's architecture and recipe fix where Megatron-LM's BERT has another default (printed at start-up).
+RECIPE_DIFFERENCES = ("no binary (next-sentence) head", "untied MLM decoder", "SwiGLU, RMSNorm and RoPE (the preset's)",
+                      "packed whole documents, no short sequences", "AdamW beta2 0.95")
+STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
+              "return_unexpected", "return_all", "ignore_all")
 RECIPE_WARMUP_ITERS = 2000
 RECIPE_DECAY_FRACTION = 0.9
 CKPT_FORMATS = ("torch_dist", "torch", "torch_dcp", "zarr", "fsdp_dtensor")
@@ -58,7 +70,8 @@ def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ckpt-format", default="torch_dist",
                    help="checkpoint format; torch_dist (megatron-core distributed checkpoint) only")
     g.add_argument("--log-throughput", action="store_true",
-                   help="write TFLOP/s per GPU as 'throughput' to TensorBoard / wandb")
+                   help="TFLOP/s per GPU on the console ('throughput per GPU (TFLOP/s/GPU)') and, with "
+                        "--log-timers-to-tensorboard, as 'throughput' on TensorBoard / wandb")
     g.add_argument("--wandb-project", default="", help="log to Weights & Biases (WANDB_MODE=offline works)")
     g.add_argument("--wandb-exp-name", default="", help="the run's name; required with --wandb-project")
     g.add_argument("--wandb-save-dir", default="", help="default: --save/wandb")
@@ -67,6 +80,74 @@ def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="take the model's shape (preset, sizes, sequence length) from the --load checkpoint")
     g.add_argument("--no-save-optim", action="store_true", help="save checkpoints without the optimizer state")
+    g.add_argument("--no-save-rng", action="store_true",
+                   help="save checkpoints without the RNG states (a resume from them starts new streams)")
+    g.add_argument("--pretrained-checkpoint", default=None,
+                   help="when --load holds no checkpoint: start from this one's weights, as --finetune")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                   help="the schedule of the loaded checkpoint wins over the flags: always so here unless "
+                        "--override-opt-param-scheduler")
+    g.add_argument("--auto-detect-ckpt-format", action="store_true",
+                   help="accepted: checkpoints are read as torch_dist, and another format is refused by name")
+    g.add_argument("--ckpt-fully-parallel-save", action="store_true",
+                   help="accepted: data-parallel ranks always share the writing")
+    g.add_argument("--dist-ckpt-strictness", default="assume_ok_unexpected", choices=STRICTNESS,
+                   help="what a load does with keys the checkpoint and the model do not share "
+                        "(megatron-core's StrictHandling)")
+    g.add_argument("--skip-train", action="store_true",
+                   help="load, run one validation of --eval-iters batches, and exit without training")
+    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="the learning rate the warmup starts from")
+    g.add_argument("--dataloader-type", default="single", choices=["single", "cyclic", "external"],
+                   help="single only: one pass over the dataset's own shuffled sample order, resumable by "
+                        "consumed samples")
+    g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
+                   help="nccl on GPUs, gloo on CPU; the other one is refused")
+    g.add_argument("--legacy-tokenizer", action="store_true",
+                   help="accepted: the BertWordPiece tokenizers here give Megatron-LM's legacy tokenizers' ids")
+
+    g = p.add_argument_group("Megatron-LM model flags (checked against the preset)")
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "flash", "fused", "unfused", "local"],
+                   help="Transformer Engine's attention kernel (flash/fused/unfused need TE layers); local: "
+                        "megatron-core layers with this package's attention")
+    g.add_argument("--position-embedding-type", default=None, choices=["learned_absolute", "rope"],
+                   help="must be the preset's (rope; learned_absolute: ablation-m0)")
+    g.add_argument("--normalization", default=None, choices=["LayerNorm", "RMSNorm"],
+                   help="must be the preset's (RMSNorm; LayerNorm: ablation-m0)")
+    g.add_argument("--swiglu", action="store_true", help="must agree with the preset (SwiGLU but ablation-m0)")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="accepted: the MLM decoder is never tied to the embedding")
+    g.add_argument("--bert-no-binary-head", action="store_true",
+                   help="accepted: NeoBERT has no binary (next-sentence) head")
+    g.add_argument("--hidden-dropout", type=float, default=0.0, help="dropout after attention and MLP")
+    g.add_argument("--attention-dropout", type=float, default=0.0, help="dropout of the attention probabilities")
+    g.add_argument("--init-method-std", type=float, default=None,
+                   help="initialise weights ~ normal(0, std), the output projections scaled by "
+                        "1/sqrt(2 x layers), as megatron-core")
+    g.add_argument("--mask-prob", type=float, default=None, help="Megatron-LM's name of --mask-rate")
+    g.add_argument("--short-seq-prob", type=float, default=0.0,
+                   help="0 only: documents are packed whole up to --seq-length, never cut short on purpose")
+    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None, metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="not implemented: refused (the global batch is fixed)")
+
+    g = p.add_argument_group("Megatron-LM logging flags")
+    g.add_argument("--log-params-norm", action="store_true", help="the parameters' L2 norm on the console "
+                   "and TensorBoard ('params-norm')")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="the count of zero gradient entries on the console and TensorBoard ('num-zeros')")
+    g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
+                   help="0 only: Megatron-LM's per-phase timers are not implemented (--profile traces the steps)")
+    g.add_argument("--tensorboard-log-interval", type=int, default=1,
+                   help="iterations between TensorBoard / wandb writes of the per-step figures")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="'iteration-time' (and 'throughput' with --log-throughput) on TensorBoard / wandb")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",
+                   help="'lm loss validation ppl' on TensorBoard / wandb")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true",
+                   help="'mem-reserved-bytes', 'mem-allocated-bytes', 'mem-max-allocated-bytes', "
+                        "'mem-allocated-count' (CUDA's allocator; GPU only)")
+    g.add_argument("--log-world-size-to-tensorboard", action="store_true", help="'world-size' on TensorBoard / wandb")
+    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard",
+                   help="no 'loss-scale' on TensorBoard / wandb (written every step by default, 1.0 without --fp16)")
     for action in p._actions:
         if action.dest in RECIPE_DEFAULTS:
             recipe, megatron = RECIPE_DEFAULTS[action.dest]
@@ -100,6 +181,24 @@ def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None
         _refuse(args.recompute_granularity == "full",
                 "--recompute-activations means --recompute-granularity selective; not with full")
         args.recompute_granularity = "selective"
+    _refuse(args.rampup_batch_size is not None, "--rampup-batch-size: batch-size ramp-up is not implemented "
+            "here; train with a fixed --global-batch-size")
+    _refuse(args.dataloader_type != "single", f"--dataloader-type {args.dataloader_type}: only single is "
+            "implemented (one pass in the dataset's own shuffled order, resumable by consumed samples)")
+    _refuse(args.short_seq_prob != 0, f"--short-seq-prob {args.short_seq_prob}: documents are packed whole up to "
+            "--seq-length; Megatron-LM's short-sequence sampling is not implemented (drop the flag)")
+    _refuse(args.timing_log_level != 0, f"--timing-log-level {args.timing_log_level}: Megatron-LM's per-phase "
+            "timers are not implemented; --profile writes a trace of the steps instead")
+    _refuse(args.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
+    _refuse(args.use_checkpoint_opt_param_scheduler and args.override_opt_param_scheduler,
+            "--use-checkpoint-opt_param-scheduler and --override-opt-param-scheduler exclude each other")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _refuse(args.distributed_backend not in (None, backend), f"--distributed-backend {args.distributed_backend}: "
+            f"this machine runs {backend} ({'GPUs' if backend == 'nccl' else 'no GPU'})")
+    if args.mask_prob is not None:
+        _refuse("mask_rate" in explicit, "--mask-prob is Megatron-LM's name of --mask-rate: give one of them")
+        args.mask_rate = args.mask_prob
+    _check_architecture_flags(args)
     _resolve_schedule(args, explicit)
     _resolve_data(args, explicit)
     _resolve_tokenizer(args, explicit)
@@ -110,6 +209,21 @@ def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None
         _refuse(not (args.wandb_save_dir or args.save), "--wandb-project writes into --wandb-save-dir, "
                 "else --save/wandb: give one of them")
     _refuse(args.use_checkpoint_args and not args.load, "--use-checkpoint-args reads the --load checkpoint: give --load")
+
+
+def _check_architecture_flags(args) -> None:
+    """Megatron-LM's architecture flags choose no architecture here (the preset does): each one given must
+    agree with the preset, or the error names the presets that have what it asks for."""
+    arch = get_arch(args.model_preset)
+    asked = {"position_embedding_type": args.position_embedding_type, "normalization": args.normalization,
+             "activation": "swiglu" if args.swiglu else None}
+    for field, value in asked.items():
+        if value is None or getattr(arch, field) == value:
+            continue
+        flag = {"activation": "--swiglu"}.get(field, f"--{field.replace('_', '-')} {value}")
+        having = [name for name, preset in PRESETS.items() if getattr(preset, field) == value]
+        raise ValueError(f"{flag}: the {args.model_preset} preset has {field} {getattr(arch, field)}; "
+                         f"--model-preset {' or '.join(having)} has {value}")
 
 
 def _resolve_schedule(args, explicit: Set[str]) -> None:
@@ -158,6 +272,8 @@ def _resolve_data(args, explicit: Set[str]) -> None:
 
 
 def _resolve_tokenizer(args, explicit: Set[str]) -> None:
+    if args.vocab_file is not None and "tokenizer_type" not in explicit:
+        args.tokenizer_type = "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
     vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
     if vocab_file is not None:
         # What build_tokenizer and the checkpoint's args name.
@@ -173,18 +289,23 @@ def recipe_defaults_applied(args, explicit: Set[str]) -> List[str]:
         skip |= {"lr_warmup_iters", "lr_warmup_samples"}
     if args.mock_data or args.train_data_path:
         skip.add("split")
+    if args.use_checkpoint_args:  # the checkpoint's length, unless given
+        skip.add("seq_length")
+    if args.mask_prob is not None:
+        skip.add("mask_rate")
     return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (Megatron-LM's default: {RECIPE_DEFAULTS[dest][1]})"
             for dest in RECIPE_DEFAULTS if dest not in explicit and dest not in skip]
 
 
 def schedule_steps(args):
-    """(warmup, decay, weight-decay span, increment per iteration) of the scheduler: in samples with
-    --train-samples, else in iterations; --lr-warmup-fraction is a fraction of the decay, as Megatron-LM."""
+    """(warmup, decay, weight-decay span, increment per iteration) of the scheduler, in samples as Megatron-LM
+    counts them (iterations x --global-batch-size with --train-iters); --lr-warmup-fraction is a fraction of the
+    decay, as Megatron-LM's."""
+    gbs = args.global_batch_size
     if args.train_samples is not None:
-        decay, warmup, span, increment = (args.lr_decay_samples, args.lr_warmup_samples, args.train_samples,
-                                          args.global_batch_size)
+        decay, warmup, span = args.lr_decay_samples, args.lr_warmup_samples, args.train_samples
     else:
-        decay, warmup, span, increment = args.lr_decay_iters, args.lr_warmup_iters, args.train_iters, 1
+        decay, warmup, span = args.lr_decay_iters * gbs, args.lr_warmup_iters * gbs, args.train_iters * gbs
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * decay
-    return warmup, decay, span, increment
+    return warmup, decay, span, gbs

@@ -12,9 +12,11 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
-from megatron_neobert.model import NeoBERTArch, build_model, get_arch, padded_vocab_size, transformer_config
+from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_vocab_size, swiglu_width,
+                                    transformer_config)
 from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.checkpointing import checkpoint_args
@@ -74,22 +76,40 @@ def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
     return chunk
 
 
-def model_arch(args) -> NeoBERTArch:
+def model_arch(args, tokenizer_vocab_size: Optional[int] = None) -> NeoBERTArch:
     """The preset's shape with the architecture flags that were given applied to it (with
-    --use-checkpoint-args, the checkpoint's shape: `use_checkpoint_args` set `args.checkpoint_arch`)."""
+    --use-checkpoint-args, the checkpoint's shape: `use_checkpoint_args` set `args.checkpoint_arch`).
+
+    As Megatron-LM: the vocabulary is the tokenizer's (`tokenizer_vocab_size`; the preset's when None) unless
+    --vocab-size is given, and --hidden-size
+    without --ffn-hidden-size derives the MLP width, by the presets' own rule (SwiGLU: 2/3 x 4h rounded
+    up to 8, as NeoBERT; Megatron-LM rounds down to 64; GELU: 4h)."""
     overrides = {field: getattr(args, name) for name, field in ARCH_OVERRIDES.items()
                  if getattr(args, name) is not None}
     saved = getattr(args, "checkpoint_arch", None)
-    if saved is not None:
-        return dataclasses.replace(NeoBERTArch(**saved), **overrides)
-    return get_arch(args.model_preset, **overrides)
+    base = NeoBERTArch(**saved) if saved is not None else get_arch(args.model_preset)
+    if tokenizer_vocab_size is not None:
+        overrides.setdefault("vocab_size", tokenizer_vocab_size)
+    if args.hidden_size is not None and args.ffn_hidden_size is None:
+        overrides["ffn_hidden_size"] = derived_ffn_hidden_size(base, args.hidden_size)
+    return dataclasses.replace(base, **overrides)
+
+
+def derived_ffn_hidden_size(arch: NeoBERTArch, hidden_size: int) -> int:
+    return swiglu_width(4 * hidden_size) if arch.activation == "swiglu" else 4 * hidden_size
 
 
 def preset_overrides(args, arch: NeoBERTArch) -> List[str]:
-    """'field preset -> this run' for each size where the model is not the preset's."""
+    """'field preset -> this run (why)' for each size where the model is not the preset's."""
     preset = get_arch(args.model_preset)
-    return [f"{f.name} {getattr(preset, f.name)} -> {getattr(arch, f.name)}" for f in dataclasses.fields(arch)
-            if getattr(preset, f.name) != getattr(arch, f.name)]
+    why = {"vocab_size": "the tokenizer's" if args.vocab_size is None else None,
+           "ffn_hidden_size": "derived from --hidden-size" if args.ffn_hidden_size is None else None}
+    changed = []
+    for f in dataclasses.fields(arch):
+        before, after = getattr(preset, f.name), getattr(arch, f.name)
+        if before != after:
+            changed.append(f"{f.name} {before} -> {after}" + (f" ({why[f.name]})" if why.get(f.name) else ""))
+    return changed
 
 
 def use_checkpoint_args(args, checkpoint: Optional[str], common: Optional[dict]) -> None:
@@ -133,11 +153,11 @@ def set_random_seed(seed: int) -> None:
 
 
 def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
-    """Linear warmup from 0, decay to min-lr, then constant; in iterations, or in samples with
+    """Linear warmup from --lr-warmup-init (0), decay to min-lr, then constant; in iterations, or in samples with
     --train-samples (step it by `schedule_steps(args)[3]` per iteration)."""
     warmup, decay, span, _ = schedule_steps(args)
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=warmup, lr_decay_steps=decay,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=span, wd_incr_style="constant",
@@ -155,18 +175,23 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
                               distributed_timeout_minutes=args.distributed_timeout_minutes)
     set_random_seed(args.seed)
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    recompute = {}
+    optional = {}
     if args.recompute_granularity:
-        recompute = dict(recompute_granularity=args.recompute_granularity)
+        optional = dict(recompute_granularity=args.recompute_granularity)
         if args.recompute_granularity == "full":
-            recompute.update(recompute_method=args.recompute_method,
+            optional.update(recompute_method=args.recompute_method,
                              recompute_num_layers=args.recompute_num_layers)
+    if args.init_method_std is not None:  # megatron-core's normal init (its output layers scaled by depth)
+        optional.update(init_method=None, output_layer_init_method=None, embedding_init_method=None,
+                         init_method_std=args.init_method_std)
     config = transformer_config(
-        arch, tensor_model_parallel_size=args.tensor_model_parallel_size,
+        arch, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+        attention_backend=AttnBackend[args.attention_backend],
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=vpp, sequence_parallel=args.sequence_parallel,
         bf16=args.bf16, fp16=args.fp16, params_dtype=dtype, pipeline_dtype=dtype,
-        fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **recompute)
+        fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **optional)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather, bucket_size=args.ddp_bucket_size,
@@ -181,7 +206,8 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
         min_lr=args.min_lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
         adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16,
         fp16=args.fp16, initial_loss_scale=args.initial_loss_scale, loss_scale=args.loss_scale,
-        params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer), chunks)
+        params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer,
+        log_num_zeros_in_grad=args.log_num_zeros_in_grad), chunks)
     if args.fp16:  # the schedules multiply the loss by the loss scale before the backward pass
         config.grad_scale_func = optimizer.scale_loss
     return config, chunks, optimizer, build_scheduler(args, optimizer)

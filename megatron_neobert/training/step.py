@@ -12,7 +12,10 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
@@ -129,3 +132,11 @@ def grads_are_finite(chunks) -> bool:
     flag = torch.tensor([float(bad)], device=chunks[0].buffers[0].grad_data.device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return not flag.item()
+
+
+def params_norm(chunks) -> float:
+    """The L2 norm of the model's parameters, as Megatron-LM's --log-params-norm: each parameter counted once
+    (not the tensor-parallel copies, not the shared ones twice), summed over the model-parallel ranks."""
+    params = [p.detach().float() for c in chunks for p in c.parameters()
+              if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p)]
+    return get_grad_norm_fp32(params, 2, parallel_state.get_model_parallel_group())

@@ -11,11 +11,13 @@ parsers read them; the project's own figures follow Megatron-LM's fields on the 
  validation loss at iteration 6 | lm loss value: 1.019000E+01 | lm loss PPL: 2.663000E+04 | accuracy: 0.0130 |
 (each line one line; the validation line between two lines of dashes, as Megatron-LM prints it).
 
-TensorBoard / wandb tags are Megatron-LM's, so its dashboards read them: every step "lm loss",
-"learning-rate", "batch-size", "grad-norm", "loss-scale" (--fp16) and their "... vs samples"; every
---log-interval "iteration-time" (seconds per step) and, with --log-throughput, "throughput"
-(TFLOP/s per GPU); each validation "lm loss validation" (and "... vs samples"). The project's own
-figures go under train/, perf/ and validation/.
+TensorBoard / wandb tags are Megatron-LM's, behind its flags, so its dashboards read them: every
+--tensorboard-log-interval steps "learning-rate", "batch-size", "lm loss", "loss-scale" (unless
+--no-log-loss-scale-to-tensorboard), "world-size", "grad-norm", "num-zeros", "params-norm", "mem-*"
+and their "... vs samples"; with --log-timers-to-tensorboard, every --log-interval "iteration-time"
+(seconds per step) and, with --log-throughput, "throughput" (TFLOP/s per GPU); each validation
+"lm loss validation" and "lm loss validation ppl" (and "... vs samples"). The project's own figures
+go under train/, perf/ and validation/.
 """
 
 import math
@@ -58,17 +60,31 @@ class TrainingLog:
     def step(self, record: dict, elapsed: Optional[float], skipped_total: int) -> None:
         """Add a step's record; with `elapsed` (seconds since the window began) report the window."""
         self.window.append(record)
-        it, samples = record["iteration"], record["consumed_samples"]
-        good = not record["skipped"]
-        for name, value in [("lm loss", record["loss"] if good else None), ("learning-rate", record["logged_lr"]),
-                            ("batch-size", self.args.global_batch_size),
-                            ("grad-norm", record["grad_norm"] if good else None),
-                            ("loss-scale", record["loss_scale"])]:
-            self._scalars(it, [(name, value)])
-            self._scalars(samples, [(f"{name} vs samples", value)])
+        if record["iteration"] % self.args.tensorboard_log_interval == 0:
+            self._step_scalars(record)
         if elapsed is not None:
             self._report(elapsed, skipped_total)
             self.window = []
+
+    def _step_scalars(self, record: dict) -> None:
+        """Megatron-LM's per-step tags, each also "... vs samples"; the optional ones behind its flags."""
+        args, good = self.args, not record["skipped"]
+        values = [("learning-rate", record["logged_lr"]), ("batch-size", args.global_batch_size),
+                  ("lm loss", record["loss"] if good else None)]
+        if args.log_loss_scale_to_tensorboard:
+            values.append(("loss-scale", record["loss_scale"] or 1.0))
+        if args.log_world_size_to_tensorboard:
+            values.append(("world-size", torch.distributed.get_world_size()))
+        values += [("grad-norm", record["grad_norm"] if good else None), ("num-zeros", record["num_zeros"]),
+                   ("params-norm", record["params_norm"])]
+        if args.log_memory_to_tensorboard and torch.cuda.is_available():
+            stats = torch.cuda.memory_stats()
+            values += [("mem-reserved-bytes", stats["reserved_bytes.all.current"]),
+                       ("mem-allocated-bytes", stats["allocated_bytes.all.current"]),
+                       ("mem-max-allocated-bytes", stats["allocated_bytes.all.peak"]),
+                       ("mem-allocated-count", stats["allocation.all.current"])]
+        self._scalars(record["iteration"], values)
+        self._scalars(record["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
     def _report(self, elapsed: float, skipped_total: int) -> None:
         args, window = self.args, self.window
@@ -92,6 +108,10 @@ class TrainingLog:
         fields.append(f"loss scale: {last['loss_scale'] or 1.0:.1f}")
         if last["grad_norm"] is not None:
             fields.append(f"grad norm: {last['grad_norm']:.3f}")
+        if last["num_zeros"] is not None:
+            fields.append(f"num zeros: {last['num_zeros']}")
+        if last["params_norm"] is not None:
+            fields.append(f"params norm: {last['params_norm']:.3f}")
         # Both counts are the window's, as Megatron-LM's; the run's total of skipped steps is on TensorBoard.
         fields += [f"number of skipped iterations: {n - len(good):3d}",
                    f"number of nan iterations: {sum(not math.isfinite(r['loss']) for r in window):3d}",
@@ -101,8 +121,9 @@ class TrainingLog:
                    f"time left: {format_duration(per_step * (args.train_iters - it))}"]
         print_rank_0(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{args.train_iters:8d} |"
                      + "".join(f" {field} |" for field in fields))
-        self._scalars(it, [("iteration-time", per_step), ("throughput", tflops if args.log_throughput else None),
-                           ("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
+        if args.log_timers_to_tensorboard:  # as Megatron-LM: both only with this flag
+            self._scalars(it, [("iteration-time", per_step), ("throughput", tflops if args.log_throughput else None)])
+        self._scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
 
@@ -110,9 +131,11 @@ class TrainingLog:
         line = (f" validation loss at iteration {result['iteration']} | lm loss value: {result['loss']:.6E} |"
                 f" lm loss PPL: {math.exp(min(20, result['loss'])):.6E} | accuracy: {result['accuracy']:.4f} |")
         print_rank_0("\n".join(["-" * (len(line) + 1), line, "-" * (len(line) + 1)]))
-        self._scalars(result["iteration"], [("lm loss validation", result["loss"]),
-                                            ("validation/accuracy", result["accuracy"])])
-        self._scalars(result["consumed_samples"], [("lm loss validation vs samples", result["loss"])])
+        values = [("lm loss validation", result["loss"])]
+        if self.args.log_validation_ppl_to_tensorboard:
+            values.append(("lm loss validation ppl", math.exp(min(20, result["loss"]))))
+        self._scalars(result["iteration"], values + [("validation/accuracy", result["accuracy"])])
+        self._scalars(result["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
     def close(self) -> None:
         for writer in self.writers:

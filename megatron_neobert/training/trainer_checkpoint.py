@@ -9,7 +9,8 @@ An iteration folder holds, as one megatron-core distributed checkpoint:
   The faster "dp_reshardable" format only reshards across DP, and "fully_sharded_model_space"
   (the 0.16 default) needs flattened sharded tensors that 0.16's dist_checkpointing rejects.
   The non-distributed optimizers map their state onto the model's sharded tensors, reshardable too;
-- "opt_param_scheduler", "train_state" (iteration, data position, skipped steps), "args" (an
+- "opt_param_scheduler" (counted in samples, as Megatron-LM's), "num_floating_point_operations_so_far",
+  "train_state" (iteration, data position, skipped steps), "args" (an
   argparse.Namespace, see `checkpointing.megatron_lm_args`), "checkpoint_version" 3.0 and
   megatron-core's "content_metadata" naming the optimizer-state format, as Megatron-LM writes them
   (common state, written by rank 0);
@@ -141,9 +142,12 @@ def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: 
 
 
 def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, train_state: dict,
-                    args, keep_last_n: Optional[int] = None, save_optimizer: bool = True) -> str:
+                    args, keep_last_n: Optional[int] = None, save_optimizer: bool = True,
+                    save_rng: bool = True, floating_point_operations: float = 0.0) -> str:
     """Save the training state at `iteration` under `root`; returns the iteration folder.
-    `save_optimizer=False` (--no-save-optim): a resume from it starts a fresh optimizer."""
+    `save_optimizer=False` (--no-save-optim): a resume from it starts a fresh optimizer;
+    `save_rng=False` (--no-save-rng): with new random streams. `floating_point_operations`: the run's
+    training FLOPs so far, saved as Megatron-LM's num_floating_point_operations_so_far."""
     path = iteration_dir(root, iteration)
     rank0 = torch.distributed.get_rank() == 0
     if rank0:
@@ -152,9 +156,10 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
         os.makedirs(path)
     torch.distributed.barrier()
     state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=save_optimizer,
-                        with_rng=True)
-    state.update(args=args, iteration=iteration, train_state=train_state,
-                 opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION)
+                        with_rng=save_rng)
+    state.update(args=args, iteration=iteration, train_state={**train_state, "schedule_in_samples": True},
+                 opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION,
+                 num_floating_point_operations_so_far=floating_point_operations)
     # Data-parallel replicas split the writing instead of DP rank 0 writing everything.
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
@@ -222,13 +227,26 @@ def holds_training_state(common: dict) -> bool:
     return "opt_param_scheduler" in common and "train_state" in common
 
 
+SCHEDULE_STEP_FIELDS = ("num_steps", "lr_warmup_steps", "lr_decay_steps", "wd_incr_steps")
+
+
+def _schedule_in_samples(common: dict) -> dict:
+    """The checkpoint's scheduler state counted in samples, as Megatron-LM's: earlier versions of this trainer
+    counted the schedule of a --train-iters run in iterations."""
+    state, args = common["opt_param_scheduler"], checkpoint_args(common)
+    if common["train_state"].get("schedule_in_samples") or args.get("train_samples") is not None:
+        return state
+    return {**state, **{k: state[k] * args["global_batch_size"] for k in SCHEDULE_STEP_FIELDS}}
+
+
 def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_optimizer: bool = True,
-                    load_rng: bool = True, finetune: bool = False) -> None:
+                    load_rng: bool = True, finetune: bool = False, strict: str = "assume_ok_unexpected") -> None:
     """Load the checkpoint `read_checkpoint` found into the model, optimizer and scheduler.
 
     `finetune`: weights only (required for a checkpoint without training state).
     `load_optimizer=False`: a fresh optimizer state, but the schedule position is kept (it
-    follows the iteration, not the optimizer).
+    follows the iteration, not the optimizer). `strict`: megatron-core's StrictHandling of keys
+    the model and the checkpoint do not share (--dist-ckpt-strictness).
     """
     assert finetune or holds_training_state(common), f"{path} holds no training state: load it with finetune"
     saved_layout = tuple(checkpoint_args(common)[k] for k in ("pipeline_model_parallel_size",
@@ -238,20 +256,23 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     if with_optimizer and saved_format != OPTIMIZER_METADATA["distrib_optim_sharding_type"]:
         raise ValueError(f"{path}: optimizer state in the {saved_format!r} format; this trainer reads "
                          f"{OPTIMIZER_METADATA['distrib_optim_sharding_type']!r} (load with --no-load-optim)")
-    with_rng = load_rng and not finetune and saved_layout == _layout()
-    if load_rng and not finetune and not with_rng:
+    saved_rng = not checkpoint_args(common).get("no_save_rng", False)
+    with_rng = load_rng and not finetune and saved_rng and saved_layout == _layout()
+    if load_rng and not finetune and not saved_rng:
+        logger.info("%s was saved with --no-save-rng: RNG states not restored", path)
+    elif load_rng and not finetune and not with_rng:
         logger.info("checkpoint layout (PP, TP, DP) %s differs from this run's %s: RNG states not "
                     "restored", saved_layout, _layout())
     state = _full_state(chunks, optimizer, scheduler, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
-    loaded = dist_checkpointing.load(state, path)
+    loaded = dist_checkpointing.load(state, path, strict=strict)
     load_model_state(chunks, loaded)
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
     else:
         optimizer.reload_model_params()  # master copies from the loaded weights
     if not finetune:
-        scheduler.load_state_dict(common["opt_param_scheduler"])
+        scheduler.load_state_dict(_schedule_in_samples(common))
     if with_rng:
         _restore_rng(loaded["rng_state"])
     logger.info("loaded %s (iteration %d; optimizer %s)", path, common["iteration"],

@@ -36,8 +36,18 @@ def validate_precision_args(args: argparse.Namespace,
     on_gpu = bool(capability)
     if args.bf16 is None:
         args.bf16 = on_gpu and not args.fp16  # the recipe trains in bf16; fp32 (--no-bf16) is for debugging
+    if args.attention_backend == "local":  # Megatron-LM's: megatron-core's own layers, no TE kernel
+        if args.transformer_impl == "transformer_engine":
+            raise ValueError("--attention-backend local runs megatron-core's local layers: not with "
+                             "--transformer-impl transformer_engine")
+        args.transformer_impl = "local"
     uses_te = args.transformer_impl == "transformer_engine" or (
         args.transformer_impl == "auto" and te and on_gpu)
+    if args.attention_backend in ("flash", "fused", "unfused") and not uses_te:
+        raise ValueError(f"--attention-backend {args.attention_backend} picks a Transformer Engine attention kernel, "
+                         f"and the layers here are megatron-core's local ones (--transformer-impl "
+                         f"{args.transformer_impl}, Transformer Engine {'on a CPU' if te else 'absent'}): use "
+                         f"--attention-backend auto or local")
     if args.transformer_impl == "transformer_engine" and not te:
         raise ValueError("--transformer-impl transformer_engine: Transformer Engine does not import here")
     if uses_te and args.packed and not (args.bf16 or args.fp16):
