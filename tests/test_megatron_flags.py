@@ -1,0 +1,203 @@
+"""Megatron-LM's flags as its BERT users pass them: its example script run unchanged but for the preset, each
+of its flags taken with its meaning or refused in one line, and the meanings that change a run."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.arguments import parse_args
+from pretrain_cases import run_train
+from test_train_log import ITERATION, MEGATRON_FIELDS, VALIDATION
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+VOCAB = os.path.join(SAMPLE_TOKENIZER, "vocab.txt")
+
+
+def bert_example_argv(prefix, root):
+    """Megatron-LM's examples/bert/train_bert_340m_distributed.sh (core_v0.16.1), its sizes cut to a 2-rank
+    CPU run (TP 8 x PP 16 -> TP 2), and nothing else changed but --model-preset."""
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+             "--max-position-embeddings", "64", "--attention-backend", "auto"]
+    training = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "4", "--weight-decay", "1e-2",
+                "--clip-grad", "1.0", "--fp16", "--lr", "0.0001", "--lr-decay-iters", "4", "--lr-decay-style",
+                "linear", "--min-lr", "1.0e-5", "--weight-decay", "1e-2", "--lr-warmup-fraction", ".01",
+                "--clip-grad", "1.0"]
+    parallel = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+    data = ["--data-path", prefix, "--vocab-file", VOCAB, "--split", "949,50,1"]
+    logging = ["--log-interval", "2", "--save-interval", "2", "--eval-interval", "2", "--save", str(root / "ckpt"),
+               "--load", str(root / "ckpt"), "--eval-iters", "1", "--tensorboard-dir", str(root / "tb")]
+    return model + training + parallel + data + logging + ["--model-preset", "neobert-tiny"]
+
+
+def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
+    argv = bert_example_argv(data[0], tmp_path)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "megatron_neobert.pretrain", *argv], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    iterations = [line for line in lines if ITERATION.match(line)]
+    assert [ITERATION.match(line).groups() for line in iterations] == [("2", "4"), ("4", "4")]
+    for line in iterations:  # a Megatron-LM log parser finds every field it looks for
+        for name in MEGATRON_FIELDS:
+            if name in ("lm loss", "num zeros", "params norm"):  # lm loss: absent while fp16 skips every step
+                continue
+            assert re.search(rf" {name}: +[-+.\dE]+ \|", line), (name, line)
+    assert len([line for line in lines if VALIDATION.match(line)]) == 2
+    assert os.path.isfile(tmp_path / "ckpt" / "latest_checkpointed_iteration.txt")
+
+
+def _refusal(argv):
+    with pytest.raises(ValueError) as err:
+        parse_args(argv)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SAMPLE_TOKENIZER, "--train-iters", "10",
+        "--lr-warmup-iters", "1"]
+
+
+@pytest.mark.parametrize("flags, meaning", [
+    (["--attention-backend", "auto"], ("attention_backend", "auto")),
+    (["--attention-backend", "local"], ("transformer_impl", "local")),
+    (["--dataloader-type", "single"], ("dataloader_type", "single")),
+    (["--untie-embeddings-and-output-weights"], ("untie_embeddings_and_output_weights", True)),
+    (["--position-embedding-type", "rope"], ("position_embedding_type", "rope")),
+    (["--normalization", "RMSNorm"], ("normalization", "RMSNorm")),
+    (["--swiglu"], ("swiglu", True)),
+    (["--auto-detect-ckpt-format"], ("auto_detect_ckpt_format", True)),
+    (["--skip-train"], ("skip_train", True)),
+    (["--log-params-norm"], ("log_params_norm", True)),
+    (["--log-num-zeros-in-grad"], ("log_num_zeros_in_grad", True)),
+    (["--timing-log-level", "0"], ("timing_log_level", 0)),
+    (["--tensorboard-log-interval", "5"], ("tensorboard_log_interval", 5)),
+    (["--log-timers-to-tensorboard"], ("log_timers_to_tensorboard", True)),
+    (["--log-validation-ppl-to-tensorboard"], ("log_validation_ppl_to_tensorboard", True)),
+    (["--log-memory-to-tensorboard"], ("log_memory_to_tensorboard", True)),
+    (["--log-world-size-to-tensorboard"], ("log_world_size_to_tensorboard", True)),
+    (["--no-log-loss-scale-to-tensorboard"], ("log_loss_scale_to_tensorboard", False)),
+    (["--mask-prob", "0.15"], ("mask_rate", 0.15)),
+    (["--bert-no-binary-head"], ("bert_no_binary_head", True)),
+    (["--hidden-dropout", "0.1"], ("hidden_dropout", 0.1)),
+    (["--attention-dropout", "0.1"], ("attention_dropout", 0.1)),
+    (["--init-method-std", "0.02"], ("init_method_std", 0.02)),
+    (["--legacy-tokenizer"], ("legacy_tokenizer", True)),
+    (["--distributed-backend", "gloo"], ("distributed_backend", "gloo")),
+    (["--no-save-rng"], ("no_save_rng", True)),
+    (["--use-checkpoint-opt_param-scheduler"], ("use_checkpoint_opt_param_scheduler", True)),
+    (["--pretrained-checkpoint", "pre"], ("pretrained_checkpoint", "pre")),
+    (["--short-seq-prob", "0"], ("short_seq_prob", 0.0)),
+    (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
+    (["--ckpt-fully-parallel-save"], ("ckpt_fully_parallel_save", True)),
+    (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
+])
+def test_megatron_lm_flag_is_taken(flags, meaning):
+    args = parse_args(BASE + flags)
+    assert getattr(args, meaning[0]) == meaning[1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: batch-size ramp-up is not implemented"),
+    (["--dataloader-type", "cyclic"], "--dataloader-type cyclic: only single is implemented"),
+    (["--position-embedding-type", "learned_absolute"],
+     "--position-embedding-type learned_absolute: the neobert-tiny preset has position_embedding_type rope; "
+     "--model-preset ablation-m0 has learned_absolute"),
+    (["--normalization", "LayerNorm"], "--model-preset ablation-m0 has LayerNorm"),
+    (["--timing-log-level", "1"], "--timing-log-level 1: Megatron-LM's per-phase timers are not implemented"),
+    (["--short-seq-prob", "0.1"], "--short-seq-prob 0.1: documents are packed whole"),
+    (["--distributed-backend", "nccl"], "--distributed-backend nccl: this machine runs gloo"),
+    (["--attention-backend", "flash"], "--attention-backend flash picks a Transformer Engine attention kernel"),
+    (["--mask-prob", "0.15", "--mask-rate", "0.2"], "--mask-prob is Megatron-LM's name of --mask-rate"),
+    (["--use-checkpoint-opt_param-scheduler", "--override-opt-param-scheduler"], "exclude each other"),
+])
+def test_megatron_lm_flag_is_refused_in_one_line(flags, message):
+    assert message in _refusal(BASE + flags)
+
+
+def test_swiglu_is_refused_for_a_gelu_preset():
+    message = _refusal(["--mock-data", "--model-preset", "ablation-m0", "--swiglu"])
+    assert message.startswith("--swiglu: the ablation-m0 preset has activation gelu; --model-preset neobert-250m")
+
+
+def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers():
+    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.model_setup import model_arch
+
+    args = parse_args(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64", "--vocab-file", VOCAB])
+    assert args.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
+    arch = model_arch(args, tokenizer_vocab_size=5000)
+    assert (arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size) == (64, 176, 5000)
+    overridden = startup_notes(args, arch)[-1]
+    assert "ffn_hidden_size 344 -> 176 (derived from --hidden-size)" in overridden
+    assert "vocab_size 8192 -> 5000 (the tokenizer's)" in overridden
+    given = parse_args(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"])
+    assert (model_arch(given, 5000).ffn_hidden_size, model_arch(given, 5000).vocab_size) == (100, 9000)
+
+
+def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
+    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.model_setup import model_arch
+
+    args = parse_args(BASE + ["--sequence-parallel"])
+    assert not args.sequence_parallel
+    assert "disabling sequence parallelism because tensor model parallelism is disabled" in startup_notes(
+        args, model_arch(args))[-1]
+
+
+def _model(argv):
+    from megatron_neobert.model import transformer_config  # noqa: F401 (megatron-core on CPU)
+    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer, unwrap
+
+    args = parse_args(BASE + argv)
+    _, chunks, _, _ = setup_model_and_optimizer(args, model_arch(args), 8192)
+    return unwrap(chunks[0])
+
+
+def test_dropout_and_init_std_reach_the_model(single_rank):
+    """Megatron-LM's --hidden-dropout and --init-method-std change the model; the recipe has neither."""
+    tokens = torch.randint(5, 8192, (2, 16))
+    for dropout, differs in ((0.0, False), (0.3, True)):
+        model = _model(["--hidden-dropout", str(dropout), "--seed", "3"]).train()
+        first, second = model(tokens), model(tokens)
+        assert (not torch.equal(first, second)) == differs
+    recipe = _model(["--seed", "3"]).embedding.word_embeddings.weight.detach()
+    normal = _model(["--init-method-std", "0.05", "--seed", "3"]).embedding.word_embeddings.weight.detach()
+    assert recipe.abs().max() <= 0.02 and recipe.std() == pytest.approx(0.02 / 3**0.5, rel=0.05)  # uniform(-r, r)
+    assert normal.std() == pytest.approx(0.05, rel=0.05) and normal.abs().max() > 0.15
+
+
+def _short_run(prefix, cache, root, *extra):
+    return ["--model-preset", "neobert-tiny", "--num-layers", "2", "--data-path", prefix, "--data-cache-path", cache,
+            "--tokenizer-model", SAMPLE_TOKENIZER, "--seq-length", "64", "--micro-batch-size", "2",
+            "--global-batch-size", "4", "--lr", "3e-3", "--lr-warmup-iters", "0", "--log-interval", "1",
+            "--eval-interval", "2", "--eval-iters", "1", "--num-workers", "0", "--save", str(root), *extra]
+
+
+def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
+    prefix, cache = data
+    pre = tmp_path / "pre"
+    first = run_on_ranks(run_train, 1, _short_run(prefix, cache, pre, "--train-iters", "2", "--no-save-rng"))[0]
+    assert first["iteration"] == 2
+    # --skip-train: one validation of the loaded weights, no step, nothing saved.
+    skipped = run_on_ranks(run_train, 1, _short_run(prefix, cache, tmp_path / "skip", "--train-iters", "4",
+                                                    "--load", str(pre), "--skip-train"))[0]
+    assert (skipped["exit"], skipped["train"], len(skipped["eval"])) == ("skip-train", [], 1)
+    assert skipped["iteration"] == 2
+    # --pretrained-checkpoint: an empty --load starts from its weights at iteration 0, as --finetune.
+    fine = tmp_path / "fine"
+    tuned = run_on_ranks(run_train, 1, _short_run(prefix, cache, fine, "--train-iters", "2", "--load", str(fine),
+                                                  "--pretrained-checkpoint", str(pre)))[0]
+    scratch = run_on_ranks(run_train, 1, _short_run(prefix, cache, tmp_path / "scratch", "--train-iters", "2"))[0]
+    assert [r["iteration"] for r in tuned["train"]] == [1, 2]
+    # The same first batch (a fine-tune reads from the data's start): the scratch run's first loss is that of
+    # the initial weights, as the pre-training's was; the pre-trained weights do better on it.
+    assert scratch["train"][0]["loss"] == first["train"][0]["loss"]
+    assert tuned["train"][0]["loss"] < scratch["train"][0]["loss"]
