@@ -193,7 +193,11 @@ def _shard_prefixes(shard_dir: str, index: int, path: str, keys: Sequence[str]) 
 
 
 def shards_of(shard_dir: str, key: str) -> List[str]:
-    """The shard prefixes of ``key`` listed by a run's manifest, once all are complete."""
+    """The shard prefixes of ``key`` listed by a run's manifest, in ``shard_dir``, once all are
+    complete. The manifest names shards relative to its folder, so a folder merges wherever the
+    merge runs and wherever it was moved or copied to. A manifest without ``version`` (older
+    runs) holds the paths the preprocessing command was given: each is taken by its name in
+    ``shard_dir``, never from where it points, and refused when that shard is not complete there."""
     path = os.path.join(shard_dir, MANIFEST)
     if not os.path.isfile(path):
         raise ValueError(f"{shard_dir} has no {MANIFEST}: not a preprocess_data.py shard folder")
@@ -201,7 +205,21 @@ def shards_of(shard_dir: str, key: str) -> List[str]:
         manifest = json.load(f)
     if key not in manifest["keys"]:
         raise ValueError(f"{shard_dir} holds shards of {manifest['keys']}, not of {key!r}")
-    prefixes = [shard[manifest["keys"].index(key)] for shard in manifest["shards"]]
+    entries = [shard[manifest["keys"].index(key)] for shard in manifest["shards"]]
+    if "version" not in manifest:
+        prefixes = [os.path.join(shard_dir, os.path.basename(os.path.normpath(e))) for e in entries]
+        for entry, prefix in zip(entries, prefixes):
+            if read_record(prefix) is None:
+                raise ValueError(
+                    f"{path} (an older version's, with paths as given) lists {entry!r}, not "
+                    f"complete in {shard_dir}: run preprocess_data.py again with --shard-dir "
+                    f"{shard_dir} to rewrite it (complete shards are skipped)")
+        return prefixes
+    for entry in entries:
+        if entry in ("", ".", "..") or os.path.basename(entry) != entry:
+            raise ValueError(f"{path} lists {entry!r}, outside its folder: a shard manifest names "
+                             f"only files of its own folder")
+    prefixes = [os.path.join(shard_dir, entry) for entry in entries]
     missing = [p for p in prefixes if read_record(p) is None]
     if missing:
         raise ValueError(f"{len(missing)} of {len(prefixes)} shards are not complete yet (e.g. "
@@ -340,9 +358,11 @@ def preprocess_data(
     shards = [(path, _shard_prefixes(shard_dir, i, path, json_keys),
                {**base, "input": _input_identity(path) if os.path.isfile(path) else path})
               for i, path in enumerate(files)]
-    # Every rank writes the same list: the merge refuses to run while a shard is missing.
+    # Every rank writes the same list, names in the folder whatever the working directory: the
+    # merge refuses to run while a shard is missing.
     write_json_atomic(os.path.join(shard_dir, MANIFEST), {
-        "keys": json_keys, "shards": [list(prefixes.values()) for _, prefixes, _ in shards]})
+        "version": 2, "keys": json_keys,
+        "shards": [[os.path.basename(p) for p in prefixes.values()] for _, prefixes, _ in shards]})
     stats = PreprocessStats()
     todo = []
     for i, (path, prefixes, record) in enumerate(shards):

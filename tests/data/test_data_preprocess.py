@@ -9,6 +9,7 @@ import numpy
 import pytest
 from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, write_jsonl
 
+from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.indexed import IndexedDataError, check_indexed
 from megatron_neobert.data.preprocess import preprocess_data
@@ -224,6 +225,49 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
     _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
     assert merge(["--shard-dir", shards, "--output-prefix", out]) == 0
     assert file_bytes(out) == file_bytes(reference.outputs["content"])
+
+
+def test_a_shard_folder_merges_from_anywhere_moved_or_copied(corpus_slice, tmp_path, monkeypatch,
+                                                             capsys):
+    import shutil
+
+    from tools.merge_datasets import main as merge
+    src = _three_files(corpus_slice, tmp_path / "src")
+    reference = file_bytes(_run([src], str(tmp_path / "reference")).outputs["content"])
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")  # ranks given relative paths, as a job array's are
+    for rank in (0, 1):
+        _run([src], "B/B", rank=rank, world_size=2)
+    monkeypatch.chdir(tmp_path)
+    shards = str(tmp_path / "job" / "B" / "B_shards")
+    assert merge(["--shard-dir", shards, "--output-prefix", "here"]) == 0
+    assert file_bytes(str(tmp_path / "here")) == reference
+    moved = str(tmp_path / "moved_shards")
+    shutil.move(shards, moved)
+    assert merge(["--shard-dir", moved, "--output-prefix", "moved"]) == 0
+    assert file_bytes(str(tmp_path / "moved")) == reference
+    copy = str(tmp_path / "copy_shards")
+    shutil.copytree(moved, copy)
+    os.remove(os.path.join(moved, "000001-part1.jsonl_content.bin"))  # the copy never reads it
+    assert merge(["--shard-dir", copy, "--output-prefix", "copy"]) == 0
+    assert file_bytes(str(tmp_path / "copy")) == reference
+
+    manifest = os.path.join(copy, "manifest.json")
+    with open(manifest) as f:
+        listed = json.load(f)
+    outside = "../moved_shards/000000-part0.jsonl_content"
+    write_json_atomic(manifest, {**listed, "shards": [[outside]] + listed["shards"][1:]})
+    assert merge(["--shard-dir", copy, "--output-prefix", "outside"]) == 1
+    assert capsys.readouterr().err == (f"error: {manifest} lists {outside!r}, outside its folder: "
+                                       "a shard manifest names only files of its own folder\n")
+    # An older version's manifest: the paths the ranks were given, taken by name in the folder.
+    write_json_atomic(manifest, {"keys": ["content"], "shards": [
+        [f"B/B_shards/{shard[0]}"] for shard in listed["shards"]]})
+    assert merge(["--shard-dir", copy, "--output-prefix", "older"]) == 0
+    assert file_bytes(str(tmp_path / "older")) == reference
+    os.remove(os.path.join(copy, "000002-part2.jsonl_content.tokenizer.json"))
+    assert merge(["--shard-dir", copy, "--output-prefix", "older"]) == 1
+    assert "lists 'B/B_shards/000002-part2.jsonl_content', not complete in" in capsys.readouterr().err
 
 
 def test_an_empty_input_never_replaces_a_dataset(corpus_slice, tmp_path):
