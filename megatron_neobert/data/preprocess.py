@@ -32,6 +32,7 @@ import logging
 import multiprocessing
 import os
 import re
+import shlex
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -393,15 +394,21 @@ def preprocess_data(
         raise
     finally:
         stats.seconds = time.perf_counter() - start
+    datasets = {key: f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
+                for key in json_keys}
     if world_size > 1:
         stats.outputs = {key: shard_dir for key in json_keys}
-        logger.info("rank %d of %d: %s; merge the shards once every rank is done: "
-                    "python tools/merge_datasets.py --shard-dir %s --output-prefix %s",
-                    rank, world_size, stats.summary(), shard_dir, output_prefix)
+        # The merge tool writes the prefix it is given, as Megatron-LM's does: give it the names
+        # a single-rank run writes.
+        merges = "; ".join(shlex.join(["python", "tools/merge_datasets.py", "--shard-dir", shard_dir,
+                                       "--json-key", key, "--output-prefix", dataset])
+                           for key, dataset in datasets.items())
+        logger.info("rank %d of %d: %s; merge the shards once every rank is done: %s",
+                    rank, world_size, stats.summary(), merges)
         return stats
-    for key in json_keys:
-        stats.outputs[key] = f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
-        merge_datasets([prefixes[key] for _, prefixes, _ in shards], stats.outputs[key])
+    stats.outputs = datasets
+    for key, dataset in datasets.items():
+        merge_datasets([prefixes[key] for _, prefixes, _ in shards], dataset)
     for _, prefixes, _ in shards:
         for prefix in prefixes.values():
             for path in (prefix + ".bin", get_idx_path(prefix), record_path(prefix)):

@@ -212,7 +212,9 @@ def test_a_killed_run_resumes_from_its_complete_shards(corpus_slice, tmp_path, m
     assert file_bytes(resumed.outputs["content"]) == file_bytes(reference.outputs["content"])
 
 
-def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path, capsys):
+def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path, capsys, caplog):
+    import shlex
+
     from tools.merge_datasets import main as merge
     src = _three_files(corpus_slice, tmp_path / "src")
     reference = _run([src], str(tmp_path / "reference"))
@@ -222,9 +224,18 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
     out = str(tmp_path / "merged")
     assert merge(["--shard-dir", shards, "--output-prefix", out]) == 1  # rank 0 not done yet
     assert "2 of 3 shards are not complete" in capsys.readouterr().err
-    _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
-    assert merge(["--shard-dir", shards, "--output-prefix", out]) == 0
-    assert file_bytes(out) == file_bytes(reference.outputs["content"])
+    with caplog.at_level("INFO"):
+        _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    hint = re.search(r"merge the shards once every rank is done: (.*)", caplog.text).group(1)
+    command = shlex.split(hint)
+    assert command[:2] == ["python", "tools/merge_datasets.py"] and ";" not in hint
+    assert merge(command[2:]) == 0
+    # The names a single-rank run writes and docs/data.md gives, with the same bytes.
+    assert listing(tmp_path) == ["reference_content_document.bin", "reference_content_document.idx",
+                                 "reference_content_document.tokenizer.json", "rw_content_document.bin",
+                                 "rw_content_document.idx", "rw_content_document.tokenizer.json",
+                                 "rw_shards", "src"]
+    assert file_bytes(str(tmp_path / "rw_content_document")) == file_bytes(reference.outputs["content"])
 
 
 def test_a_shard_folder_merges_from_anywhere_moved_or_copied(corpus_slice, tmp_path, monkeypatch,
