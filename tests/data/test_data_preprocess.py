@@ -238,6 +238,44 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
     assert file_bytes(str(tmp_path / "rw_content_document")) == file_bytes(reference.outputs["content"])
 
 
+def test_an_input_edited_with_its_size_and_time_kept_is_tokenized_again(corpus_slice, tmp_path,
+                                                                       caplog):
+    from megatron_neobert.data.merge import merge_datasets
+    from megatron_neobert.data.preprocess import shards_of
+    src = _three_files(corpus_slice, tmp_path / "src")
+    before = file_bytes(_run([src], str(tmp_path / "before")).outputs["content"])
+    for rank in (0, 1):
+        _run([src], str(tmp_path / "rw"), rank=rank, world_size=2)
+    part0 = os.path.join(src, "part0.jsonl")
+    data, st = open(part0, "rb").read(), os.stat(part0)
+    at = data.index(b" the ", len(data) // 2)  # mid-file: neither the first nor the last block
+    with open(part0, "r+b") as f:
+        f.seek(at)
+        f.write(b" thy ")
+    os.utime(part0, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(part0).st_size, os.stat(part0).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    after = file_bytes(_run([src], str(tmp_path / "after")).outputs["content"])
+    assert after != before
+    with caplog.at_level("WARNING"):
+        rank0 = _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    assert rank0.shards_done_before == 1 and rank0.documents == 40  # part2 kept, part0 redone
+    assert caplog.messages == [f"{part0}: same size and modification time as its shard's input, "
+                               "other content: tokenizing it again"]
+    merge_datasets(shards_of(str(tmp_path / "rw_shards"), "content"), str(tmp_path / "merged"))
+    assert file_bytes(str(tmp_path / "merged")) == after
+
+    record = str(tmp_path / "rw_shards" / "000002-part2.jsonl_content.tokenizer.json")
+    with open(record) as f:
+        older = {k: v for k, v in json.load(f).items() if k != "input_sha256"}
+    write_json_atomic(record, older)  # as an older version wrote it: nothing proves its content
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        rank0 = _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    assert rank0.shards_done_before == 1 and rank0.documents == 49  # part0 kept, part2 redone
+    assert caplog.messages == [f"{os.path.join(src, 'part2.jsonl')}: its shard records no content "
+                               "fingerprint (an older version wrote it): tokenizing it again"]
+
+
 def test_a_shard_folder_merges_from_anywhere_moved_or_copied(corpus_slice, tmp_path, monkeypatch,
                                                              capsys):
     import shutil
