@@ -1,7 +1,8 @@
 """Merge megatron-core .bin/.idx datasets (e.g. the shards of tools/preprocess_data.py run on
 several nodes) into one, in order, with megatron-core's IndexedDatasetBuilder.add_index.
 
-    python tools/merge_datasets.py --shard-dir data/rw_shards --output-prefix data/rw_content_document
+    python tools/merge_datasets.py --shard-dir data/rw_shards --json-key content \
+        --output-prefix data/rw_content_document
     python tools/merge_datasets.py --input data/a_content_document data/b_content_document \
         --output-prefix data/ab_content_document
 
@@ -23,7 +24,9 @@ def main(argv=None) -> int:
     source.add_argument("--input", nargs="+", help="dataset prefixes, merged in this order")
     source.add_argument("--shard-dir", help="a folder of preprocess_data.py shards")
     parser.add_argument("--json-key", default="content", help="the key of the shards to merge")
-    parser.add_argument("--output-prefix", required=True, help="writes {prefix}.bin / .idx")
+    parser.add_argument("--output-prefix", required=True,
+                        help="writes {prefix}.bin / .idx, as Megatron-LM's merge_datasets.py: "
+                             "give the dataset's whole name, e.g. data/rw_content_document")
     args = parser.parse_args(argv)
     from megatron_neobert.data.merge import merge_datasets
     from megatron_neobert.data.preprocess import shards_of

@@ -19,8 +19,9 @@ Across nodes, each rank takes every world_size-th file and writes shards only; m
     # torchrun (rank/world size from RANK / WORLD_SIZE)
     torchrun --nnodes 8 --nproc-per-node 1 ... tools/preprocess_data.py --input 'rw/*.parquet' \
         --output-prefix data/rw --workers 32
-    # then, once:
-    python tools/merge_datasets.py --shard-dir data/rw_shards --output-prefix data/rw_content_document
+    # then, once per key (each rank prints these commands):
+    python tools/merge_datasets.py --shard-dir data/rw_shards --json-key content \
+        --output-prefix data/rw_content_document
 """
 
 import logging

@@ -13,7 +13,8 @@ split into sentences by NLTK punkt, each sentence is tokenized on its own and is
 sentence, and the output is ``{output_prefix}_{key}_sentence``.
 
 Each input file becomes one *shard* per key in ``{output_prefix}_shards/`` (written under
-``.partial`` names, checked, renamed, then marked complete by its record), so a killed job
+``.partial`` names, checked, renamed, then marked complete by its record, reused only while
+its input has the same path, size, modification time and SHA-256), so a killed job
 resumes where it stopped, and several nodes can share the files (``rank``/``world_size``: file i
 goes to rank ``i % world_size``). With one rank the shards are merged into the output pair and
 removed; with several, ``tools/merge_datasets.py`` merges them once every rank is done. An input
@@ -26,14 +27,16 @@ partitions.
 """
 
 import collections
+import hashlib
 import itertools
 import json
 import logging
 import multiprocessing
 import os
 import re
+import shlex
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -187,13 +190,25 @@ def _input_identity(path: str) -> Dict:
     return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def file_fingerprint(path: str) -> str:
+    """The SHA-256 of a whole file: an edit that keeps its size and modification time changes it
+    wherever it is. 1.6 GB per CPU-second with the CPU's SHA instructions (BLAKE2b: 0.95), a small
+    share of tokenizing the same bytes (docs/data.md); hashlib releases the GIL while hashing."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _shard_prefixes(shard_dir: str, index: int, path: str, keys: Sequence[str]) -> Dict[str, str]:
     name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(os.path.normpath(path)))
     return {key: os.path.join(shard_dir, f"{index:06d}-{name}_{key}") for key in keys}
 
 
 def shards_of(shard_dir: str, key: str) -> List[str]:
-    """The shard prefixes of ``key`` listed by a run's manifest, once all are complete."""
+    """The shard prefixes of ``key`` listed by a run's manifest, in ``shard_dir``, once all are
+    complete. The manifest names shards relative to its folder, so a folder merges wherever the
+    merge runs and wherever it was moved or copied to. A manifest without ``version`` (older
+    runs) holds the paths the preprocessing command was given: each is taken by its name in
+    ``shard_dir``, never from where it points, and refused when that shard is not complete there."""
     path = os.path.join(shard_dir, MANIFEST)
     if not os.path.isfile(path):
         raise ValueError(f"{shard_dir} has no {MANIFEST}: not a preprocess_data.py shard folder")
@@ -201,7 +216,21 @@ def shards_of(shard_dir: str, key: str) -> List[str]:
         manifest = json.load(f)
     if key not in manifest["keys"]:
         raise ValueError(f"{shard_dir} holds shards of {manifest['keys']}, not of {key!r}")
-    prefixes = [shard[manifest["keys"].index(key)] for shard in manifest["shards"]]
+    entries = [shard[manifest["keys"].index(key)] for shard in manifest["shards"]]
+    if "version" not in manifest:
+        prefixes = [os.path.join(shard_dir, os.path.basename(os.path.normpath(e))) for e in entries]
+        for entry, prefix in zip(entries, prefixes):
+            if read_record(prefix) is None:
+                raise ValueError(
+                    f"{path} (an older version's, with paths as given) lists {entry!r}, not "
+                    f"complete in {shard_dir}: run preprocess_data.py again with --shard-dir "
+                    f"{shard_dir} to rewrite it (complete shards are skipped)")
+        return prefixes
+    for entry in entries:
+        if entry in ("", ".", "..") or os.path.basename(entry) != entry:
+            raise ValueError(f"{path} lists {entry!r}, outside its folder: a shard manifest names "
+                             f"only files of its own folder")
+    prefixes = [os.path.join(shard_dir, entry) for entry in entries]
     missing = [p for p in prefixes if read_record(p) is None]
     if missing:
         raise ValueError(f"{len(missing)} of {len(prefixes)} shards are not complete yet (e.g. "
@@ -209,7 +238,7 @@ def shards_of(shard_dir: str, key: str) -> List[str]:
     return prefixes
 
 
-def _shard_is_complete(prefixes: Dict[str, str], record: Dict) -> bool:
+def _shard_is_complete(path: str, prefixes: Dict[str, str], record: Dict) -> bool:
     for prefix in prefixes.values():
         found = read_record(prefix)
         if found is None or {k: found.get(k) for k in record} != record:
@@ -217,6 +246,13 @@ def _shard_is_complete(prefixes: Dict[str, str], record: Dict) -> bool:
         try:
             check_indexed(prefix)
         except ValueError:
+            return False
+    if isinstance(record["input"], dict):  # a file of the same path, size and time: its content?
+        recorded = found.get("input_sha256")
+        if recorded != file_fingerprint(path):
+            logger.warning("%s: %s: tokenizing it again", path, "its shard records no content "
+                           "fingerprint (an older version wrote it)" if recorded is None else
+                           "same size and modification time as its shard's input, other content")
             return False
     return True
 
@@ -233,6 +269,11 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
     pool = (multiprocessing.get_context("fork").Pool(
         s.workers, initializer=_init_worker, initargs=(s.tokenizer, s.splitter))
         if s.workers > 1 else None)
+    # Hashed on a thread while the file is tokenized (started after the fork): a separate pass
+    # before tokenizing would add its reading time to the shard's.
+    hasher = ThreadPoolExecutor(1)
+    fingerprint = (hasher.submit(file_fingerprint, path) if isinstance(record["input"], dict)
+                   else None)
 
     def write(wheres, encoded: List[EncodedChunk]):
         for key, chunk in zip(s.json_keys, encoded):
@@ -271,12 +312,14 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
             builders[key].finalize(partial_paths(prefixes[key])[1])
         for key in s.json_keys:
             publish(prefixes[key], {**record, "max_token_id": max_id[key],
-                                    "documents": stats.documents})
+                                    "documents": stats.documents,
+                                    "input_sha256": fingerprint.result() if fingerprint else None})
     except BaseException:
         for prefix in prefixes.values():
             discard_partial(prefix)
         raise
     finally:
+        hasher.shutdown(cancel_futures=True)
         if pool is not None:
             pool.terminate()
             pool.join()
@@ -340,18 +383,18 @@ def preprocess_data(
     shards = [(path, _shard_prefixes(shard_dir, i, path, json_keys),
                {**base, "input": _input_identity(path) if os.path.isfile(path) else path})
               for i, path in enumerate(files)]
-    # Every rank writes the same list: the merge refuses to run while a shard is missing.
+    # Every rank writes the same list, names in the folder whatever the working directory: the
+    # merge refuses to run while a shard is missing.
     write_json_atomic(os.path.join(shard_dir, MANIFEST), {
-        "keys": json_keys, "shards": [list(prefixes.values()) for _, prefixes, _ in shards]})
+        "version": 2, "keys": json_keys,
+        "shards": [[os.path.basename(p) for p in prefixes.values()] for _, prefixes, _ in shards]})
     stats = PreprocessStats()
-    todo = []
-    for i, (path, prefixes, record) in enumerate(shards):
-        if i % world_size != rank:
-            continue
-        if _shard_is_complete(prefixes, record):
-            stats.shards_done_before += 1
-        else:
-            todo.append((path, prefixes, record))
+    mine = shards[rank::world_size]
+    # Checking a complete shard hashes its input again: on threads, as hashing releases the GIL.
+    with ThreadPoolExecutor(workers) as checker:
+        complete = list(checker.map(lambda shard: _shard_is_complete(*shard), mine))
+    todo = [shard for shard, done in zip(mine, complete) if not done]
+    stats.shards_done_before = len(mine) - len(todo)
     start = time.perf_counter()
     try:
         if partitions == 1:
@@ -373,15 +416,21 @@ def preprocess_data(
         raise
     finally:
         stats.seconds = time.perf_counter() - start
+    datasets = {key: f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
+                for key in json_keys}
     if world_size > 1:
         stats.outputs = {key: shard_dir for key in json_keys}
-        logger.info("rank %d of %d: %s; merge the shards once every rank is done: "
-                    "python tools/merge_datasets.py --shard-dir %s --output-prefix %s",
-                    rank, world_size, stats.summary(), shard_dir, output_prefix)
+        # The merge tool writes the prefix it is given, as Megatron-LM's does: give it the names
+        # a single-rank run writes.
+        merges = "; ".join(shlex.join(["python", "tools/merge_datasets.py", "--shard-dir",
+                                       shard_dir, "--json-key", key, "--output-prefix", dataset])
+                           for key, dataset in datasets.items())
+        logger.info("rank %d of %d: %s; merge the shards once every rank is done: %s",
+                    rank, world_size, stats.summary(), merges)
         return stats
-    for key in json_keys:
-        stats.outputs[key] = f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
-        merge_datasets([prefixes[key] for _, prefixes, _ in shards], stats.outputs[key])
+    stats.outputs = datasets
+    for key, dataset in datasets.items():
+        merge_datasets([prefixes[key] for _, prefixes, _ in shards], dataset)
     for _, prefixes, _ in shards:
         for prefix in prefixes.values():
             for path in (prefix + ".bin", get_idx_path(prefix), record_path(prefix)):

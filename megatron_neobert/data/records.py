@@ -4,7 +4,8 @@ It names the tokenizer the tokens came from, its vocabulary size, the largest to
 and whether an end-of-document token ends each document (``--append-eod``), so the trainer can
 refuse data made for another vocabulary before training starts and the MLM dataset can drop the
 EOD instead of doubling it with its own [SEP]. Shards also record the input file they came from
-(size and modification time): the record is written last and marks the shard complete.
+(path, size, modification time, and the SHA-256 of its bytes as ``input_sha256``): the record is
+written last and marks the shard complete.
 
 Datasets written by other tools (Megatron-LM) have no record; checks that need it are skipped
 with a warning.

@@ -9,6 +9,7 @@ import numpy
 import pytest
 from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, write_jsonl
 
+from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.indexed import IndexedDataError, check_indexed
 from megatron_neobert.data.preprocess import preprocess_data
@@ -211,7 +212,9 @@ def test_a_killed_run_resumes_from_its_complete_shards(corpus_slice, tmp_path, m
     assert file_bytes(resumed.outputs["content"]) == file_bytes(reference.outputs["content"])
 
 
-def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path, capsys):
+def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path, capsys, caplog):
+    import shlex
+
     from tools.merge_datasets import main as merge
     src = _three_files(corpus_slice, tmp_path / "src")
     reference = _run([src], str(tmp_path / "reference"))
@@ -221,9 +224,99 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
     out = str(tmp_path / "merged")
     assert merge(["--shard-dir", shards, "--output-prefix", out]) == 1  # rank 0 not done yet
     assert "2 of 3 shards are not complete" in capsys.readouterr().err
-    _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
-    assert merge(["--shard-dir", shards, "--output-prefix", out]) == 0
-    assert file_bytes(out) == file_bytes(reference.outputs["content"])
+    with caplog.at_level("INFO"):
+        _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    hint = re.search(r"merge the shards once every rank is done: (.*)", caplog.text).group(1)
+    command = shlex.split(hint)
+    assert command[:2] == ["python", "tools/merge_datasets.py"] and ";" not in hint
+    assert merge(command[2:]) == 0
+    # The names a single-rank run writes and docs/data.md gives, with the same bytes.
+    assert listing(tmp_path) == ["reference_content_document.bin", "reference_content_document.idx",
+                                 "reference_content_document.tokenizer.json", "rw_content_document.bin",
+                                 "rw_content_document.idx", "rw_content_document.tokenizer.json",
+                                 "rw_shards", "src"]
+    assert file_bytes(str(tmp_path / "rw_content_document")) == file_bytes(reference.outputs["content"])
+
+
+def test_an_input_edited_with_its_size_and_time_kept_is_tokenized_again(corpus_slice, tmp_path,
+                                                                       caplog):
+    from megatron_neobert.data.merge import merge_datasets
+    from megatron_neobert.data.preprocess import shards_of
+    src = _three_files(corpus_slice, tmp_path / "src")
+    before = file_bytes(_run([src], str(tmp_path / "before")).outputs["content"])
+    for rank in (0, 1):
+        _run([src], str(tmp_path / "rw"), rank=rank, world_size=2)
+    part0 = os.path.join(src, "part0.jsonl")
+    data, st = open(part0, "rb").read(), os.stat(part0)
+    at = data.index(b" the ", len(data) // 2)  # mid-file: neither the first nor the last block
+    with open(part0, "r+b") as f:
+        f.seek(at)
+        f.write(b" thy ")
+    os.utime(part0, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(part0).st_size, os.stat(part0).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    after = file_bytes(_run([src], str(tmp_path / "after")).outputs["content"])
+    assert after != before
+    with caplog.at_level("WARNING"):
+        rank0 = _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    assert rank0.shards_done_before == 1 and rank0.documents == 40  # part2 kept, part0 redone
+    assert caplog.messages == [f"{part0}: same size and modification time as its shard's input, "
+                               "other content: tokenizing it again"]
+    merge_datasets(shards_of(str(tmp_path / "rw_shards"), "content"), str(tmp_path / "merged"))
+    assert file_bytes(str(tmp_path / "merged")) == after
+
+    record = str(tmp_path / "rw_shards" / "000002-part2.jsonl_content.tokenizer.json")
+    with open(record) as f:
+        older = {k: v for k, v in json.load(f).items() if k != "input_sha256"}
+    write_json_atomic(record, older)  # as an older version wrote it: nothing proves its content
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        rank0 = _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
+    assert rank0.shards_done_before == 1 and rank0.documents == 49  # part0 kept, part2 redone
+    assert caplog.messages == [f"{os.path.join(src, 'part2.jsonl')}: its shard records no content "
+                               "fingerprint (an older version wrote it): tokenizing it again"]
+
+
+def test_a_shard_folder_merges_from_anywhere_moved_or_copied(corpus_slice, tmp_path, monkeypatch,
+                                                             capsys):
+    import shutil
+
+    from tools.merge_datasets import main as merge
+    src = _three_files(corpus_slice, tmp_path / "src")
+    reference = file_bytes(_run([src], str(tmp_path / "reference")).outputs["content"])
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")  # ranks given relative paths, as a job array's are
+    for rank in (0, 1):
+        _run([src], "B/B", rank=rank, world_size=2)
+    monkeypatch.chdir(tmp_path)
+    shards = str(tmp_path / "job" / "B" / "B_shards")
+    assert merge(["--shard-dir", shards, "--output-prefix", "here"]) == 0
+    assert file_bytes(str(tmp_path / "here")) == reference
+    moved = str(tmp_path / "moved_shards")
+    shutil.move(shards, moved)
+    assert merge(["--shard-dir", moved, "--output-prefix", "moved"]) == 0
+    assert file_bytes(str(tmp_path / "moved")) == reference
+    copy = str(tmp_path / "copy_shards")
+    shutil.copytree(moved, copy)
+    os.remove(os.path.join(moved, "000001-part1.jsonl_content.bin"))  # the copy never reads it
+    assert merge(["--shard-dir", copy, "--output-prefix", "copy"]) == 0
+    assert file_bytes(str(tmp_path / "copy")) == reference
+
+    manifest = os.path.join(copy, "manifest.json")
+    with open(manifest) as f:
+        listed = json.load(f)
+    outside = "../moved_shards/000000-part0.jsonl_content"
+    write_json_atomic(manifest, {**listed, "shards": [[outside]] + listed["shards"][1:]})
+    assert merge(["--shard-dir", copy, "--output-prefix", "outside"]) == 1
+    assert capsys.readouterr().err == (f"error: {manifest} lists {outside!r}, outside its folder: "
+                                       "a shard manifest names only files of its own folder\n")
+    # An older version's manifest: the paths the ranks were given, taken by name in the folder.
+    write_json_atomic(manifest, {"keys": ["content"], "shards": [
+        [f"B/B_shards/{shard[0]}"] for shard in listed["shards"]]})
+    assert merge(["--shard-dir", copy, "--output-prefix", "older"]) == 0
+    assert file_bytes(str(tmp_path / "older")) == reference
+    os.remove(os.path.join(copy, "000002-part2.jsonl_content.tokenizer.json"))
+    assert merge(["--shard-dir", copy, "--output-prefix", "older"]) == 1
+    assert "lists 'B/B_shards/000002-part2.jsonl_content', not complete in" in capsys.readouterr().err
 
 
 def test_an_empty_input_never_replaces_a_dataset(corpus_slice, tmp_path):
