@@ -29,7 +29,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--once", action="store_true", help="evaluate what is there and exit")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between looks at the run")
-    p.add_argument("--output", default=None, help="downstream.jsonl and downstream.png go here (default: RUN/downstream)")
+    p.add_argument("--output", default=None,
+                   help="downstream.jsonl and downstream.png go here (default: RUN/downstream)")
     p.add_argument("--tensorboard-dir", default=None,
                    help="where the scores' events go (default: the run's --tensorboard-dir, else --output)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder for the export (default: the run's)")

@@ -232,7 +232,7 @@ class Run:
     output: Optional[str] = None  # default {root}/downstream
     tensorboard_dir: Optional[str] = None  # default: the run's --tensorboard-dir, else `output`
     tokenizer: Optional[str] = None  # default: the run's own
-    log: Callable[[str], None] = print
+    log: Callable[[str], None] = lambda line: print(line, flush=True)  # a watcher's log is often piped
     seen: set = field(default_factory=set)  # iterations taken (or skipped) by this session
     train_iters: Optional[int] = None
     writer: object = None
@@ -254,7 +254,8 @@ class Run:
 
     def _done(self, key: str, value: str) -> set:
         """Groups whose rows are all in the results for `key` ("weights" or "checkpoint") = value."""
-        rows = [r for r in read_rows(self.results) if r[key] == value and r["settings_hash"] == self.hashes.get(r["group"])]
+        rows = [r for r in read_rows(self.results)
+                if r[key] == value and r["settings_hash"] == self.hashes.get(r["group"])]
         return {g for g in self.hashes if (n := [r for r in rows if r["group"] == g]) and len(n) == n[0]["of"]}
 
     def poll(self) -> int:
@@ -295,7 +296,8 @@ class Run:
             return False
         if self._done("checkpoint", checkpoint) == set(self.hashes):
             # Evaluated by an earlier session: not even exported again.
-            self.train_iters = next(r["train_iters"] for r in read_rows(self.results) if r["checkpoint"] == checkpoint)
+            self.train_iters = next(r["train_iters"] for r in read_rows(self.results)
+                                    if r["checkpoint"] == checkpoint)
             self.log(f"iteration {iteration}: evaluated before (in {self.results}): skipped")
             return False
         self._init_process_group()
@@ -322,6 +324,8 @@ class Run:
                 self.log(f"iteration {iteration}: weights {weights} already evaluated: skipped")
             for group in todo:
                 self._evaluate(group, iteration, args, checkpoint, weights, workdir)
+            if todo:
+                self.log(f"iteration {iteration}: scored in {time.time() - started:.1f} s (export included)")
             return bool(todo)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -333,9 +337,10 @@ class Run:
         samples = args.get("consumed_train_samples")
         tokens = samples * args["seq_length"]  # sequence positions read, padding included, as Megatron counts
         rows = [dict(run=str(Path(self.root).resolve()), iteration=iteration, consumed_samples=samples,
-                     tokens=tokens, train_iters=args.get("train_iters"), checkpoint=checkpoint, weights=weights, group=group, task=task, metric=metric,
-                     value=value, of=len(scores), settings=self.settings[group], settings_hash=self.hashes[group],
-                     seconds=seconds, evaluated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                     tokens=tokens, train_iters=args.get("train_iters"), checkpoint=checkpoint, weights=weights,
+                     group=group, task=task, metric=metric, value=value, of=len(scores),
+                     settings=self.settings[group], settings_hash=self.hashes[group], seconds=seconds,
+                     evaluated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
                 for task, metric, value in scores]
         # TensorBoard first: a watcher killed between the two evaluates the group again on restart, instead of
         # leaving scores in downstream.jsonl that the dashboard never shows.
