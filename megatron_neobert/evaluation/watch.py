@@ -6,10 +6,10 @@ it is exported to a temporary Hugging Face folder with the run's tokenizer, the 
 the scores go to the run's TensorBoard folder (an event file of our own, beside the trainer's), to
 `downstream.jsonl` and to `downstream.png` (every score against tokens seen).
 
-Nothing is written into the checkpoint root. A result is keyed by the exported weights' hash and the
-settings of its task group, so a restarted watcher skips what is done and a rewritten checkpoint is
-evaluated again; the manifest's hash stands for the weights before an export, so a restart does not export
-checkpoints it has already evaluated.
+Nothing is written into the iteration folders or the marker (results default to {root}/downstream). A result
+is keyed by the exported weights' hash and the settings of its task group, so a restarted watcher skips what
+is done and a rewritten checkpoint is evaluated again; the manifest's hash stands for the weights before an
+export, so a restart does not export checkpoints it has already evaluated.
 """
 
 import hashlib
