@@ -374,8 +374,7 @@ class Run:
             self.writer.close()
 
 
-def watch(runs: Iterable[Run], once: bool = False, interval: float = 60.0, compare_plot=None,
-          sleep: Callable[[float], None] = time.sleep) -> None:
+def watch(runs: Iterable[Run], once: bool = False, interval: float = 60.0, compare_plot=None) -> None:
     """Poll the runs until each has had its last iteration evaluated (or once, with `once`); with
     `compare_plot`, every run's scores in one PNG there after each poll that added any."""
     runs = list(runs)
@@ -386,7 +385,7 @@ def watch(runs: Iterable[Run], once: bool = False, interval: float = 60.0, compa
                 plot_scores({r.root: read_rows(r.results) for r in runs}, compare_plot)
             if once or all(r.finished for r in runs):
                 return
-            sleep(interval)
+            time.sleep(interval)
     finally:
         for run in runs:
             run.close()
