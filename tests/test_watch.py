@@ -6,6 +6,7 @@ One test, since every step needs the same trained run (a module fixture would tr
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,33 @@ def test_watch_a_run_while_it_trains_then_restart_prune_and_compare(data, tmp_pa
     assert json.loads(image.info["Description"]) == {str(save): {t: 3 for t in TASKS},
                                                      str(pruned): {"pppl/len_64": 2}}
     assert len(image.convert("RGB").getcolors(1 << 16)) > 50
+
+
+def test_results_keep_whole_lines_only(tmp_path):
+    from megatron_neobert.evaluation.watch import append_rows, read_rows
+
+    results = tmp_path / "downstream.jsonl"
+    append_rows(results, [{"task": "a"}, {"task": "b"}])
+    with open(results, "a") as f:  # a watcher killed mid-line
+        f.write('{"task": "c", "val')
+    assert read_rows(results) == [{"task": "a"}, {"task": "b"}]
+    append_rows(results, [{"task": "d"}])
+    assert read_rows(results) == [{"task": "a"}, {"task": "b"}, {"task": "d"}]
+    assert results.read_text().endswith('{"task": "d"}\n')
+
+
+def test_suite_errors_name_what_is_wrong(tmp_path):
+    from megatron_neobert.evaluation.watch import load_suite
+
+    suite = tmp_path / "suite.yaml"
+    for text, error in [("squad:\n  tasks: [x]\n", "unknown task group 'squad'"),
+                        ("glue:\n  tasks: [SST-2]\n", "glue needs data_dir"),
+                        ("mteb:\n  tasks: [t]\n  epochs: 3\n", "mteb has unknown settings ['epochs']"),
+                        ("", "expected a mapping of task groups")]:
+        suite.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(error)):
+            load_suite(suite)
+    suite.write_text("pseudo_perplexity:\n  texts: docs.jsonl\n  max_length: 64\n")
+    assert load_suite(suite) == {"pseudo_perplexity": dict(
+        texts=str(tmp_path / "docs.jsonl"), text_field="text", num_texts=None, max_length=64, min_length=2,
+        buckets=None, batch_size=32)}
