@@ -2,7 +2,8 @@
 downstream.jsonl; a restart after a kill mid-write evaluates nothing twice; a checkpoint pruned while it is
 read is skipped; several runs in one plot.
 
-One test, since every step needs the same trained run (a module fixture would train once per xdist worker)."""
+The run's steps share one test, since each needs the same trained run (a module fixture would train once per
+xdist worker)."""
 
 import json
 import os
