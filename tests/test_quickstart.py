@@ -2,6 +2,7 @@
 (MASTER_PORT exported, so the lone conversion process must not wait for a rendezvous), with a run shorter than
 the default warmup, and with extra trainer flags passed through."""
 
+import json
 import os
 import socket
 import subprocess
@@ -31,6 +32,10 @@ def test_short_run_with_exported_master_port_and_extra_flags(tmp_path):
     qs = tmp_path / "qs"
     assert (qs / "hf" / "model.safetensors").is_file() and (qs / "hf" / "vocab.txt").is_file()
     assert (qs / "pseudo_perplexity.csv").is_file()
+    # The watcher's --once line scored both checkpoints (iterations 6 and 12) for its pseudo-perplexity buckets.
+    results = (qs / "checkpoints" / "downstream" / "downstream.jsonl").read_text().splitlines()
+    assert sorted((row["iteration"], row["task"]) for row in map(json.loads, results)) == \
+        [(i, f"pppl/len_{n}") for i in (6, 12) for n in (128, 64)]
 
 
 def test_too_short_a_run_fails_before_anything_runs(tmp_path):
