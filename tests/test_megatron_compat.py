@@ -236,7 +236,7 @@ def test_abbreviations_are_refused(flag, capsys):
     (["--train-samples", "100", "--train-iters", "5"], "not both"),
     (["--tokenizer-type", "BertWordPieceCase"], "needs --vocab-file"),
     (["--tokenizer-type", "BertWordPieceCase", "--vocab-file", "nowhere.txt"], "nowhere.txt"),
-    (["--vocab-file", VOCAB], "--vocab-file is read by"),
+    (["--vocab-file", VOCAB, "--tokenizer-type", "HuggingFaceTokenizer"], "--vocab-file is read by"),
     (["--mock-data"], "--mock-data reads no files"),
     (["--train-data-path", "a", "--valid-data-path", "b"], "exclude each other"),
     (["--recompute-activations", "--recompute-granularity", "full"], "selective"),
@@ -331,7 +331,8 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_on_ranks(run_train, 1, _mock_argv("--train-iters", "2", "--lr-warmup-iters", "1", "--lr-decay-iters", "2", "--wandb-project", "neobert",
-                                          "--wandb-exp-name", "smoke", "--wandb-save-dir", str(tmp_path)))
+                                          "--wandb-exp-name", "smoke", "--wandb-save-dir", str(tmp_path),
+                                          "--log-timers-to-tensorboard"))
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
     assert len(runs) == 1
     (records,) = glob.glob(os.path.join(runs[0], "run-*.wandb"))
