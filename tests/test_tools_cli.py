@@ -1,5 +1,5 @@
 """Every tools/*.py: --help answers without importing megatron-core, shows a help text and the default of every
-flag; flags are dashed and the underscore spellings of earlier versions still parse."""
+flag; flags are dashed and the underscore spellings of earlier versions still parse; abbreviated flags are refused."""
 
 import json
 import os
@@ -13,6 +13,7 @@ from megatron_neobert.cli import ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = sorted(p.name for p in (REPO / "tools").glob("*.py"))
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
 
 # Runs each tool's --help in one fresh interpreter (the imports are shared, as on a user's machine) and reports,
 # per tool, whether megatron was imported, the flags without help text and the help text itself.
@@ -52,8 +53,7 @@ print("REPORT" + json.dumps(report))
 
 @pytest.fixture(scope="module")
 def help_report():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
-    out = subprocess.run([sys.executable, "-c", PROBE] + [f"tools/{t}" for t in TOOLS], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-c", PROBE] + [f"tools/{t}" for t in TOOLS], cwd=REPO, env=ENV,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.split("REPORT", 1)[1])
@@ -83,3 +83,21 @@ def test_underscore_spellings_parse_and_stay_hidden():
     assert "(default: False)" not in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--unknown_flag", "1"])
+
+
+def run_tool(tool, *args, timeout=120):
+    return subprocess.run([sys.executable, f"tools/{tool}", *args], cwd=REPO, env=ENV, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_abbreviated_flags_are_refused(tool):
+    # Were prefixes accepted, `--hel` would be --help: the help text and exit status 0.
+    out = run_tool(tool, "--hel", timeout=60)
+    assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+
+
+def test_run_glue_refuses_a_prefix_of_tasks():
+    # A prefix is an error, not the flag it begins: `--task` must not be read as `--tasks`.
+    out = run_tool("run_glue.py", "--model", "m", "--output-dir", "o", "--task", "SST-2", timeout=60)
+    assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]
