@@ -48,7 +48,8 @@ CONFIG_HELP = {
     "weight_decay": "AdamW weight decay",
     "max_grad_norm": "gradient clipping norm (0: none)",
     "temperature": "InfoNCE softmax temperature",
-    "alpha": "weight of the in-batch document-document term of the loss",
+    "alpha": "dataset mixture exponent: each batch comes from one dataset, drawn with probability proportional "
+             "to its number of pairs to the power alpha (1: by size, 0: uniform)",
     "max_length": "tokens per text (truncated)",
     "seed": "random seed (data order, k-means, new weights)",
     "checkpoint_every": "save a resumable checkpoint every N steps (0: only the final model)",
