@@ -17,7 +17,7 @@ from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.evaluation.pseudo_perplexity import DEFAULT_BUCKETS
+    from megatron_neobert.defaults import DEFAULT_BUCKETS
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="NeoBERT HF folder with its tokenizer")

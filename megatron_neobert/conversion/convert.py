@@ -37,6 +37,7 @@ from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_
                                                    mcore_to_hf_state_dict, neobert_config_from_dims,
                                                    read_hf_folder, replace_folder, write_hf_folder)
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpoint_args, iteration_dir,
                                                      megatron_lm_args, resolve_checkpoint_dir, rotary_layout_problem,
@@ -45,7 +46,7 @@ from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpo
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = torch_dtypes(CONVERSION_DTYPES)
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
 # Files an HF -> Megatron conversion downloads from the hub (weights in either format, config,
 # tokenizer); the published repo also holds remote code we do not need.

@@ -27,6 +27,7 @@ from torch import nn
 
 from megatron_neobert.conversion.hf_format import replace_folder
 
+from .config import CDEConfig
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
 from .finetune import load_encoder, lr_lambda, lr_reached, save_encoder
 from .instructions import format_query, load_instructions
@@ -187,24 +188,6 @@ def load_cde(folder, max_length: Optional[int] = None) -> ContextualNeoBERT:
 # ------------------------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CDEConfig:
-    steps: int = 2000
-    batch_size: int = 512  # = cluster size of the pseudo-contexts
-    context_size: int = 512  # J
-    chunk_size: int = 32
-    lr: float = 5e-5
-    warmup_steps: int = 1000
-    weight_decay: float = 0.0  # the paper uses Adam
-    max_grad_norm: float = 1.0
-    temperature: float = 0.07
-    max_length: int = 512
-    seed: int = 0
-    checkpoint_every: int = 0
-    log_every: int = 50
-    bf16: Optional[bool] = None
 
 
 def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(), second_dir=None,

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..conversion.hf_format import load_neobert_auto_config
+from ..defaults import DEFAULT_BUCKETS
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
 
 
 # --------------------------------------------------------------------------------------------------------
