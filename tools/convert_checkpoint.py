@@ -62,7 +62,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_neobert.conversion.convert import ConversionError, hf_to_mcore, mcore_to_hf
+    from megatron_neobert.progress import library_bars
 
+    library_bars(not args.no_progress)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.direction == "mcore-to-hf":
