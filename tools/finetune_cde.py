@@ -48,8 +48,10 @@ def main(argv=None):
         name, source = parse_dataset_spec(spec)
         datasets.append(load_pair_dataset(source, name=name, split=args.split, max_negatives=0))
     config = CDEConfig(**{f.name: getattr(args, f.name) for f in fields(CDEConfig)})
-    return finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
-                        device=args.device, checkpoint_dir=args.checkpoint_dir)
+    out = finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
+                       device=args.device, checkpoint_dir=args.checkpoint_dir)
+    logging.info("wrote %s", out)
+    return out
 
 
 if __name__ == "__main__":

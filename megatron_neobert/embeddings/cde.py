@@ -243,7 +243,7 @@ def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         scheduler.step()
-        if config.log_every and (step + 1) % config.log_every == 0:
+        if config.log_every and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             logger.info("step %d/%d loss %.4f lr %.2e", step + 1, config.steps, loss.item(), scheduler.get_last_lr()[0])
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
             save_cde(model, (head1, head2), checkpoint_dir / f"step_{step + 1}", tokenizer_dirs)

@@ -39,7 +39,7 @@ CONFIG_HELP = {
     "max_length": "tokens per text (truncated)",
     "seed": "random seed (data order, k-means, new weights)",
     "checkpoint_every": "save a resumable checkpoint every N steps (0: only the final model)",
-    "log_every": "log the loss every N steps",
+    "log_every": "log the loss every N steps and at the last (0: never)",
     "bf16": "bf16 autocast (default: on CUDA only)",
 }
 
