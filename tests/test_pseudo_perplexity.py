@@ -154,7 +154,8 @@ def test_tool_end_to_end(folder, tmp_path):
 
 def test_tool_writes_plain_progress_lines_to_a_log(folder, tmp_path):
     """With output to a pipe (as to a log file), progress is plain lines: no bar's carriage returns or cursor
-    codes, no "Loading weights" bar of transformers; --no-progress silences both."""
+    codes, no "Loading weights" bar of transformers; --no-progress silences both. No prompt to run the export's
+    code (stdin is closed, as in a batch job)."""
     (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": TEXT}) for _ in range(2)) + "\n")
     command = [sys.executable, "tools/pseudo_perplexity.py", "--model", str(folder), "--texts",
                str(tmp_path / "docs.jsonl"), "--max-length", "32", "--buckets", "16", "--output",
@@ -167,3 +168,4 @@ def test_tool_writes_plain_progress_lines_to_a_log(folder, tmp_path):
         assert ("pseudo-perplexity: 2/2" in out.stderr) == (not extra), out.stderr[-3000:]
         assert "\r" not in out.stdout + out.stderr and "\x1b[" not in out.stdout + out.stderr
         assert "Loading weights" not in out.stderr and "2 seqs  pppl" in out.stdout
+        assert "custom code" not in out.stdout + out.stderr
