@@ -25,7 +25,7 @@ def library_bars(enabled: bool) -> None:
 
 
 class PlainProgress:
-    """What this package uses of tqdm's interface (iterate, update, set_postfix, close, with), as plain lines."""
+    """What this package uses of tqdm's interface (iterate, update, set_postfix, close), as plain lines."""
 
     def __init__(self, iterable=None, desc: str = "", total=None, enabled: bool = True, every: float = 30.0):
         if total is None and hasattr(iterable, "__len__"):
@@ -38,12 +38,6 @@ class PlainProgress:
         for item in self.iterable:
             yield item
             self.update()
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
         self.close()
 
     def update(self, n: int = 1) -> None:

@@ -99,7 +99,8 @@ def test_abbreviated_flags_are_refused(tool):
     assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
 
 
-def test_run_glue_refuses_a_prefix_of_tasks():
+def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
     # A prefix is an error, not the flag it begins: `--task` must not be read as `--tasks`.
-    out = run_tool("run_glue.py", "--model", "m", "--output-dir", "o", "--task", "SST-2", timeout=60)
+    out = run_tool("run_glue.py", "--model", str(tmp_path / "m"), "--output-dir", str(tmp_path / "o"), "--task",
+                   "SST-2", timeout=60)
     assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]
