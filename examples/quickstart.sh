@@ -58,7 +58,7 @@ python "$REPO/tools/convert_checkpoint.py" --direction mcore-to-hf --load "$WORK
 echo "== 5/5 evaluate: pseudo-perplexity of the exported model on 16 sample documents"
 python "$REPO/tools/pseudo_perplexity.py" --model "$WORK_DIR/hf" --texts "$SAMPLE_CORPUS" \
     --text-field content --num-texts 16 --max-length 128 --min-length 16 --buckets 32 64 128 \
-    --device cpu --output "$WORK_DIR/pseudo_perplexity" --no-progress
+    --device cpu --output "$WORK_DIR/pseudo_perplexity"
 python "$REPO/tools/watch_run.py" --save "$WORK_DIR/checkpoints" --suite "$REPO/examples/quickstart_suite.yaml" --once
 
 echo "done: TensorBoard logs in $WORK_DIR/tensorboard (tensorboard --logdir $WORK_DIR/tensorboard)"

@@ -1,5 +1,6 @@
 """What every tools/*.py shares: flags spelled with dashes as Megatron-LM's (the underscore spellings of
-earlier versions are still read, without showing in --help), and every flag's default shown in --help.
+earlier versions are still read, without showing in --help), no abbreviated flags (as Megatron-LM's), and every
+flag's default shown in --help.
 
 Kept free of heavy imports (torch, transformers, megatron-core) so that `--help` answers at once.
 """
@@ -19,10 +20,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser that reads `--max_length` as `--max-length` when only the dashed flag exists."""
+    """An ArgumentParser that reads `--max_length` as `--max-length` when only the dashed flag exists, and refuses
+    abbreviations: a prefix is an error, not whichever flag it begins (`--task` must not run `--tasks`' grid)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
     def _dashed(self, arg: str) -> str:

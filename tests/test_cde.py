@@ -110,7 +110,7 @@ def test_clustering_puts_near_duplicates_together():
         contextual_batches(x[:3], batch_size=8)
 
 
-def test_export_load_training_tool_and_mteb(folders, tmp_path, monkeypatch):
+def test_export_load_training_tool_and_mteb(folders, tmp_path, monkeypatch, caplog):
     model = build(folders)
     with torch.no_grad():
         model.projection.weight.mul_(3.0)  # something the round trip must keep
@@ -128,10 +128,15 @@ def test_export_load_training_tool_and_mteb(folders, tmp_path, monkeypatch):
     q, p = topic_pairs([(a, b) for a in range(12) for b in range(a + 1, 12)][:40])
     data = tmp_path / "msmarco.jsonl"
     data.write_text("".join(json.dumps({"query": a, "positive": b}) + "\n" for a, b in zip(q, p)))
+    caplog.set_level("INFO")
     out = load_tool("finetune_cde").main([
         "--model", str(folders[0]), "--second-stage-model", str(folders[1]), "--output", str(tmp_path / "trained"),
         "--dataset", str(data), "--steps", "4", "--batch-size", "8", "--context-size", "6", "--chunk-size", "4",
-        "--warmup-steps", "1", "--lr", "1e-3", "--checkpoint-every", "2", "--log-every", "0"])
+        "--warmup-steps", "1", "--lr", "1e-3", "--checkpoint-every", "2", "--log-every", "3"])
+    # The loss as it trains, the last step's whatever --log-every, and where the model went.
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m.split(" loss")[0] for m in logged if " loss " in m] == ["step 3/4", "step 4/4"], logged
+    assert f"wrote {tmp_path / 'trained'}" in logged
     trained = load_cde(out)
     assert trained.context_size == 6 and (tmp_path / "trained-checkpoints" / "step_2" / "cde_config.json").is_file()
     assert (trained.projection.weight - build(folders).projection.weight).abs().max() > 1e-6  # it trained

@@ -448,6 +448,18 @@ def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
     assert "28 tensors" in out.stdout and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+def test_cli_output_to_a_log_is_plain_lines(round_trip, tmp_path):
+    """To a pipe (as to a log file): progress as plain lines, without a bar's carriage returns, and none of the
+    FutureWarnings megatron-core's checkpointing raises through torch (a user cannot act on them)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "--direction", "mcore-to-hf", "--load",
+                          str(round_trip[0] / "mcore"), "--save", str(tmp_path / "hf")], stdin=subprocess.DEVNULL,
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "mcore -> HF: 28/28" in out.stderr and "\r" not in out.stderr and "\x1b[" not in out.stderr
+    assert "Warning" not in out.stderr, out.stderr
+
+
 def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
     dst = tmp_path / "hf"
     dst.mkdir()

@@ -1,8 +1,12 @@
 """GLUE: task readers, metrics against scikit-learn/SciPy, the fine-tuning protocol, grids and MNLI transfer."""
 
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -291,6 +295,23 @@ def test_cli_with_process_pool(model_dir, glue_dir, tmp_path, monkeypatch):
     assert sorted(r["learning_rate"] for r in records) == [1e-3, 3e-3]
     assert all(r["task"] == "CoLA" and "matthews" in r["metrics"] for r in records)
     assert "| ours | " in (out / "results.md").read_text()
+
+
+def test_cli_output_to_a_log_is_plain_lines(model_dir, glue_dir, tmp_path):
+    """To a pipe (as to a log file), the nested bars (grid, then steps of a run) become plain lines: no carriage
+    returns or cursor moves, and no "Loading weights" bar of transformers. (transformers' report of the new
+    classifier weights is bold whatever the output: its codes are not looked for.)"""
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "tools/run_glue.py", "--model", str(model_dir), "--output-dir",
+                          str(tmp_path / "glue"), "--data-dir", str(glue_dir), "--tasks", "CoLA", "--batch-sizes", "16",
+                          "--learning-rates", "1e-3", "--weight-decays", "0", "--epochs", "1", "--max-length", "32",
+                          "--devices", "cpu"], cwd=repo, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo)] + sys.path)), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = out.stdout + out.stderr
+    assert out.stderr.count("GLUE runs: 1/1") == 1, logged
+    assert "CoLA_bs16_lr0.001_wd0_seed0_pretrained: 3/3" in out.stderr, logged
+    assert "\r" not in logged and "\x1b[A" not in logged and "Loading weights" not in logged
 
 
 def test_results_of_other_settings_are_not_reused(model_dir, glue_dir, tmp_path):

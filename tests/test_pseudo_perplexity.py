@@ -3,6 +3,10 @@
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
 from megatron_neobert.evaluation.pseudo_perplexity import (SequenceResult, bucket_results, load_mlm, load_texts,
                                                            masked_token_losses, pseudo_perplexities)
 
+REPO = Path(__file__).resolve().parents[1]
 MASK = VOCAB.index("[MASK]")
 TEXT = "the quick dog jumps over the lazy cat and the bird sings in the old tree by the river"
 
@@ -145,3 +150,22 @@ def test_tool_end_to_end(folder, tmp_path):
 
     assert Image.open(tmp_path / "out" / "pppl.png").text["Title"] == (
         f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, ntk RoPE x1.5")
+
+
+def test_tool_writes_plain_progress_lines_to_a_log(folder, tmp_path):
+    """With output to a pipe (as to a log file), progress is plain lines: no bar's carriage returns or cursor
+    codes, no "Loading weights" bar of transformers; --no-progress silences both. No prompt to run the export's
+    code (stdin is closed, as in a batch job)."""
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": TEXT}) for _ in range(2)) + "\n")
+    command = [sys.executable, "tools/pseudo_perplexity.py", "--model", str(folder), "--texts",
+               str(tmp_path / "docs.jsonl"), "--max-length", "32", "--buckets", "16", "--output",
+               str(tmp_path / "pppl"), "--device", "cpu"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
+    for extra in ([], ["--no-progress"]):
+        out = subprocess.run(command + extra, cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert ("pseudo-perplexity: 2/2" in out.stderr) == (not extra), out.stderr[-3000:]
+        assert "\r" not in out.stdout + out.stderr and "\x1b[" not in out.stdout + out.stderr
+        assert "Loading weights" not in out.stderr and "2 seqs  pppl" in out.stdout
+        assert "custom code" not in out.stdout + out.stderr

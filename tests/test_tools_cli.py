@@ -1,5 +1,6 @@
-"""Every tools/*.py: --help answers without importing megatron-core, shows a help text and the default of every
-flag; flags are dashed and the underscore spellings of earlier versions still parse."""
+"""Every tools/*.py: --help answers without importing megatron-core, torch or transformers (seconds each), shows a
+help text and the default of every flag; flags are dashed and the underscore spellings of earlier versions still
+parse; abbreviated flags are refused."""
 
 import json
 import os
@@ -13,9 +14,10 @@ from megatron_neobert.cli import ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = sorted(p.name for p in (REPO / "tools").glob("*.py"))
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
 
 # Runs each tool's --help in one fresh interpreter (the imports are shared, as on a user's machine) and reports,
-# per tool, whether megatron was imported, the flags without help text and the help text itself.
+# per tool, the heavy modules imported so far, the flags without help text and the help text itself.
 PROBE = r"""
 import json, runpy, sys
 import megatron_neobert.cli as cli
@@ -37,7 +39,8 @@ for tool in sys.argv[1:]:
     except SystemExit as exit:
         code = exit.code
     parser = seen.get("parser")
-    report[tool] = dict(code=code, megatron=sorted(m for m in sys.modules if m.startswith("megatron.")),
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("megatron", "torch", "transformers"))
+    report[tool] = dict(code=code, heavy=heavy[:5],
                         shared_parser=parser is not None,
                         no_help=[a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
                         if parser else None,
@@ -52,18 +55,17 @@ print("REPORT" + json.dumps(report))
 
 @pytest.fixture(scope="module")
 def help_report():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
-    out = subprocess.run([sys.executable, "-c", PROBE] + [f"tools/{t}" for t in TOOLS], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-c", PROBE] + [f"tools/{t}" for t in TOOLS], cwd=REPO, env=ENV,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.split("REPORT", 1)[1])
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_help_without_megatron_with_help_and_defaults(help_report, tool):
+def test_help_without_heavy_imports_with_help_and_defaults(help_report, tool):
     r = help_report[f"tools/{tool}"]
     assert r["code"] == 0 and r["shared_parser"], r
-    assert r["megatron"] == [], f"--help imported megatron-core: {r['megatron'][:5]}"
+    assert r["heavy"] == [], f"--help imported {r['heavy']}"
     assert r["no_help"] == [], f"flags without help text: {r['no_help']}"
     assert r["no_default"] == [], f"defaults not shown: {r['no_default']}"
     dashed_only = [w for w in r["help"].split() if w.startswith("--") and "_" in w.split("=")[0]]
@@ -83,3 +85,22 @@ def test_underscore_spellings_parse_and_stay_hidden():
     assert "(default: False)" not in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--unknown_flag", "1"])
+
+
+def run_tool(tool, *args, timeout=120):
+    return subprocess.run([sys.executable, f"tools/{tool}", *args], cwd=REPO, env=ENV, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_abbreviated_flags_are_refused(tool):
+    # Were prefixes accepted, `--hel` would be --help: the help text and exit status 0.
+    out = run_tool(tool, "--hel", timeout=60)
+    assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+
+
+def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
+    # A prefix is an error, not the flag it begins: `--task` must not be read as `--tasks`.
+    out = run_tool("run_glue.py", "--model", str(tmp_path / "m"), "--output-dir", str(tmp_path / "o"), "--task",
+                   "SST-2", timeout=60)
+    assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]

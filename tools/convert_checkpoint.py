@@ -22,7 +22,7 @@ from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.conversion.convert import DTYPES
+    from megatron_neobert.defaults import CONVERSION_DTYPES
     from megatron_neobert.model import PRESETS
 
     p = ArgumentParser(description=__doc__)
@@ -34,7 +34,7 @@ def build_parser() -> ArgumentParser:
                    help="hf-to-mcore: TP of the written checkpoint (default: 1)")
     p.add_argument("--pipeline-model-parallel-size", type=int, default=None,
                    help="hf-to-mcore: PP of the written checkpoint (default: 1)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="dtype of the written weights")
+    p.add_argument("--dtype", choices=CONVERSION_DTYPES, default="fp32", help="dtype of the written weights")
     p.add_argument("--tokenizer", default=None,
                    help="HF tokenizer folder or name. mcore-to-hf: copied into the export (default: the one "
                         "the checkpoint was trained with); hf-to-mcore: recorded in the checkpoint args "
@@ -62,7 +62,9 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_neobert.conversion.convert import ConversionError, hf_to_mcore, mcore_to_hf
+    from megatron_neobert.progress import library_bars
 
+    library_bars(not args.no_progress)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.direction == "mcore-to-hf":

@@ -20,8 +20,7 @@ from megatron_neobert.cli import ArgumentParser, add_config_flags  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.cde import CDEConfig
-    from megatron_neobert.embeddings.finetune import CONFIG_HELP
+    from megatron_neobert.embeddings.config import CONFIG_HELP, CDEConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
@@ -39,7 +38,8 @@ def build_parser() -> ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from megatron_neobert.embeddings.cde import CDEConfig, finetune_cde
+    from megatron_neobert.embeddings.cde import finetune_cde
+    from megatron_neobert.embeddings.config import CDEConfig
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -48,8 +48,10 @@ def main(argv=None):
         name, source = parse_dataset_spec(spec)
         datasets.append(load_pair_dataset(source, name=name, split=args.split, max_negatives=0))
     config = CDEConfig(**{f.name: getattr(args, f.name) for f in fields(CDEConfig)})
-    return finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
-                        device=args.device, checkpoint_dir=args.checkpoint_dir)
+    out = finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
+                       device=args.device, checkpoint_dir=args.checkpoint_dir)
+    logging.info("wrote %s", out)
+    return out
 
 
 if __name__ == "__main__":

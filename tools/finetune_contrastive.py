@@ -19,7 +19,7 @@ from megatron_neobert.cli import ArgumentParser, add_config_flags  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.finetune import CONFIG_HELP, ContrastiveConfig
+    from megatron_neobert.embeddings.config import CONFIG_HELP, ContrastiveConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
@@ -40,7 +40,8 @@ def build_parser() -> ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
-    from megatron_neobert.embeddings.finetune import ContrastiveConfig, finetune_contrastive
+    from megatron_neobert.embeddings.config import ContrastiveConfig
+    from megatron_neobert.embeddings.finetune import finetune_contrastive
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     instructions = {}

@@ -17,7 +17,7 @@ from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.evaluation.pseudo_perplexity import DEFAULT_BUCKETS
+    from megatron_neobert.defaults import DEFAULT_BUCKETS
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="NeoBERT HF folder with its tokenizer")
@@ -55,6 +55,9 @@ def main(argv=None):
 
     from megatron_neobert.evaluation.pseudo_perplexity import (bucket_results, load_mlm, load_texts,
                                                                pseudo_perplexities, write_outputs)
+    from megatron_neobert.progress import library_bars
+
+    library_bars(not args.no_progress)
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     scaling = None

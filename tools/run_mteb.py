@@ -21,7 +21,7 @@ from megatron_neobert.cli import ArgumentParser  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.mteb_eval import DEFAULT_BENCHMARK, DTYPES
+    from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder (or a CDE folder with --cde)")
@@ -31,7 +31,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--local-task", nargs="+", default=[], action="extend", metavar="FOLDER",
                    help="tasks from local files, no Hub needed: retrieval, STS or classification folders "
                         "(docs/mteb.md gives the files)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16", help="the paper evaluates in float16")
+    p.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="float16", help="the paper evaluates in float16")
     p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
     p.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's maximum)")
     p.add_argument("--no-instructions", action="store_true", help="encode queries without the paper's instructions")
@@ -48,7 +48,8 @@ def build_parser() -> ArgumentParser:
 def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
-    from megatron_neobert.embeddings.mteb_eval import DEFAULT_BENCHMARK, NeoBERTEncoder, resolve_tasks, run_mteb
+    from megatron_neobert.defaults import DEFAULT_BENCHMARK
+    from megatron_neobert.embeddings.mteb_eval import NeoBERTEncoder, resolve_tasks, run_mteb
     from megatron_neobert.embeddings.mteb_local import local_task
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

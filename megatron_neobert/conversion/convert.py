@@ -20,6 +20,7 @@ Both directions check everything they can (checkpoint layout, architecture, voca
 preset) before writing anything.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -27,6 +28,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
@@ -37,7 +39,9 @@ from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_
                                                    mcore_to_hf_state_dict, neobert_config_from_dims,
                                                    read_hf_folder, replace_folder, write_hf_folder)
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpoint_args, iteration_dir,
                                                      megatron_lm_args, resolve_checkpoint_dir, rotary_layout_problem,
                                                      write_latest_marker)
@@ -45,12 +49,24 @@ from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpo
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = torch_dtypes(CONVERSION_DTYPES)
 HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
 # Files an HF -> Megatron conversion downloads from the hub (weights in either format, config,
 # tokenizer); the published repo also holds remote code we do not need.
 _HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
                  "pytorch_model.bin.index.json", *TOKENIZER_FILES]
+
+
+@contextlib.contextmanager
+def _megatron_deprecations_hidden():
+    """megatron-core's checkpointing calls torch APIs that torch has deprecated (torch.distributed.checkpoint's
+    load_state_dict, ShardedTensor): their FutureWarnings are for megatron-core, not for whoever converts."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.core\.dist_checkpointing\.")
+        # Raised inside torch and attributed to whichever frame dispatched the call (on CPU, our CUDA-to-CPU mode).
+        warnings.filterwarnings("ignore", "Please use DTensor instead and we are deprecating ShardedTensor",
+                                FutureWarning)
+        yield
 
 
 class ConversionError(ValueError):
@@ -265,8 +281,9 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
     if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
         model = build_single_rank_model(arch, padded, stored_dtype)
     # Only the model's tensors are requested: optimizer and RNG state stay on disk.
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
-                                    strict=StrictHandling.RAISE_UNEXPECTED)
+    with _megatron_deprecations_hidden():
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
+                                        strict=StrictHandling.RAISE_UNEXPECTED)
     model.load_state_dict(state["model"], strict=True)
     state_dict = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     return arch, args, state_dict, padded, stored_dtype
@@ -354,10 +371,8 @@ def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path, no_t
 
 
 def _cast(state_dict: Dict[str, torch.Tensor], dtype: torch.dtype, progress: bool, what: str):
-    from tqdm import tqdm
-
     return {k: v.detach().to("cpu", dtype) for k, v in
-            tqdm(state_dict.items(), desc=what, unit="tensor", disable=not progress)}
+            progress_bar(state_dict.items(), desc=what, total=len(state_dict), enabled=progress, unit="tensor")}
 
 
 def _disk_size(path: Path) -> int:
@@ -417,12 +432,14 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default 128 x TP.
     chunks = build_model_chunks(arch, config, "local", padded_vocab=checkpoint_args(common)["padded_vocab_size"])
-    state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
+    with _megatron_deprecations_hidden():
+        state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
     load_model_state(chunks, state)
     if torch.distributed.get_rank() == 0:
         os.makedirs(out_dir, exist_ok=True)
     torch.distributed.barrier()
-    dist_checkpointing.save(dict(model_sharded_state_dict(chunks), **common), out_dir)
+    with _megatron_deprecations_hidden():
+        dist_checkpointing.save(dict(model_sharded_state_dict(chunks), **common), out_dir)
 
 
 def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int = 1,
@@ -474,13 +491,13 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         unexpected = sorted(set(mcore_sd) - set(params))
         if unexpected:
             raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
-        from tqdm import tqdm
-
         with torch.no_grad():
-            for name, value in tqdm(mcore_sd.items(), desc="HF -> mcore", unit="tensor", disable=not progress):
+            for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
+                                            enabled=progress, unit="tensor"):
                 params[name].copy_(value)
         stage.mkdir(parents=True)
-        dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
+        with _megatron_deprecations_hidden():
+            dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
         del model, params, mcore_sd
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.

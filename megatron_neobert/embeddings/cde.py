@@ -27,6 +27,7 @@ from torch import nn
 
 from megatron_neobert.conversion.hf_format import replace_folder
 
+from .config import CDEConfig
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
 from .finetune import load_encoder, lr_lambda, lr_reached, save_encoder
 from .instructions import format_query, load_instructions
@@ -189,24 +190,6 @@ def load_cde(folder, max_length: Optional[int] = None) -> ContextualNeoBERT:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class CDEConfig:
-    steps: int = 2000
-    batch_size: int = 512  # = cluster size of the pseudo-contexts
-    context_size: int = 512  # J
-    chunk_size: int = 32
-    lr: float = 5e-5
-    warmup_steps: int = 1000
-    weight_decay: float = 0.0  # the paper uses Adam
-    max_grad_norm: float = 1.0
-    temperature: float = 0.07
-    max_length: int = 512
-    seed: int = 0
-    checkpoint_every: int = 0
-    log_every: int = 50
-    bf16: Optional[bool] = None
-
-
 def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(), second_dir=None,
                  device: Optional[str] = None, checkpoint_dir=None) -> Path:
     """Trains both stages (initialised from `first_dir` and `second_dir`, default the same folder) on the pairs of
@@ -260,7 +243,7 @@ def finetune_cde(first_dir, datasets, output_dir, config: CDEConfig = CDEConfig(
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         scheduler.step()
-        if config.log_every and (step + 1) % config.log_every == 0:
+        if config.log_every and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             logger.info("step %d/%d loss %.4f lr %.2e", step + 1, config.steps, loss.item(), scheduler.get_last_lr()[0])
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
             save_cde(model, (head1, head2), checkpoint_dir / f"step_{step + 1}", tokenizer_dirs)

@@ -4,7 +4,7 @@ import contextlib
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -12,49 +12,12 @@ import torch
 
 from ..conversion.hf_format import read_hf_folder, write_hf_folder
 from ..conversion.modeling_neobert import NeoBERT, NeoBERTConfig
+from .config import ContrastiveConfig
 from .contrastive import MeanPoolEncoder, grad_cache_step, info_nce_loss
 from .data import MixtureBatchSampler, PairDataset
 from .instructions import format_query, load_instructions
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ContrastiveConfig:
-    steps: int = 2000
-    batch_size: int = 128  # queries per step; documents = positives + hard negatives
-    chunk_size: int = 32  # rows per GradCache forward
-    lr: float = 2e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    temperature: float = 0.07
-    alpha: float = 0.5
-    max_length: int = 512
-    seed: int = 0
-    checkpoint_every: int = 0  # 0: only the final model
-    log_every: int = 50
-    bf16: Optional[bool] = None  # default: on CUDA only
-
-
-# --help text of ContrastiveConfig's and CDEConfig's fields (tools/finetune_contrastive.py, tools/finetune_cde.py).
-CONFIG_HELP = {
-    "steps": "optimizer steps",
-    "batch_size": "queries per step (CDE: also the size of the k-means pseudo-context clusters)",
-    "chunk_size": "rows per GradCache forward/backward: memory, not results, depends on it",
-    "context_size": "CDE: context documents J embedded by the first stage",
-    "lr": "peak learning rate",
-    "warmup_steps": "linear warmup steps, then linear decay to zero",
-    "weight_decay": "AdamW weight decay",
-    "max_grad_norm": "gradient clipping norm (0: none)",
-    "temperature": "InfoNCE softmax temperature",
-    "alpha": "weight of the in-batch document-document term of the loss",
-    "max_length": "tokens per text (truncated)",
-    "seed": "random seed (data order, k-means, new weights)",
-    "checkpoint_every": "save a resumable checkpoint every N steps (0: only the final model)",
-    "log_every": "log the loss every N steps",
-    "bf16": "bf16 autocast (default: on CUDA only)",
-}
 
 
 def lr_reached(warmup: int, total: int, lr: float, what: str) -> float:

@@ -15,18 +15,17 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..defaults import DTYPE_NAMES, torch_dtypes
 from .finetune import load_encoder
 from .instructions import format_query, load_instructions, mteb_instruction
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BENCHMARK = "MTEB(eng, v1)"
 TASK_TYPES = ("Classification", "Clustering", "PairClassification", "Reranking", "Retrieval", "STS", "Summarization")
 # NeoBERT after unified contrastive fine-tuning, MTEB(eng, v1), 56 tasks (the paper's table).
 PAPER_SCORES = {"Average": 51.3, "Classification": 61.6, "Clustering": 40.8, "PairClassification": 76.2,
                 "Reranking": 51.2, "Retrieval": 31.6, "STS": 74.8, "Summarization": 30.7}
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = torch_dtypes(DTYPE_NAMES)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from ..conversion.hf_format import load_neobert_auto_config
+from ..progress import library_bars, progress_bar
 from .glue_data import HF_DATASET, GlueTask, get_task, load_split
 from .glue_metrics import task_metrics
 from .glue_protocol import PAPER_GRID, Protocol, RunSpec, data_source, eval_interval
@@ -155,6 +155,7 @@ def fine_tune(
     """
     from transformers import AutoTokenizer
 
+    library_bars(progress)  # here: the runs of a grid on several devices load their models in worker processes
     task, device = get_task(spec.task), torch.device(device)
     started = time.time()
     tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=True)
@@ -184,7 +185,7 @@ def fine_tune(
     generator = torch.Generator().manual_seed(spec.seed)
     history, best, best_state, bad, step = [], None, None, 0, 0
     stopped_early = False
-    bar = tqdm(total=total, desc=spec.key, disable=not progress, leave=False)
+    bar = progress_bar(total=total, desc=spec.key, enabled=progress, leave=False)
     for _ in range(protocol.epochs):
         order = torch.randperm(len(train), generator=generator).tolist()
         for start in range(0, len(order), spec.batch_size):

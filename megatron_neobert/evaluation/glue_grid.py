@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+from megatron_neobert.progress import progress_bar
 
 from .glue import fine_tune
 from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
@@ -154,7 +154,7 @@ def _execute(jobs: List[dict], devices: Sequence[str], progress: bool) -> List[s
     """Runs jobs sequentially (one device) or in a process pool with one worker per device; returns the
     errors of failed runs (the others are stored whatever happens to their neighbours)."""
     errors = []
-    outer = tqdm(total=len(jobs), desc="GLUE runs", disable=not progress)
+    outer = progress_bar(total=len(jobs), desc="GLUE runs", enabled=progress, every=0)  # a line per run in a log
     if len(devices) <= 1:
         for job in jobs:
             key = job["spec"].key

@@ -15,12 +15,12 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..conversion.hf_format import load_neobert_auto_config
+from ..defaults import DEFAULT_BUCKETS
+from ..progress import progress_bar
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def pseudo_perplexities(model, tokenizer, texts: Sequence[str], max_length: int,
     if tokenizer.mask_token_id is None:
         raise ValueError("the tokenizer has no mask token")
     results = []
-    for index, text in enumerate(tqdm(texts, desc="pseudo-perplexity", disable=not progress)):
+    for index, text in enumerate(progress_bar(texts, desc="pseudo-perplexity", enabled=progress, unit="text")):
         enc = tokenizer(text, truncation=True, max_length=max_length, return_special_tokens_mask=True)
         positions = [i for i, special in enumerate(enc["special_tokens_mask"]) if not special]
         if len(enc["input_ids"]) < min_length or not positions:

@@ -1,13 +1,11 @@
-"""Architecture presets, by name, and their megatron-core `TransformerConfig`."""
+"""Architecture presets, by name, and their megatron-core `TransformerConfig`. torch is imported when a config is
+built: the trainer's and the tools' --help read the presets only."""
 
 import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Dict
-
-import torch
-import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,9 @@ def get_arch(name: str, **overrides) -> NeoBERTArch:
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
-def _uniform_init(tensor: torch.Tensor, init_range: float) -> torch.Tensor:
+def _uniform_init(tensor, init_range: float):
+    import torch
+
     return torch.nn.init.uniform_(tensor, -init_range, init_range)
 
 
@@ -76,6 +76,8 @@ def fused_rope_available() -> bool:
 
 def transformer_config(arch: NeoBERTArch, **kwargs):
     """megatron-core `TransformerConfig` for `arch`; kwargs set parallelism, precision, etc."""
+    import torch
+    import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
     on_gpu = torch.cuda.is_available()

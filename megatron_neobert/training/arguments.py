@@ -32,9 +32,9 @@ ARCH_OVERRIDES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # allow_abbrev=False: Megatron-LM's --exit-signal must not be read as a prefix of another flag.
-    p = ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
-                       allow_abbrev=False)
+    # The shared parser refuses abbreviations: Megatron-LM's --exit-signal must not be read as a prefix of
+    # another flag.
+    p = ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.")
     p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
 
     g = p.add_argument_group("model")

@@ -7,8 +7,6 @@ parameters, so every rule is testable on a CPU; `None` means: look it up here.
 import argparse
 from typing import Optional, Tuple, Union
 
-import torch
-
 # TE's FP8 GEMMs need every dimension but the last a multiple of 8 and the last of 16; the token
 # dimension of an activation is tokens per micro-batch, split over TP with sequence parallelism.
 FP8_TOKEN_MULTIPLE = 16
@@ -17,6 +15,8 @@ MXFP8_MIN_CAPABILITY = (10, 0)  # Blackwell: MXFP8 block scaling is done by the 
 
 
 def _detect_capability() -> Union[Tuple[int, int], bool]:
+    import torch  # here: the trainer's --help must not wait for it
+
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else False
 
 
