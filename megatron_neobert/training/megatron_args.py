@@ -10,8 +10,6 @@ import argparse
 import importlib.util
 from typing import Iterable, List, Optional, Set
 
-import torch
-
 from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
 from megatron_neobert.model.config import PRESETS, get_arch
 
@@ -84,7 +82,7 @@ def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
                    help="save checkpoints without the RNG states (a resume from them starts new streams)")
     g.add_argument("--pretrained-checkpoint", default=None,
                    help="when --load holds no checkpoint: start from this one's weights, as --finetune")
-    g.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true",
                    help="the schedule of the loaded checkpoint wins over the flags: always so here unless "
                         "--override-opt-param-scheduler")
     g.add_argument("--auto-detect-ckpt-format", action="store_true",
@@ -192,6 +190,8 @@ def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None
     _refuse(args.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
     _refuse(args.use_checkpoint_opt_param_scheduler and args.override_opt_param_scheduler,
             "--use-checkpoint-opt_param-scheduler and --override-opt-param-scheduler exclude each other")
+    import torch
+
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     _refuse(args.distributed_backend not in (None, backend), f"--distributed-backend {args.distributed_backend}: "
             f"this machine runs {backend} ({'GPUs' if backend == 'nccl' else 'no GPU'})")
