@@ -93,10 +93,11 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
 
 
 class FullDisk:
-    """A file that runs out of space after 4 KB, as on a full disk."""
+    """A file that runs out of space after 64 KB, as on a full disk: past the small pickled items a
+    checkpoint file starts with, inside the torch.save of a tensor (which hides the OSError)."""
 
     def __init__(self, file):
-        self.file, self.left = file, 4096
+        self.file, self.left = file, 64 << 10
 
     def write(self, data):
         if len(data) > self.left:

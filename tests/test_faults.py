@@ -500,7 +500,7 @@ def ends_after_error(job: Job, error: str, within: float = 30) -> float:
     """Seconds from the first `error:` line, which must match `error`, until torchrun has failed and no
     process of the ranks (DataLoader workers, checkpoint writers) is left; at most `within`."""
     job.ranks()
-    job.wait_for(r"error: ")
+    job.wait_for(r"(?m)^error: ")
     start = time.monotonic()
     assert re.search(error, job.first_error()), job.output[-3000:]
     assert job.proc.wait(timeout=within) != 0
@@ -519,7 +519,7 @@ def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_p
     os.kill(rank1, signal.SIGSTOP)
     start = time.monotonic()
     found = job.wait_for(r"watchdog: rank 0 has made no progress for \d+ s in iteration (\d+) \(([a-z ]+)\)", 120)
-    job.wait_for(r"error: ", 120)
+    job.wait_for(r"(?m)^error: ", 120)
     assert re.search(r"^error: rank 0: .*[Tt]imed out", job.first_error()), job.output[-3000:]
     while any(sid == rank0 for _, sid in processes().values()):  # rank 0 and its workers
         assert time.monotonic() - start < timeout_s + 10, job.output[-3000:]
