@@ -10,6 +10,7 @@ The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as 
 import logging
 import os
 import sys
+import time
 import traceback
 from typing import List, Optional
 
@@ -34,6 +35,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         if torch.distributed.get_rank() == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
+        else:  # torchrun stops every rank as soon as one exits: rank 0 goes first
+            time.sleep(10)
         exit_now(1)
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
         traceback.print_exc()

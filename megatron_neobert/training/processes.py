@@ -114,6 +114,6 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
                 print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
                       f"without saving (the latest complete checkpoint stays the one to resume from)",
                       file=sys.stderr, flush=True)
-                os._exit(1)
+                exit_now(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
