@@ -28,12 +28,11 @@ def check_vocabulary(prefix: str, tokenizer) -> None:
                        "rather than against the tokenizer %s before training", prefix, record_path(prefix),
                        tokenizer.tokenizer_model)
         return
-    largest = record.get("max_token_id", -1)  # older records have the vocabulary size alone
-    if largest >= tokenizer.vocab_size or record["vocab_size"] != tokenizer.vocab_size:
+    if record["max_token_id"] >= tokenizer.vocab_size or record["vocab_size"] != tokenizer.vocab_size:
         raise ValueError(
             f"dataset {prefix} was tokenized with {record['tokenizer_type']} "
             f"{record['tokenizer_model']!r} (vocabulary {record['vocab_size']:,}, largest id "
-            f"{largest:,}) but training uses {tokenizer.tokenizer_model!r} with "
+            f"{record['max_token_id']:,}) but training uses {tokenizer.tokenizer_model!r} with "
             f"{tokenizer.vocab_size:,} entries: preprocess it again with the training tokenizer")
 
 
