@@ -8,7 +8,10 @@ The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as 
 """
 
 import logging
+import os
 import sys
+import time
+import traceback
 from typing import List, Optional
 
 from megatron_neobert.training.arguments import parse_args
@@ -23,21 +26,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron_neobert.parallel.launch import init_distributed
     from megatron_neobert.training.errors import TrainingError
     from megatron_neobert.training.loop import train
+    from megatron_neobert.training.processes import exit_now
     from megatron_neobert.training.train_log import print_rank_0
 
     init_distributed(args.distributed_timeout_minutes)
     try:
         history = train(args)
-        print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
-        return 0
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         if torch.distributed.get_rank() == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+        else:  # torchrun stops every rank as soon as one exits: rank 0 goes first
+            time.sleep(10)
+        exit_now(1)
+    except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
+        traceback.print_exc()
+        print(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}", file=sys.stderr, flush=True)
+        exit_now(1)
+    print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def error_line(err: BaseException) -> str:
+    """What went wrong, in one line: an error a DataLoader worker raised comes back as "Caught X in
+    DataLoader worker process N" followed by the worker's traceback, whose last line says it."""
+    lines = str(err).strip().splitlines()
+    if len(lines) > 1 and lines[1].startswith("Original Traceback"):
+        return lines[-1]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 if __name__ == "__main__":

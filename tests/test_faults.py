@@ -8,7 +8,6 @@ same --train-iters (the number of samples drawn decides the data order), stopped
 with --exit-interval.
 """
 
-import errno
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from megatron_neobert.training.checkpoint_integrity import MANIFEST
 from megatron_neobert.training.checkpointing import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.save_lock import LOCK_NAME, SaveLock, process_start_ticks
-from pretrain_cases import run_train, run_train_until_nonfinite, tiny_argv
+from pretrain_cases import full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -151,27 +150,7 @@ def test_disk_full_during_a_save_leaves_the_last_checkpoint(one_rank_run, data, 
     assert not os.path.exists(iteration_dir(root, 8)) and read_latest_iteration(root) == 6
     monkeypatch.undo()
 
-    class FullDisk:
-        def __init__(self, file):
-            self.file, self.left = file, 4096
-
-        def write(self, data):
-            if len(data) > self.left:
-                self.file.write(bytes(data)[:self.left])
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self.left -= len(data)
-            return self.file.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.file, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-    monkeypatch.setattr(filesystem_async, "open", lambda path, mode: FullDisk(open(path, mode)), raising=False)
+    monkeypatch.setattr(filesystem_async, "open", full_disk_open, raising=False)
     with pytest.raises(TrainingError) as err:
         train_here(data, "--train-iters", "8", "--load", root, "--save", root)
     assert str(err.value).startswith(f"no space left on {root}: the checkpoint of iteration 8 was not saved")
@@ -196,6 +175,13 @@ def test_a_nonfinite_last_step_still_saves_the_last_finite_state(data, tmp_path)
     uninterrupted, _ = run_train_until_nonfinite(argv(data, "--train-iters", "7"), [5])
     resumed = train_here(data, "--train-iters", "7", "--load", root)
     assert losses(resumed) == [r["loss"] for r in uninterrupted[5:]]
+
+
+def test_a_nonfinite_stop_after_a_resume_names_the_checkpoint_it_resumed_from(one_rank_run, data):
+    _, root = one_rank_run
+    _, error = run_train_until_nonfinite(argv(data, "--train-iters", "12", "--load", root,
+                                              "--max-skipped-iters", "1"), [1, 2])
+    assert error.endswith(f"stopping at iteration 10 without saving. Last good checkpoint: {iteration_dir(root, 8)}")
 
 
 def test_a_save_folder_with_another_runs_checkpoints_is_refused(one_rank_run, data, tmp_path):
@@ -312,11 +298,11 @@ class Job:
     """`torchrun --nproc-per-node 2 -m megatron_neobert.pretrain ...` in its own session; its
     output (stdout and stderr) collected line by line."""
 
-    def __init__(self, train_argv, *torchrun_flags):
+    def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain")):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             *torchrun_flags, "-m", "megatron_neobert.pretrain", *train_argv],
+             *torchrun_flags, *entry, *train_argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         self.lines, self.sessions = [], set()
         threading.Thread(target=self._read, daemon=True).start()
@@ -352,6 +338,9 @@ class Job:
                 return children
             time.sleep(0.2)
         raise AssertionError("torchrun did not start 2 ranks")
+
+    def first_error(self) -> str:
+        return next((line.strip() for line in self.lines if line.startswith("error:")), None)
 
     def errors(self) -> list:
         """Lines that report an error, but torchrun's own report of the signal it got."""
@@ -500,16 +489,121 @@ def test_kill_9_of_a_rank_leaves_no_process_behind(data, tmp_path, job_factory):
     assert latest >= 2 and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
 
 
-def test_a_frozen_peer_is_reported_by_the_watchdog_then_times_out(data, tmp_path, job_factory):
-    root = str(tmp_path / "ckpt")
-    job = job_factory(long_run(data, root, "--distributed-timeout-minutes", "0.4", "--save-interval", "2"),
-                      "--shutdown-timeout", "2")
-    _, rank1 = job.ranks()
+# --------------------------------------------------------------------------------------------------
+# A failure on any rank ends the whole job, DataLoader workers included
+# --------------------------------------------------------------------------------------------------
+
+WORKERS = "2"  # --num-workers' default (tiny_argv runs without workers)
+ANY_WORKERS = pytest.mark.parametrize("workers", ["0", "1", WORKERS])  # for the faults that cost seconds
+
+
+def ends_after_error(job: Job, error: str, within: float = 30) -> float:
+    """Seconds from the first `error:` line, which must match `error`, until torchrun has failed and no
+    process of the ranks (DataLoader workers, checkpoint writers) is left; at most `within`."""
+    job.ranks()
+    job.wait_for(r"(?m)^error: ", 120)
+    start = time.monotonic()
+    assert re.search(error, job.first_error()), job.output[-3000:]
+    assert job.proc.wait(timeout=within) != 0
+    job.wait_until_gone(within - (time.monotonic() - start))
+    return time.monotonic() - start
+
+
+def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_path, job_factory):
+    """The rank left waiting fails at the timeout, its workers with it. torchrun then stops the
+    frozen one: SIGTERM, and SIGKILL 30 s later (torch 2.13 ignores --shutdown-timeout there)."""
+    root, timeout_s, torchrun_grace_s = str(tmp_path / "ckpt"), 0.4 * 60, 30
+    job = job_factory(long_run(data, root, "--distributed-timeout-minutes", "0.4", "--save-interval", "2",
+                               "--num-workers", WORKERS))
+    rank0, rank1 = job.ranks()
     job.wait_for(r"iteration +3/")
     os.kill(rank1, signal.SIGSTOP)
     start = time.monotonic()
     found = job.wait_for(r"watchdog: rank 0 has made no progress for \d+ s in iteration (\d+) \(([a-z ]+)\)", 120)
-    assert job.proc.wait(timeout=180) != 0
-    print(f"watchdog line: {found.group(0)!r}; job ended {time.monotonic() - start:.0f} s after the freeze")
-    assert int(found.group(1)) >= 3 and time.monotonic() - start < 150
+    job.wait_for(r"(?m)^error: ", 120)
+    assert re.search(r"^error: rank 0: .*[Tt]imed out", job.first_error()), job.output[-3000:]
+    while any(sid == rank0 for _, sid in processes().values()):  # rank 0 and its workers
+        assert time.monotonic() - start < timeout_s + 10, job.output[-3000:]
+        time.sleep(0.1)
+    rank0_ended = time.monotonic() - start
+    assert job.proc.wait(timeout=torchrun_grace_s + 10) != 0
+    job.wait_until_gone(5)
+    ended = time.monotonic() - start
+    print(f"watchdog line: {found.group(0)!r}; after the freeze rank 0 ended in {rank0_ended:.1f} s, the job in "
+          f"{ended:.1f} s")
+    assert int(found.group(1)) >= 3 and ended < timeout_s + torchrun_grace_s + 10
     assert read_latest_iteration(root) >= 2
+
+
+FULL_DISK_RANK = """import sys
+sys.path.insert(0, {tests!r})
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from pretrain_cases import full_disk_open
+filesystem_async.open = full_disk_open
+from megatron_neobert.pretrain import main
+sys.exit(main())
+"""
+
+
+@ANY_WORKERS
+def test_a_full_disk_is_named_and_ends_the_job(workers, data, tmp_path, job_factory):
+    root, rank = str(tmp_path / "ckpt"), tmp_path / "full_disk_rank.py"
+    rank.write_text(FULL_DISK_RANK.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    job = job_factory(argv(data, "--train-iters", "4", "--save", root, "--save-interval", "2",
+                           "--num-workers", workers), entry=(str(rank),))
+    took = ends_after_error(job, rf"^error: no space left on {re.escape(root)}: the checkpoint of iteration 2 "
+                                 rf"was not saved")
+    print(f"job ended {took:.1f} s after the error line")
+    assert read_latest_iteration(root) is None and not os.path.exists(iteration_dir(root, 2))
+
+
+@pytest.fixture(scope="module")
+def beyond_the_vocabulary(tmp_path_factory):
+    """400 documents of ids up to 9,000, beyond the sample tokenizer's 8,192: {"record": prefix} with a
+    tokenizer record naming the largest id, {"no record": prefix} as another tool writes them."""
+    import numpy
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    from megatron_neobert.atomic_write import write_json_atomic
+    from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+    from megatron_neobert.data.records import record_path, tokenizer_record
+    from megatron_neobert.data.tokenizer import build_tokenizer
+
+    root, rng = tmp_path_factory.mktemp("beyond_the_vocabulary"), numpy.random.default_rng(0)
+    documents = [rng.integers(5, 9001, rng.integers(16, 128)) for _ in range(400)]
+    documents[0][-1] = 9000
+    prefixes = {kind: str(root / kind.replace(" ", "_")) for kind in ("record", "no record")}
+    for prefix in prefixes.values():
+        builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.uint16)
+        for document in documents:
+            builder.add_item(torch.from_numpy(document))
+            builder.end_document()
+        builder.finalize(get_idx_path(prefix))
+    record = tokenizer_record(build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER), append_eod=False)
+    write_json_atomic(record_path(prefixes["record"]), {**record, "max_token_id": 9000})
+    return prefixes
+
+
+def test_ids_beyond_the_vocabulary_with_a_record_end_the_job_before_training(beyond_the_vocabulary, tmp_path,
+                                                                             job_factory):
+    prefix = beyond_the_vocabulary["record"]
+    job = job_factory(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", "4",
+                                "--split", "99,1,0", "--num-workers", WORKERS))
+    took = ends_after_error(job, rf"^error: rank \d: ValueError: dataset {re.escape(prefix)} was tokenized with "
+                                 rf".* largest id 9,000\) but training uses .* with 8,192 entries")
+    print(f"job ended {took:.1f} s after the error line")
+    assert not re.search(r"iteration +\d+/", job.output)
+
+
+@ANY_WORKERS
+def test_ids_beyond_the_vocabulary_without_a_record_end_the_job_as_read(workers, beyond_the_vocabulary, tmp_path,
+                                                                        job_factory):
+    """The error is raised where the sample is read: in a DataLoader worker when there are any."""
+    prefix = beyond_the_vocabulary["no record"]
+    job = job_factory(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", "4",
+                                "--split", "99,1,0", "--num-workers", workers))
+    took = ends_after_error(job, rf"^error: rank \d: ValueError: dataset {re.escape(prefix)}: document \d+ holds "
+                                 rf"token id [\d,]+, beyond the 8,192 ids of the tokenizer")
+    print(f"job ended {took:.1f} s after the error line")
+    assert ("Caught ValueError in DataLoader worker process" in job.output) == (workers != "0")

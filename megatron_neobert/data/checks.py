@@ -1,7 +1,8 @@
 """Checks and corrections the MLM dataset applies to each indexed dataset it opens.
 
 - ``check_vocabulary``: token ids the trainer's tokenizer (hence the model) cannot embed stop the
-  run before training, naming the dataset; read from the record beside the ``.idx``.
+  run before training, naming the dataset; read from the record beside the ``.idx``. Data without
+  a record (another tool's) is checked as samples are read: ``unknown_token_error``.
 - ``special_token_trims``: documents that already carry [CLS] / [SEP] / EOD (``--append-eod``, or
   a tool whose tokenizer adds special tokens) lose them, since every piece gets its own.
 - ``split_as_corpus``: a length subset takes the documents of the corpus's split, so a blend of
@@ -23,8 +24,9 @@ logger = logging.getLogger(__name__)
 def check_vocabulary(prefix: str, tokenizer) -> None:
     record = read_record(prefix)
     if record is None or "vocab_size" not in record:
-        logger.warning("%s has no tokenizer record (%s): its token ids cannot be checked against "
-                       "the tokenizer %s", prefix, record_path(prefix), tokenizer.tokenizer_model)
+        logger.warning("%s has no tokenizer record (%s): its token ids are checked as samples are read "
+                       "rather than against the tokenizer %s before training", prefix, record_path(prefix),
+                       tokenizer.tokenizer_model)
         return
     if record["max_token_id"] >= tokenizer.vocab_size or record["vocab_size"] != tokenizer.vocab_size:
         raise ValueError(
@@ -32,6 +34,15 @@ def check_vocabulary(prefix: str, tokenizer) -> None:
             f"{record['tokenizer_model']!r} (vocabulary {record['vocab_size']:,}, largest id "
             f"{record['max_token_id']:,}) but training uses {tokenizer.tokenizer_model!r} with "
             f"{tokenizer.vocab_size:,} entries: preprocess it again with the training tokenizer")
+
+
+def unknown_token_error(prefix: str, document: int, tokens: numpy.ndarray, known: int, tokenizer) -> ValueError:
+    """The error for a document holding an id at or above `known` (one line: a worker's error reaches
+    the log as its last line)."""
+    bad = int(tokens.max())
+    return ValueError(f"dataset {prefix}: document {document} holds token id {bad:,}, beyond the {known:,} ids "
+                      f"of the tokenizer {tokenizer.tokenizer_model!r} (tokenized with another vocabulary, or "
+                      f"Megatron-LM's --append-eod [EOS] at vocab + 1): preprocess it with the training tokenizer")
 
 
 def special_token_trims(dataset, prefix: str, tokenizer, lengths: numpy.ndarray):

@@ -34,7 +34,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus
+from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus, unknown_token_error
 from megatron_neobert.data.indexed import open_indexed
 from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
@@ -178,6 +178,8 @@ class MLMDataset(MegatronDataset):
             # first sequence covers documents written as several sequences (split sentences).
             body = self.dataset.get(int(self._doc_first_sequence[doc]),
                                     int(self.piece_start[p]) + int(self._doc_lead[doc]), length)
+            if length and body.max() >= self._special.shape[0]:  # an id no embedding row (or mask) has
+                raise unknown_token_error(self.dataset_path, doc, body, self._special.shape[0], tok)
             parts += [[tok.cls_id], body, [tok.sep_id]]
             seqlens.append(length + 2)
         tokens = numpy.concatenate(parts).astype(numpy.int64)

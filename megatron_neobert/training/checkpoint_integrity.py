@@ -12,6 +12,7 @@ folder that verifies is offered (`--ckpt-step`).
 """
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -126,7 +127,8 @@ def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
 
 
 def is_disk_full(err: BaseException) -> bool:
-    """Whether an error (megatron-core wraps its writers' errors) comes from a full disk."""
+    """Whether an error (megatron-core wraps its writers' errors) comes from a full disk. The writers'
+    errors reach the rank, and the coordinator's CheckpointException, pickled: as text, not chained."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -136,6 +138,29 @@ def is_disk_full(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+def keep_disk_full_in_writer_errors() -> None:
+    """torch.save in megatron-core's writer processes turns a full disk into "unexpected pos"
+    (the OSError only as its context), and the context is lost when the error is sent back to the
+    rank: raise the OSError itself there instead."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    write_item = filesystem_async._write_item
+    if getattr(write_item, "keeps_disk_full", False):
+        return
+
+    @functools.wraps(write_item)
+    def keeping_disk_full(*args, **kwargs):
+        try:
+            return write_item(*args, **kwargs)
+        except RuntimeError as err:
+            if is_disk_full(err):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
+            raise
+
+    keeping_disk_full.keeps_disk_full = True
+    filesystem_async._write_item = keeping_disk_full
 
 
 def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool,
@@ -175,6 +200,7 @@ def space_shortage(root: str) -> Optional[str]:
 def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
     """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
     any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""
+    keep_disk_full_in_writer_errors()
     shortage = [space_shortage(root) if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(shortage, src=0)
     if shortage[0]:

@@ -61,7 +61,7 @@ class TrainState:
     consumed_samples: int = 0  # training samples read, over all data-parallel ranks
     skipped_iters: int = 0  # steps skipped for a non-finite loss or gradient, in total
     skipped_in_a_row: int = 0
-    last_saved: Optional[int] = None
+    last_checkpoint: Optional[str] = None  # the iteration folder last saved or loaded
     floating_point_operations: float = 0.0  # training FLOPs so far, all ranks (Megatron-LM's count)
 
 
@@ -99,7 +99,7 @@ def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, fi
     if not finetune:
         saved = common["train_state"]
         state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
-                           skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_saved=common["iteration"],
+                           skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=checkpoint,
                            floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
         if saved["data_stream"] == data_stream(args):
             state.consumed_samples = saved["consumed_samples"]
@@ -190,8 +190,7 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
             raise NonFiniteLossError(
                 f"{state.skipped_in_a_row} consecutive steps with a non-finite loss or gradient (more than "
                 f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
-                f"{state.iteration} without saving. Last good checkpoint: "
-                f"{args.save if state.last_saved is not None else 'none'} (iteration {state.last_saved})")
+                f"{state.iteration} without saving. Last good checkpoint: {state.last_checkpoint or 'none'}")
     if stepped:  # in iterations, or in samples with --train-samples
         scheduler.step(increment=schedule_steps(args)[3])
     # Megatron-LM logs the lr after the scheduler's step (the next step's), that of the default param group.
@@ -283,13 +282,13 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
             consumed_valid_samples=(evals_done + len(history["eval"])) * args.eval_iters * args.global_batch_size)
-        save_checkpoint(args.save, state.iteration, chunks, optimizer, scheduler,
-                        dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
-                             skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
-                        saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim,
-                        save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations)
+        state.last_checkpoint = save_checkpoint(
+            args.save, state.iteration, chunks, optimizer, scheduler,
+            dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
+                 skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
+            saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim,
+            save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations)
         resume_param_sync(chunks)
-        state.last_saved = state.iteration
         print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
         if state.skipped_in_a_row:
             print_rank_0(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "

@@ -14,10 +14,12 @@ rank's group, SLURM signals every process of a step), so the rank's helpers get 
   `count_queue.get()`), so `forked_children_die_with_rank` has every child the rank's main thread
   forks die with it.
 - The ranks themselves: under torchrun, `exit_with_launcher` ends a rank whose torchrun is gone
-  (`kill -9` of torchrun, or of its node's agent) instead of training on unwatched.
+  (`kill -9` of torchrun, or of its node's agent) instead of training on unwatched; `exit_now`
+  ends a failed rank and its helpers at once, so that torchrun learns of the failure.
 """
 
 import ctypes
+import multiprocessing
 import os
 import queue
 import signal
@@ -74,6 +76,20 @@ def data_worker_init(worker_id: int) -> None:
     die_with_parent()
 
 
+def exit_now(code: int) -> None:
+    """End this process with `code` at once, its multiprocessing children first.
+
+    Python's own exit would join the children: persistent DataLoader workers wait for work and
+    ignore the SIGTERM it sends them, so it would wait forever; other clean-up (a process group
+    whose peer is gone) can block too.
+    """
+    for child in multiprocessing.active_children():
+        child.kill()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def keep_write_results_in_process() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
@@ -98,6 +114,6 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
                 print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
                       f"without saving (the latest complete checkpoint stays the one to resume from)",
                       file=sys.stderr, flush=True)
-                os._exit(1)
+                exit_now(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
