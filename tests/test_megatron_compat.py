@@ -72,7 +72,7 @@ MEGATRON_LM_FIELDS = {
     "add_qkv_bias": False, "squared_relu": False, "swiglu": True, "untie_embeddings_and_output_weights": True,
     "apply_layernorm_1p": False, "normalization": "RMSNorm", "attention_dropout": 0.0, "hidden_dropout": 0.0,
     "num_experts": None, "tokenizer_type": "BertWordPieceLowerCase", "tokenizer_model": VOCAB,
-    "padded_vocab_size": 8192, "ckpt_format": "torch_dist", "tensor_model_parallel_size": 1,
+    "padded_vocab_size": 8320,  # 8192 + Megatron-LM's [BOS] [EOS], padded to a multiple of 128 "ckpt_format": "torch_dist", "tensor_model_parallel_size": 1,
     "pipeline_model_parallel_size": 1, "virtual_pipeline_model_parallel_size": None,
     "num_layers_per_virtual_pipeline_stage": None, "expert_model_parallel_size": 1,
     "consumed_train_samples": ITERS * 8, "consumed_valid_samples": 2 * 8, "skipped_train_samples": 0,

@@ -28,7 +28,9 @@ def check_vocabulary(prefix: str, tokenizer) -> None:
                        "rather than against the tokenizer %s before training", prefix, record_path(prefix),
                        tokenizer.tokenizer_model)
         return
-    if record["max_token_id"] >= tokenizer.vocab_size or record["vocab_size"] != tokenizer.vocab_size:
+    # Data tokenized without Megatron-LM's two appended BERT specials ([BOS] [EOS]) has the same ids below them.
+    same_vocabulary = record["vocab_size"] in (tokenizer.vocab_size, getattr(tokenizer, "base_vocab_size", None))
+    if record["max_token_id"] >= tokenizer.vocab_size or not same_vocabulary:
         raise ValueError(
             f"dataset {prefix} was tokenized with {record['tokenizer_type']} "
             f"{record['tokenizer_model']!r} (vocabulary {record['vocab_size']:,}, largest id "

@@ -5,7 +5,8 @@ WordPiece from a vocab.txt (Megatron-LM's BertWordPieceLowerCase / BertWordPiece
 ``build_tokenizer(tokenizer_type, tokenizer_model)`` returns an object with ``tokenize(text)``
 (no special tokens added), ``vocab_size``, the BERT special ids ``pad_id unk_id cls_id sep_id
 mask_id``, ``special_ids`` and ``eod_id`` (what ``--append-eod`` appends: the tokenizer's
-end-of-sequence token, [SEP] for BERT vocabularies that have none). The type names are
+end-of-sequence token, [SEP] for BERT vocabularies that have none; the ``BertWordPiece*`` types append
+[BOS] and [EOS] to the vocabulary and end documents with that [EOS], as Megatron-LM's do). The type names are
 Megatron-LM's ``--tokenizer-type`` values; the ``BertWordPiece*`` types read a ``--vocab-file``
 (passed as ``tokenizer_model``).
 
@@ -277,6 +278,16 @@ class BertWordPieceMLMTokenizer(HuggingFaceMLMTokenizer):
         check_wordpiece_vocab(vocab_file)
         self.tokenizer_type = tokenizer_type
         super().__init__(vocab_file)
+        # Megatron-LM's BERT tokenizers append [BOS] and [EOS] to the vocabulary (unless the file has them) and
+        # end a document with [EOS] under --append-eod: the same ids and vocabulary size here, so that its data
+        # and ours carry the same ids and pad the embedding alike.
+        self.base_vocab_size, vocab = self.vocab_size, self._tok.get_vocab()
+        for role, token in (("bos", "[BOS]"), ("eos", "[EOS]")):
+            if token not in vocab:
+                vocab[token] = self.vocab_size
+                self.vocab_size += 1
+            setattr(self, f"{role}_id", vocab[token])
+        self.eod_id = self.eos_id
 
     def _load(self, vocab_file: str):
         from tokenizers import BertWordPieceTokenizer

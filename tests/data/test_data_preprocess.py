@@ -173,6 +173,32 @@ def test_bytes_equal_megatron_lm_with_empty_documents(corpus_slice, sample_token
     assert (docs[0][-1] == sample_tokenizer.eod_id) == append_eod
 
 
+def test_wordpiece_append_eod_is_megatron_lms_and_trains(corpus_slice, tmp_path):
+    """Megatron-LM's BERT tokenizers append [BOS] [EOS] to a vocab.txt and end documents with that [EOS]:
+    our BertWordPiece output is its bytes, and its tool's output (no record beside it) trains."""
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    from megatron_neobert.parallel.launch import run_on_ranks
+    from pretrain_cases import run_train
+
+    vocab = os.path.join(SAMPLE_TOKENIZER, "vocab.txt")
+    wordpiece = build_tokenizer("BertWordPieceLowerCase", vocab)
+    assert (wordpiece.base_vocab_size, wordpiece.vocab_size, wordpiece.eod_id) == (8192, 8194, 8193)
+    texts = corpus_slice[1][:60]
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, [{"content": t} for t in texts])
+    ours = _run([str(path)], str(tmp_path / "ours"), append_eod=True, tokenizer_type="BertWordPieceLowerCase",
+                tokenizer_model=vocab).outputs["content"]
+    theirs = str(tmp_path / "theirs")
+    megatron_lm_pair([[t] for t in texts], theirs, append_eod=True, eod=8193)
+    assert file_bytes(ours) == file_bytes(theirs)
+    history = run_on_ranks(run_train, 1, [
+        "--model-preset", "neobert-tiny", "--num-layers", "1", "--data-path", theirs, "--vocab-file", vocab,
+        "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3",
+        "--lr-warmup-iters", "0", "--eval-interval", "0", "--num-workers", "1", "--split", "100,0,0",
+        "--data-cache-path", str(tmp_path / "cache")])[0]
+    assert history["iteration"] == 3 and all(numpy.isfinite(r["loss"]) for r in history["train"])
+
+
 def _three_files(corpus_slice, folder):
     folder.mkdir()
     texts = corpus_slice[1]
