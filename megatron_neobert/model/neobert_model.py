@@ -5,7 +5,9 @@ no transform, untied). megatron-core's `BertModel` does not fit: it forces a den
 head and cannot take packed sequences.
 
 Inputs, as the data loader gives them:
-- padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token);
+- padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token); the outputs at padded
+  positions are undefined (Transformer Engine's padding mask zeroes them, the local spec's masks
+  only keys and computes them);
 - packed: `input_ids [1, t]` (documents laid end to end) and `packed_seq_params` (THD, with
   `cu_seqlens`); RoPE positions restart at each document and attention never crosses one.
 With `labels [b, s]` (-100 where there is no target) the output layer and the vocab-parallel
