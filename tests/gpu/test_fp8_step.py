@@ -8,7 +8,7 @@ import torch
 
 from megatron_neobert.evaluation.throughput import mlm_micro_batches
 from megatron_neobert.parallel.launch import run_on_ranks
-from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_te
+from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_fp8, needs_te
 
 pytestmark = needs_te
 
@@ -45,8 +45,7 @@ def losses_over_steps(fp8: bool, packed: bool):
     return losses
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="needs FP8 tensor cores")
+@needs_fp8
 @pytest.mark.parametrize("packed", [False, True])
 def test_fp8_steps_track_bf16(packed):
     bf16 = run_on_ranks(losses_over_steps, 1, False, packed)[0]
