@@ -16,7 +16,6 @@ arithmetic. megatron-core's own unfused THD RoPE reads the document lengths to t
 """
 
 import dataclasses
-
 import logging
 import os
 from functools import lru_cache

@@ -6,7 +6,7 @@ head and cannot take packed sequences.
 
 Inputs, as the data loader gives them:
 - padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token); the outputs at padded
-  positions are undefined (Transformer Engine's padding mask zeroes them, the local spec's masks
+  positions are undefined (Transformer Engine's padding mask zeroes them; the local spec masks
   only keys and computes them);
 - packed: `input_ids [1, t]` (documents laid end to end) and `packed_seq_params` (THD, with
   `cu_seqlens`); RoPE positions restart at each document and attention never crosses one.
