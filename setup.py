@@ -1,7 +1,9 @@
 from setuptools import find_packages, setup
 
 EVAL = ["scipy", "scikit-learn", "datasets", "sentence-transformers", "mteb>=2"]
-DALI = ["nvidia-dali-cuda120"]
+# The container and the GPU hosts are CUDA 13; the cuda130 wheel's CPU pipelines also run on a machine without a GPU
+# or CUDA driver (2.4.0 checked on one), so the test install (CI) keeps it.
+DALI = ["nvidia-dali-cuda130"]
 # transformers' common model tests (tests/test_hf_transformers_common.py) were reviewed against this release: the test
 # extra pins it so that a new upstream test cannot turn CI red; tests/check_transformers_release.sh tries the newest.
 REVIEWED_TRANSFORMERS = "5.24.0"
@@ -37,7 +39,7 @@ setup(
         # imported lazily; apex is never listed because the registry package of that name is unrelated.
         # GLUE metrics, MTEB, sentence-transformers exports: ~270 MB, not needed to pre-train.
         "eval": EVAL,
-        # The optional DALI loader (~955 MB of CUDA libraries); its CPU pipelines also run without a GPU, so the
+        # The optional DALI loader (~590 MB of CUDA libraries); its CPU pipelines also run without a GPU, so the
         # test install keeps it and CI tests it; without it that test skips.
         "dali": DALI,
         # Weights & Biases logging (--wandb-project), as Megatron-LM's.

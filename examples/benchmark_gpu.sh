@@ -8,7 +8,9 @@
 # Each run writes RESULTS/NAME.json (every figure, the targets, the kernels used), NAME.png,
 # NAME.md (the table and the targets, to paste into README) and NAME.log.
 # Settings through the environment: RESULTS (folder, default results), PRESET (default
-# neobert-250m, the targets' model), EXTRA_ARGS (more flags for every run).
+# neobert-250m, the targets' model), EXTRA_ARGS (more flags for every run), QUICK=1 (one run,
+# RESULTS/quick.*: lengths 1024 and 4096, 5 timed steps, no compile; about 3 minutes where the full
+# runs take 20-40, so it fits a 10-minute command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +27,13 @@ run() {  # run NAME FLAGS...
         --output-json "$RESULTS/$name.json" --output-png "$RESULTS/$name.png" \
         --markdown "$RESULTS/$name.md" 2>&1 | tee "$RESULTS/$name.log"
 }
+
+if [ "${QUICK:-0}" = 1 ]; then
+    echo "== quick: inference and training at 1024 and 4096, bf16 and FP8, no compile"
+    run quick --quick --fp8
+    cat "$RESULTS/quick.md"
+    exit 0
+fi
 
 # Every figure beside its eager (--compile) and bf16 (--fp8) counterpart in the same process.
 # 8 micro-batches of 32 x 1024 tokens per step: the recipe's global batch of 2048 sequences on

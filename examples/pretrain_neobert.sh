@@ -36,6 +36,7 @@ ARGS=(
     --log-interval 100 --eval-interval 5000 --eval-iters 50 --tensorboard-dir "$TENSORBOARD_DIR"
 )
 
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
 if [ "${SLURM_TASK_PER_GPU:-0}" = 1 ]; then
     # One SLURM task per GPU (examples/pretrain_neobert.slurm): no torchrun; every rank gets the
     # scheduler's signals itself: SIGUSR1 (#SBATCH --signal=USR1@300) asks for the save.

@@ -42,6 +42,7 @@ else
     SCHEDULE=(--train-iters 50000 --lr 6e-5 --lr-decay-style constant --lr-warmup-iters 500)
 fi
 
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
 exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
     --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
     -m megatron_neobert.pretrain \

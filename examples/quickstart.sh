@@ -34,6 +34,7 @@ print(stats.summary())
 PY
 
 echo "== 2/5 pre-train neobert-tiny for $TRAIN_ITERS steps ($WARMUP warmup) on $NPROC ranks (watch the loss fall)"
+source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
 # Length 128, 16 sequences (2k tokens) per step, the paper's optimizer and masking, a short
 # schedule: warmup to 2e-3 over a tenth of the steps (30 at most), cosine to 10% over 90% of the steps. Re-running resumes.
 torchrun --nproc-per-node "$NPROC" --master-port "${MASTER_PORT:-29511}" -m megatron_neobert.pretrain \

@@ -4,13 +4,20 @@ Transformer Engine, flash-attn, apex and DALI come with NVIDIA's PyTorch contain
 optional and each has a PyTorch fallback. A probe imports the package once, the first time it is
 asked (importing TE or flash-attn takes seconds and may fail on a mismatched build, which counts
 as "not available"), and never raises.
+
+A half-installed Transformer Engine (the meta package without its PyTorch extension, versions
+that differ, a CUDA library missing) raises AssertionError, FileNotFoundError or ImportError on
+import, which megatron-core's guards let through: `import megatron.core` itself fails, deep in a
+traceback. The package checks TE first (`check_transformer_engine_before_megatron_core`) and says
+what is wrong in one line. Kept free of a top-level torch import, as the package's __init__ loads it.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 from functools import lru_cache
 from typing import Dict, Optional
-
-import torch
 
 _PACKAGES = {
     "transformer_engine": "transformer_engine",
@@ -30,8 +37,63 @@ def probe(name: str) -> Optional[str]:
     return str(getattr(module, "__version__", "unknown version"))
 
 
+def transformer_engine_install_problem() -> Optional[str]:
+    """One line saying why an installed Transformer Engine breaks megatron-core's import, else None: TE
+    absent, loading, or its top level failing with the ModuleNotFoundError that megatron-core's guards take
+    as "not installed". Once `transformer_engine` imports, megatron-core's fp8_utils imports
+    `transformer_engine.pytorch` unguarded, so any error of that one breaks megatron-core."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return None
+    try:
+        importlib.import_module("transformer_engine")
+    except ModuleNotFoundError:
+        return None
+    except Exception as err:
+        return _install_problem(err)
+    try:
+        importlib.import_module("transformer_engine.pytorch")
+    except Exception as err:
+        return _install_problem(err)
+    return None
+
+
+def _install_problem(err: Exception) -> str:
+    detail = (str(err).strip().splitlines() or [""])[0]
+    return (f"Transformer Engine is installed but does not load ({type(err).__name__}: {detail}), so "
+            "megatron-core cannot be imported: install transformer-engine, transformer-engine-cu13 and "
+            "transformer-engine-torch of one version, the last built against this torch (docs/gpu.md), "
+            "or uninstall transformer-engine to use the PyTorch layers")
+
+
+class TransformerEngineInstallError(RuntimeError):
+    pass
+
+
+class _CheckTransformerEngineFirst(importlib.abc.MetaPathFinder):
+    """Runs transformer_engine_install_problem() once, when megatron.core is first imported; finds nothing
+    itself (it stays on sys.meta_path: removing it while the import system walks that list would skip the
+    next finder)."""
+
+    checked = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "megatron.core" and not self.checked:
+            self.checked = True
+            problem = transformer_engine_install_problem()
+            if problem:
+                raise TransformerEngineInstallError(problem) from None
+        return None
+
+
+def check_transformer_engine_before_megatron_core() -> None:
+    if "megatron.core" not in sys.modules:
+        sys.meta_path.insert(0, _CheckTransformerEngineFirst())
+
+
 def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:
     """What runs each part of a training step, in words."""
+    import torch
+
     from megatron_neobert.model.layer_specs import use_transformer_engine
 
     te = use_transformer_engine(transformer_impl, log=False)  # the choice the model's layer spec makes

@@ -60,6 +60,43 @@ def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_p
     assert "| inference tokens/s vs ModernBERT-base, length 4096 | - | >= 1.5x | not measured" in markdown
 
 
+def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explicit_flags_win():
+    import benchmark_throughput
+
+    args = benchmark_throughput.parse_args(["--quick"])
+    assert args.inference_seq_lengths == args.train_seq_lengths == [1024, 4096] and not args.compile
+    assert (args.inference_steps, args.train_steps, args.train_tokens_per_micro_batch) == (5, 5, 32768)
+    assert benchmark_throughput.parse_args(["--quick", "--train-steps", "9"]).train_steps == 9
+    assert benchmark_throughput.parse_args([]).inference_seq_lengths == [512, 1024, 2048, 4096, 8192]
+
+
+def test_quick_run_of_a_tiny_preset_writes_its_figures_before_the_plot(tmp_path, monkeypatch):
+    import benchmark_throughput
+
+    import megatron_neobert.evaluation.throughput as throughput
+
+    def failing_plot(results, path):
+        raise RuntimeError("no display")
+
+    monkeypatch.setattr(throughput, "plot", failing_plot)
+    out_json, out_md = tmp_path / "q.json", tmp_path / "q.md"
+    # CPU-sized lengths, batches and step counts; the rest as --quick sets it.
+    argv = ["--quick", "--model-preset", "neobert-tiny", "--no-baselines", "--inference-seq-lengths", "128", "256",
+            "--inference-max-batch", "2", "--inference-steps", "1", "--train-seq-lengths", "128", "256",
+            "--train-tokens-per-micro-batch", "512", "--train-steps", "1",
+            "--output-json", str(out_json), "--output-png", str(tmp_path / "q.png"), "--markdown", str(out_md)]
+    with pytest.raises(RuntimeError, match="no display"):
+        benchmark_throughput.main(argv)
+    rows = json.loads(out_json.read_text())["results"]
+    assert "| training | megatron-packed | 256 | 2 |" in out_md.read_text()
+    assert not any(r["compiled"] for r in rows) and all(r["error"] is None for r in rows)
+    # The same tokens per micro-batch at each length.
+    assert {(r["seq_length"], r["batch_size"]) for r in rows if r["benchmark"] == "training"} == {(128, 4), (256, 2)}
+    monkeypatch.setattr(throughput, "plot", lambda results, path: pytest.fail("plotted with --no-plot"))
+    benchmark_throughput.main(argv + ["--no-plot", "--skip-inference", "--skip-training"])
+    assert not (tmp_path / "q.png").exists()
+
+
 def test_training_runs_put_each_compiled_variant_after_its_eager_model():
     assert training_runs(fp8=False, compile=False) == [
         ("reference-hf-padded", "bf16", False), ("megatron-padded", "bf16", False), ("megatron-packed", "bf16", False)]

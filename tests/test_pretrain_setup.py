@@ -194,3 +194,38 @@ def test_kernel_report_names_the_fallbacks_on_cpu():
     names = {"torch": "torch.optim.AdamW", "transformer_engine": "Transformer Engine FusedAdam",
              "apex": "apex FusedAdam"}
     assert report["optimizer"].startswith(names[mcore_optimizer.Adam.__module__.split(".")[0]])
+
+
+@pytest.mark.parametrize("name, bf16, fp8", [
+    ("NVIDIA H100 80GB HBM3", 989.0, 1979.0),  # SXM
+    ("NVIDIA H100 PCIe", 756.0, 1513.0),
+    ("NVIDIA H100 NVL", 835.5, 1670.5),
+    ("NVIDIA H200", 989.0, 1979.0),
+    ("NVIDIA H200 NVL", 835.5, 1670.5),
+    ("NVIDIA A100-SXM4-80GB", 312.0, None),
+    ("NVIDIA H100 SXM5 64GB", None, None),  # a name not in the table: no MFU, not the SXM 80GB's peak
+    ("NVIDIA H800", None, None),
+])
+def test_mfu_peak_is_looked_up_by_the_exact_device_name(monkeypatch, name, bf16, fp8):
+    import torch
+
+    from megatron_neobert.training.metrics import peak_tflops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert (peak_tflops(fp8=False), peak_tflops(fp8=True)) == (bf16, fp8)
+
+
+def test_an_unknown_gpu_is_logged_without_mfu(single_rank, monkeypatch, capsys):
+    import types
+
+    import torch
+
+    from megatron_neobert.training.train_log import TrainingLog
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H800")
+    args = types.SimpleNamespace(fp8_format=None, tensorboard_dir=None, wandb_project=None)
+    assert TrainingLog(args, get_arch("neobert-tiny"), 128).peak is None
+    assert capsys.readouterr().out == ("MFU not reported: no bf16 peak TFLOP/s known for 'NVIDIA H800' "
+                                       "(training/metrics.py PEAK_TFLOPS)\n")

@@ -4,7 +4,7 @@ Samples are read and collated in Python exactly as for the torch loader (same sa
 ``collate_mlm_batch``); DALI's external source runs that callback ahead of the consumer
 (``prefetch_queue_depth``, optionally in parallel worker processes) and, with a ``device_id``,
 copies each batch to the GPU asynchronously. ``nvidia-dali`` is imported only when this loader is
-chosen; the NGC container ships it, and ``nvidia-dali-cuda120`` from PyPI runs CPU-only pipelines.
+chosen; the NGC container ships it, and ``nvidia-dali-cuda130`` from PyPI runs CPU-only pipelines.
 """
 
 import logging
@@ -65,7 +65,7 @@ class DALIMLMLoader:
             from nvidia.dali import fn, pipeline_def
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
         except ImportError as err:
-            raise ImportError("loader='dali' needs NVIDIA DALI (pip install nvidia-dali-cuda120, "
+            raise ImportError("loader='dali' needs NVIDIA DALI (pip install nvidia-dali-cuda130, "
                               "or the NGC container); the default loader='torch' does not") from err
         self.sampler = sampler
         self.names = _output_names(dataset[sampler.batch_indices(0)[0]])

@@ -8,8 +8,14 @@ and cannot take packed sequences. Two layouts reach it from megatron-core's `Sel
   attends within its own document. Kernels, best first: flash-attn's varlen kernel (GPU, fp16 or
   bf16), FlexAttention with a document BlockMask (GPU, no dropout), PyTorch SDPA over segments of
   whole documents. `NEOBERT_PACKED_ATTENTION=flash|flex|sdpa` forces one (tests, benchmarks).
+
+Packed input also brings its RoPE here (`RotaryPackedSeqParams`): each token's cos/sin, gathered
+by its position in its document once per step, rotate q and k with megatron-core's unfused
+arithmetic. megatron-core's own unfused THD RoPE reads the document lengths to the host
+(`.tolist()`) and splits q and k per document in every layer.
 """
 
+import dataclasses
 import logging
 import os
 from functools import lru_cache
@@ -17,6 +23,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from megatron.core.models.common.embeddings.rope_utils import _rotate_half
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -75,6 +82,34 @@ def packed_attention_backend(on_gpu: bool, half_precision: bool = True, dropout:
     if on_gpu and not dropout and flex_attention_kernels(True) is not None:
         return "flex"
     return "sdpa"
+
+
+@dataclasses.dataclass
+class RotaryPackedSeqParams(PackedSeqParams):
+    """THD parameters with each token's RoPE cos and sin `[t, 1, 1, d]` (positions restarting at each
+    document), for `BidirectionalAttention` to apply; megatron-core's SelfAttention then gets no
+    rotary_pos_emb."""
+
+    rotary_cos: Optional[torch.Tensor] = None
+    rotary_sin: Optional[torch.Tensor] = None
+    rotary_interleaved: bool = False
+
+    @classmethod
+    def by_position(cls, params: PackedSeqParams, freqs: torch.Tensor, positions: torch.Tensor,
+                    dtype: torch.dtype, interleaved: bool) -> "RotaryPackedSeqParams":
+        """`freqs` `[max_seqlen, 1, 1, d]` (megatron-core's RotaryEmbedding) at `positions` `[t]`, as cos and
+        sin in the activations' `dtype`: megatron-core's `(cos(freqs) * mscale).to(dtype)` with mscale 1.
+        Device work only (a gather, no host read)."""
+        token_freqs = freqs[positions]
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(PackedSeqParams)},
+                   rotary_cos=torch.cos(token_freqs).to(dtype), rotary_sin=torch.sin(token_freqs).to(dtype),
+                   rotary_interleaved=interleaved)
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        """RoPE on packed `t` `[t, heads, d]`: megatron-core's `_apply_rotary_pos_emb_bshd` on `t[:, None]`, as
+        its unfused THD path calls it, with the frequencies it would gather per document."""
+        t4, cos, sin = t.unsqueeze(1), self.rotary_cos.to(t.dtype), self.rotary_sin.to(t.dtype)  # no-op casts
+        return ((t4 * cos) + (_rotate_half(t4, self.rotary_interleaved) * sin)).squeeze(1)
 
 
 @lru_cache(maxsize=None)
@@ -203,6 +238,8 @@ class BidirectionalAttention(MegatronModule):
 
     def _forward_packed(self, query, key, value, params: PackedSeqParams, dropout_p: float):
         total = query.shape[0]
+        if isinstance(params, RotaryPackedSeqParams):
+            query, key = params.rotate(query), params.rotate(key)
         backend = packed_attention_backend(
             query.is_cuda, query.dtype in (torch.float16, torch.bfloat16), dropout_p > 0)
         _log_packed_kernel(backend)

@@ -5,7 +5,9 @@ no transform, untied). megatron-core's `BertModel` does not fit: it forces a den
 head and cannot take packed sequences.
 
 Inputs, as the data loader gives them:
-- padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token);
+- padded: `input_ids [b, s]` and `attention_mask [b, s]` (True = real token); the outputs at padded
+  positions are undefined (Transformer Engine's padding mask zeroes them; the local spec masks
+  only keys and computes them);
 - packed: `input_ids [1, t]` (documents laid end to end) and `packed_seq_params` (THD, with
   `cu_seqlens`); RoPE positions restart at each document and attention never crosses one.
 With `labels [b, s]` (-100 where there is no target) the output layer and the vocab-parallel
@@ -29,7 +31,7 @@ from megatron.core.transformer.transformer_block import TransformerBlock, Transf
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
-from megatron_neobert.model.attention import BidirectionalAttention
+from megatron_neobert.model.attention import BidirectionalAttention, RotaryPackedSeqParams
 
 IGNORE_INDEX = -100
 
@@ -77,10 +79,12 @@ class NeoBERTModel(LanguageModule):
                                         pre_process=pre_process, post_process=post_process,
                                         pg_collection=self.pg_collection, vp_stage=vp_stage)
         # Our bidirectional attention takes padded input without a mask; Transformer Engine's,
-        # built for `AttnMaskType.padding`, asserts that one is given.
+        # built for `AttnMaskType.padding`, asserts that one is given. Without TE's fused THD RoPE, ours
+        # also applies packed input's RoPE itself, by token position (RotaryPackedSeqParams).
         layer_specs = block_spec.layer_specs
-        self.padded_input_needs_mask = bool(layer_specs) and (
-            layer_specs[0].submodules.self_attention.submodules.core_attention is not BidirectionalAttention)
+        core_attention = layer_specs[0].submodules.self_attention.submodules.core_attention if layer_specs else None
+        self.padded_input_needs_mask = core_attention not in (None, BidirectionalAttention)
+        self.rope_by_position = core_attention is BidirectionalAttention and not config.apply_rope_fusion
         if post_process:
             head_config = config
             if config.gradient_accumulation_fusion and not _apex_wgrad_fusion_available():
@@ -127,6 +131,12 @@ class NeoBERTModel(LanguageModule):
             seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, self.decoder, hidden, self.config,
                                                              packed_seq_params)
             rotary_pos_emb = self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
+            if packed_seq_params is not None and self.rope_by_position:
+                positions = self._default_position_ids(input_ids, packed_seq_params)[0]
+                packed_seq_params = RotaryPackedSeqParams.by_position(
+                    packed_seq_params, rotary_pos_emb, positions, self.config.params_dtype,
+                    self.config.rotary_interleaved)
+                rotary_pos_emb = None
         # megatron-core masks are True where attention is *not* allowed: [b, 1, 1, s] over keys.
         mask = None if attention_mask is None else ~attention_mask.bool()[:, None, None, :]
 

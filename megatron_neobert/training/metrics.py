@@ -15,8 +15,20 @@ import torch
 
 from megatron_neobert.model import NeoBERTArch
 
-# Dense peak TFLOP/s per GPU: (bf16, fp8). H100/H200 from the spec; A100 has no FP8.
-PEAK_TFLOPS = {"H100": (989.0, 1979.0), "H200": (989.0, 1979.0), "A100": (312.0, None)}
+# Dense (no sparsity) peak TFLOP/s per GPU, (bf16, fp8), from NVIDIA's datasheets, by the exact name
+# torch.cuda.get_device_name() gives: an H100 PCIe or NVL is slower than the SXM part ("80GB HBM3"), so a
+# substring would overstate their MFU. A100 has no FP8.
+PEAK_TFLOPS = {
+    "NVIDIA H100 80GB HBM3": (989.0, 1979.0),
+    "NVIDIA H100 PCIe": (756.0, 1513.0),
+    "NVIDIA H100 NVL": (835.5, 1670.5),
+    "NVIDIA H200": (989.0, 1979.0),
+    "NVIDIA H200 NVL": (835.5, 1670.5),
+    "NVIDIA A100-SXM4-80GB": (312.0, None),
+    "NVIDIA A100-SXM4-40GB": (312.0, None),
+    "NVIDIA A100-PCIE-40GB": (312.0, None),
+    "NVIDIA A100 80GB PCIe": (312.0, None),
+}
 
 
 def non_embedding_params(arch: NeoBERTArch) -> int:
@@ -52,14 +64,12 @@ def attended_pairs(batch: Dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
 
 
 def peak_tflops(fp8: bool) -> Optional[float]:
-    """This GPU's dense peak for the precision in use, or None (CPU, unknown GPU)."""
+    """This GPU's dense peak for the precision in use, or None (CPU, a GPU not named in PEAK_TFLOPS):
+    no MFU rather than one against another part's peak."""
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key, (bf16, f8) in PEAK_TFLOPS.items():
-        if key in name:
-            return f8 if fp8 else bf16
-    return None
+    bf16, f8 = PEAK_TFLOPS.get(torch.cuda.get_device_name(), (None, None))
+    return f8 if fp8 else bf16
 
 
 def memory_gib() -> float:

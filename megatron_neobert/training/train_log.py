@@ -42,6 +42,9 @@ class TrainingLog:
     def __init__(self, args, arch: NeoBERTArch, padded_vocab: int):
         self.args, self.arch, self.padded_vocab = args, arch, padded_vocab
         self.peak = peak_tflops(fp8=args.fp8_format is not None)
+        if self.peak is None and torch.cuda.is_available():
+            print_rank_0(f"MFU not reported: no {'FP8' if args.fp8_format else 'bf16'} peak TFLOP/s known for "
+                         f"{torch.cuda.get_device_name()!r} (training/metrics.py PEAK_TFLOPS)")
         self.window: List[dict] = []
         self.writers = []  # each with add_scalar(tag, value, step) and close()
         if torch.distributed.get_rank() == 0:

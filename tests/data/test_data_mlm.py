@@ -355,7 +355,7 @@ def test_loader_resumes_and_shards_deterministically(sample_tokenizer, indexed_p
 def test_dali_loader_yields_the_same_batches_as_torch(sample_tokenizer, indexed_prefix, tmp_path,
                                                       packed):
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed "
-                        "(pip install nvidia-dali-cuda120; the NGC container has it)")
+                        "(pip install nvidia-dali-cuda130; the NGC container has it)")
     (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], packed=packed,
                                                cache=str(tmp_path)), [None] * 3)
     reference = _batches(build_data_loader(train, 3, 6, num_workers=0))

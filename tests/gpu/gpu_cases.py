@@ -9,9 +9,17 @@ from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import build_model, get_arch, transformer_config
 from megatron_neobert.model.layer_specs import _LOCAL_TO_TE_CHECKPOINT_KEYS, transformer_engine_available
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-needs_te = pytest.mark.skipif(not (torch.cuda.is_available() and transformer_engine_available()),
-                              reason="needs a GPU and Transformer Engine")
+
+def needs(kernel: str, available: bool, what: str):
+    """Skips a test when `kernel` (a name REQUIRE_GPU_KERNELS may list; conftest.py then fails the skip) is
+    not `available`."""
+    return pytest.mark.skipif(not available, reason=f"needs {kernel}: {what}")
+
+
+GPU = torch.cuda.is_available()
+needs_gpu = needs("gpu", GPU, "a CUDA GPU")
+needs_te = needs("te", GPU and transformer_engine_available(), "a GPU and Transformer Engine")
+needs_fp8 = needs("fp8", GPU and torch.cuda.get_device_capability() >= (8, 9), "FP8 tensor cores (sm89+)")
 
 # Multiples of 16 everywhere (FP8 GEMMs), small enough to run in seconds.
 ARCH = get_arch("neobert-tiny", num_layers=2, hidden_size=128, num_attention_heads=4, ffn_hidden_size=256,

@@ -4,7 +4,7 @@ import pytest
 
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_varlen
 from megatron_neobert.training.step import model_inputs
-from gpu_cases import batch, build, needs_gpu, relative_error
+from gpu_cases import batch, build, needs, needs_gpu, relative_error
 
 pytestmark = needs_gpu
 
@@ -18,7 +18,7 @@ def loss_and_grads(model, inputs):
 
 @pytest.mark.parametrize("kernel", [
     "flex",
-    pytest.param("flash", marks=pytest.mark.skipif(flash_attn_varlen() is None, reason="needs flash-attn")),
+    pytest.param("flash", marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
 ])
 def test_packed_kernel_equals_sdpa(single_rank, monkeypatch, kernel):
     model = build("local")

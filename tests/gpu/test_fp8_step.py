@@ -1,4 +1,5 @@
-"""One training step in FP8 (Transformer Engine): a finite loss close to bf16's from the same weights."""
+"""Training steps in FP8 (Transformer Engine) against bf16 from the same weights and batches: the losses
+track each other step by step, and both fall by far more than they differ."""
 
 import math
 
@@ -7,41 +8,52 @@ import torch
 
 from megatron_neobert.evaluation.throughput import mlm_micro_batches
 from megatron_neobert.parallel.launch import run_on_ranks
-from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_te
+from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_fp8, needs_te
 
 pytestmark = needs_te
 
+STEPS = 8
 
-def first_step(fp8: bool, packed: bool):
-    """(loss before the step, loss of the same batches after it) through the trainer's set-up."""
+
+def losses_over_steps(fp8: bool, packed: bool):
+    """The loss of each of STEPS optimizer steps on the same two micro-batches, through the trainer's set-up:
+    a constant learning rate from the first step (no warmup, which would start it at 0) and the scheduler
+    stepped as the loop does."""
     from megatron_neobert.training.arguments import parse_args
     from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
     flags = ["--data-path", "synthetic", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
-             "--bf16", "--transformer-impl", "transformer_engine", "--lr", "1e-3"]
+             "--bf16", "--transformer-impl", "transformer_engine", "--lr", "1e-3", "--lr-warmup-iters", "0",
+             "--lr-decay-style", "constant"]
     flags += ["--fp8-format", "hybrid"] if fp8 else []
     args = parse_args(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(args, ARCH, resolve_padded_vocab_size(args, ARCH, None, None))
-    batches = mlm_micro_batches(SEQ, MICRO_BATCH, 2, ARCH.vocab_size, packed, 0.2, torch.device("cuda"))
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(
+        args, ARCH, resolve_padded_vocab_size(args, ARCH, None, None))
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    batches = mlm_micro_batches(SEQ, MICRO_BATCH, 2, ARCH.vocab_size, packed, 0.2, device)
     losses = []
-    for _ in range(2):
+    for _ in range(STEPS):
         for c in chunks:
             c.zero_grad_buffer()
         optimizer.zero_grad()
-        stats = run_micro_batches(chunks, batches, forward_only=False)
-        losses.append(stats.loss)
-        optimizer.step()
+        assert optimizer.param_groups[0]["lr"] == 1e-3
+        losses.append(run_micro_batches(chunks, batches, forward_only=False).loss)
+        stepped, _, _ = optimizer.step()
+        assert stepped
+        scheduler.step(increment=1)
     return losses
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="needs FP8 tensor cores")
+@needs_fp8
 @pytest.mark.parametrize("packed", [False, True])
-def test_fp8_step_has_a_finite_loss_close_to_bf16(packed):
-    bf16 = run_on_ranks(first_step, 1, False, packed)[0]
-    fp8 = run_on_ranks(first_step, 1, True, packed)[0]
+def test_fp8_steps_track_bf16(packed):
+    bf16 = run_on_ranks(losses_over_steps, 1, False, packed)[0]
+    fp8 = run_on_ranks(losses_over_steps, 1, True, packed)[0]
     assert all(math.isfinite(x) for x in fp8 + bf16)
+    # The same weights and batches: an optimizer that did not step would repeat the first loss.
+    # Repeating the batches, the loss falls from 6.9 by 1.2-1.3 nats in 8 steps (the local spec in bf16
+    # on a CPU); the floor checked is 0.5 nat, well above FP8's allowed 2% (0.14 nat) from bf16.
+    assert bf16[0] - bf16[-1] > 0.5 and fp8[0] - fp8[-1] > 0.5, (fp8, bf16)
     for a, b in zip(fp8, bf16):
         assert abs(a - b) / b < 0.02, (fp8, bf16)
-    assert fp8[1] < fp8[0]  # the step learned

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from megatron_neobert.model.attention import flash_attn_varlen
 from megatron_neobert.training.step import mlm_loss_func, model_inputs
-from gpu_cases import batch, build, needs_gpu, needs_te
+from gpu_cases import batch, build, needs, needs_gpu, needs_te
 
 pytestmark = needs_gpu
 
@@ -18,8 +19,10 @@ def step(model, host_batch):
 @pytest.mark.parametrize("impl, packed", [
     ("local", False),
     pytest.param("transformer_engine", False, marks=needs_te),
-    # Packed input syncs in the local spec's unfused RoPE and segmented SDPA; TE's fused kernels do not.
     pytest.param("transformer_engine", True, marks=needs_te),
+    # Packed, the local spec's RoPE (by position, or TE's fused) and flash-attn's varlen kernel make no sync;
+    # its segmented-SDPA fallback reads the document lengths once per step.
+    pytest.param("local", True, marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
 ])
 def test_step_makes_no_host_sync(single_rank, impl, packed):
     model = build(impl).train()
