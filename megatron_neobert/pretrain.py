@@ -8,36 +8,55 @@ The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as 
 """
 
 import logging
+import os
 import sys
+import time
 from typing import List, Optional
 
 from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.errors import TrainingError
+
+RANK_0_GRACE_S = 30  # seconds
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)  # --help and bad flags answer here, before megatron-core is imported
+    try:
+        args = parse_args(argv)  # --help and bad flags answer here, before megatron-core is imported
+    except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
+        return _report(err)
     import torch
     from megatron.core import parallel_state
 
-    from megatron_neobert.parallel.launch import init_distributed
-    from megatron_neobert.training.errors import TrainingError
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.train_log import print_rank_0
 
-    init_distributed(args.distributed_timeout_minutes)
     try:
         history = train(args)
         print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
         return 0
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
-        if torch.distributed.get_rank() == 0:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        return 1
+        return _report(err)
     finally:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _report(err: Exception) -> int:
+    """One line on rank 0 (the launcher's RANK while no process group exists: the input checks
+    run before it), status 1 on every rank."""
+    import torch
+
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
+    if rank == 0:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+    else:
+        # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
+        # fault, the time to say it (its exit ends this wait).
+        time.sleep(RANK_0_GRACE_S)
+    return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import importlib.util
 from typing import Iterable, List, Optional, Set
 
 from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
+from megatron_neobert.training.errors import InputError
 
 # dest: (the recipe's default, Megatron-LM's), as --help and the start-up report show them.
 RECIPE_DEFAULTS = {
@@ -85,7 +86,7 @@ def explicit_dests(build_parser, argv: Optional[List[str]], config_keys: Iterabl
 
 def _refuse(condition: bool, message: str) -> None:
     if condition:
-        raise ValueError(message)
+        raise InputError(message)
 
 
 def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None:
@@ -158,7 +159,10 @@ def _resolve_data(args, explicit: Set[str]) -> None:
 
 
 def _resolve_tokenizer(args, explicit: Set[str]) -> None:
-    vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
+    try:
+        vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
+    except ValueError as err:  # the data package's checks, in its own error type
+        raise InputError(str(err)) from err
     if vocab_file is not None:
         # What build_tokenizer and the checkpoint's args name.
         args.vocab_file = args.tokenizer_model = vocab_file
