@@ -5,6 +5,8 @@ Layout of `output_dir`:
     checkpoints/{key}/       best weights of each MNLI run (the transfer source of RTE, STS-B, MRPC, QNLI)
     results.json, results.md every run, the best run per task, the average, beside the paper's scores
     preset.json              the best (batch size, learning rate, weight decay) per task, for `--preset`
+    superseded/{revision}/   runs/ and checkpoints/ of an earlier content of the model folder (other weights or
+                             tokenizer, see `set_aside_other_revisions`)
 """
 
 import json
@@ -20,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+from megatron_neobert.conversion.hf_format import checkpoint_revision
 
 from .glue import fine_tune
 from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
@@ -145,7 +148,8 @@ def _run_one(job: dict) -> dict:
     if str(device).startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     record_path = Path(job.pop("record_path"))
-    record = fine_tune(device=device, **job)
+    revision = job.pop("model_revision")
+    record = dict(fine_tune(device=device, **job), model_revision=revision)
     write_json_atomic(record_path, record)
     return record
 
@@ -185,6 +189,32 @@ def _execute(jobs: List[dict], devices: Sequence[str], progress: bool) -> List[s
 def default_devices() -> List[str]:
     n = torch.cuda.device_count()
     return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+
+
+def model_revision(model_path) -> Optional[str]:
+    """The hash of a local folder's weights, config and tokenizer (None for a Hub name): a folder exported
+    again with other weights is another model under the same path."""
+    return checkpoint_revision(model_path) if Path(model_path).is_dir() else None
+
+
+def set_aside_other_revisions(records: List[dict], output_dir, model_key: str, revision: Optional[str]) -> List[dict]:
+    """The records of this revision of the model. Runs of the same path with other weights or another tokenizer
+    (or stored without a revision) move, with their checkpoints, to superseded/{their revision}/, so that they
+    are run again and never reported as this model's."""
+    current = [r for r in records if r["model"] != model_key or r.get("model_revision") == revision]
+    old = [r for r in records if r not in current]
+    for r in old:
+        folder = Path(output_dir) / "superseded" / (r.get("model_revision") or "unknown")
+        (folder / "runs").mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "runs" / f"{r['key']}.json").replace(folder / "runs" / f"{r['key']}.json")
+        if r.get("checkpoint") and Path(r["checkpoint"]).is_dir():
+            (folder / "checkpoints").mkdir(exist_ok=True)
+            Path(r["checkpoint"]).replace(folder / "checkpoints" / Path(r["checkpoint"]).name)
+    if old:
+        logger.warning("%s changed since %d stored GLUE run(s) (revision %s, now %s): they are moved to %s and "
+                       "run again", model_key, len(old), old[0].get("model_revision") or "unknown", revision,
+                       Path(output_dir) / "superseded")
+    return current
 
 
 def check_same_settings(records: Iterable[dict], output_dir, model_key: str, protocol: Protocol, data: str) -> None:
@@ -228,6 +258,8 @@ def run_glue(
         raise ValueError("no GLUE runs requested")
     records = load_records(output_dir)
     check_same_settings(records, output_dir, model_key, protocol, data_source(data_dir, dataset_name))
+    revision = model_revision(model_path)
+    records = set_aside_other_revisions(records, output_dir, model_key, revision)
     done = {r["key"] for r in records}
     pending = [s for s in dict.fromkeys(specs) if s.key not in done]
     if len(pending) < len(specs):
@@ -246,8 +278,8 @@ def run_glue(
             f"give one with --mnli-checkpoint, or start every task from the model with --no-transfer")
 
     def job(spec, init_path=None):
-        return {"model_path": model_path, "spec": spec, "protocol": protocol, "data_dir": data_dir,
-                "dataset_name": dataset_name, "init_path": init_path, "progress": progress,
+        return {"model_path": model_path, "model_revision": revision, "spec": spec, "protocol": protocol,
+                "data_dir": data_dir, "dataset_name": dataset_name, "init_path": init_path, "progress": progress,
                 "checkpoint_dir": output_dir / "checkpoints" / spec.key if spec.task == "MNLI" else None,
                 "record_path": output_dir / "runs" / f"{spec.key}.json"}
 
@@ -267,5 +299,5 @@ def run_glue(
 
 
 __all__ = ["grid_specs", "preset_specs", "load_records", "best_per_task", "best_mnli_checkpoint", "report",
-           "check_same_settings",
+           "check_same_settings", "model_revision", "set_aside_other_revisions",
            "run_glue", "default_devices", "write_json_atomic"]
