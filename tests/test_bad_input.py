@@ -1,8 +1,9 @@
-"""Bad input ends the trainer with one `error:` line on rank 0, exit status 1 and no traceback, within
-seconds: flags and files are checked before the process group exists, a checkpoint before the model is
-built."""
+"""Bad input ends the trainer and the tools with one `error:` line (on rank 0), a non-zero exit status and no
+traceback, within seconds: the trainer checks flags and files before the process group exists, a checkpoint
+before the model is built."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from hf_fixtures import make_neobert_folder
 from megatron_neobert.model.layer_specs import transformer_engine_available
 from megatron_neobert.pretrain import main
 from pretrain_cases import tiny_argv
@@ -119,3 +121,64 @@ def test_only_rank_0_reports(data, checkpoint, tmp_path, case):
     assert status != 0 and len(error_lines(output)) == 1, output
     assert "[rank" not in output, output  # torchrun prefixes what a rank's traceback prints
     assert seconds < 60, seconds
+
+
+# --------------------------------------------------------------------------------------------------
+# Tools
+# --------------------------------------------------------------------------------------------------
+
+
+def tool_fails_in_one_line(main, argv) -> str:
+    """What a tool that ends in SystemExit prints (on stderr, status 1, as Python reports it)."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    message = str(stop.value)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+@pytest.fixture(scope="module")
+def big_config(tmp_path_factory):
+    """An exported folder whose config.json says "hidden_size": "big"."""
+    folder = make_neobert_folder(tmp_path_factory.mktemp("config") / "hf", num_hidden_layers=1)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, hidden_size="big")))
+    return folder
+
+
+def test_a_config_of_the_wrong_kind_is_named_by_every_hf_tool(big_config, tmp_path, capsys):
+    from tools.convert_checkpoint import main as convert
+    from tools.pseudo_perplexity import main as pseudo_perplexity
+    from tools.run_glue import main as run_glue
+
+    named = f"{big_config}/config.json: NeoBERT config: hidden_size='big': sizes must be positive integers"
+    assert convert(["--direction", "hf-to-mcore", "--load", str(big_config), "--save", str(tmp_path / "m")]) == 1
+    assert error_lines(capsys.readouterr().err) == [f"error: {named}"]
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "a b c"}\n')
+    assert tool_fails_in_one_line(pseudo_perplexity, ["--model", str(big_config), "--texts", str(texts),
+                                                      "--output", str(tmp_path / "p")]) == f"error: {named}"
+    for split in ("train", "dev"):
+        (tmp_path / "glue" / "SST-2").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "glue" / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    assert tool_fails_in_one_line(run_glue, ["--model", str(big_config), "--output-dir", str(tmp_path / "g"),
+                                             "--data-dir", str(tmp_path / "glue"), "--tasks", "SST-2", "--devices", "cpu",
+                                             "--no-progress"]).endswith(named)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "g" / "runs").exists()
+
+
+def test_pseudo_perplexity_names_the_line_that_is_not_json(tmp_path):
+    from tools.pseudo_perplexity import main
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "a b c"}\n\nnot json\n')
+    assert tool_fails_in_one_line(main, ["--model", "unused", "--texts", str(texts), "--output", str(tmp_path / "p")]) \
+        == f"error: {texts}: line 3 is not valid JSON (Expecting value)"
+
+
+def test_make_length_subset_creates_the_output_folder(data, tmp_path, capsys):
+    from tools.make_length_subset import main
+
+    output = tmp_path / "new" / "folder" / "long"
+    assert main(["--input-prefix", data[0], "--output-prefix", str(output), "--min-tokens", "1024"]) == 0
+    assert (output.parent / "long.bin").is_file() and (output.parent / "long.idx").is_file()

@@ -432,11 +432,24 @@ def _load_sharded(src: Path, index_name: str) -> StateDict:
     return state_dict
 
 
+def neobert_config(config_dict: dict, path: Path) -> NeoBERTConfig:
+    """The config of `path`'s fields; a value of the wrong kind ("hidden_size": "big") is a ValueError naming
+    the file."""
+    try:
+        return NeoBERTConfig.from_dict(config_dict)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
 def load_neobert_auto_config(folder: PathLike, auto_class: str):
     """The `AutoConfig` (trust_remote_code) of a NeoBERT folder whose `auto_map` has `auto_class` (e.g.
     "AutoModelForMaskedLM"); a clear error for anything else."""
     from transformers import AutoConfig
 
+    config_file = Path(folder) / "config.json"
+    if config_file.is_file() and _read_json(config_file).get("model_type") == "neobert":
+        # Checked with this version's config class: a folder's own modeling code may predate these checks.
+        neobert_config(_read_json(config_file), config_file)
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
     except Exception as e:
@@ -467,7 +480,7 @@ def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
             f"{src / 'config.json'} describes model_type={model_type!r}, architectures={architectures}: "
             f"not a NeoBERT checkpoint"
         )
-    config = NeoBERTConfig.from_dict(config_dict)
+    config = neobert_config(config_dict, src / "config.json")
 
     if (src / WEIGHTS_NAME).is_file():
         state_dict = _load_weight_file(src / WEIGHTS_NAME)

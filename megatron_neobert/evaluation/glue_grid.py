@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
-from megatron_neobert.conversion.hf_format import checkpoint_revision
+from megatron_neobert.conversion.hf_format import checkpoint_revision, load_neobert_auto_config
 
 from .glue import fine_tune
 from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
@@ -268,6 +268,8 @@ def run_glue(
     if missing:  # checked before any run, so that a grid never stops halfway for a file it could have named
         raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
                                 f"(docs/glue.md gives the layout)")
+    if pending and Path(model_path).is_dir():  # a folder that cannot load fails once, not in every run
+        load_neobert_auto_config(model_path, "AutoModelForSequenceClassification")
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
             s.task == "MNLI" for s in pending):
