@@ -2,6 +2,7 @@
 traceback, within seconds: the trainer checks flags and files before the process group exists, a checkpoint
 before the model is built."""
 
+import importlib
 import importlib.util
 import json
 import os
@@ -82,8 +83,8 @@ def test_a_checkpoint_of_another_shape_is_named_before_the_model_is_built(data, 
     capsys.readouterr()
     line = fails_in_one_line(capsys, short_run(data, "--train-iters", "2", "--load", root, "--hidden-size", "128",
                                                "--num-layers", "3"))
-    assert line == (f"error: checkpoint {root}/iter_0000001 holds a model of another shape (num_layers 2 there, 3 here; "
-                    f"hidden_size 64 there, 128 here; this run: --model-preset neobert-tiny and its overrides): give "
+    assert line == (f"error: checkpoint {root}/iter_0000001 holds a model of another shape (num_layers 2 there, 3 "
+                    f"here; hidden_size 64 there, 128 here; this run: --model-preset neobert-tiny and its overrides): give "
                     f"the checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 
@@ -94,8 +95,11 @@ def run_cli(command, env=None, timeout=120):
     return time.monotonic() - started, out.returncode, out.stdout + out.stderr
 
 
+NO_PROXY = {name: "" for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")}
+
+
 @pytest.mark.parametrize("network", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "",
-                                                                 "HF_ENDPOINT": "http://127.0.0.1:9"}],
+                                                                 "HF_ENDPOINT": "http://127.0.0.1:9", **NO_PROXY}],
                          ids=["offline", "hub-unreachable"])
 def test_a_missing_tokenizer_fails_at_once(data, tmp_path, network):
     """Not a folder, not in the Hugging Face cache, no Hub: transformers would retry for about a minute."""
@@ -182,3 +186,12 @@ def test_make_length_subset_creates_the_output_folder(data, tmp_path, capsys):
     output = tmp_path / "new" / "folder" / "long"
     assert main(["--input-prefix", data[0], "--output-prefix", str(output), "--min-tokens", "1024"]) == 0
     assert (output.parent / "long.bin").is_file() and (output.parent / "long.idx").is_file()
+
+
+@pytest.mark.parametrize("tool", ["finetune_contrastive", "finetune_cde"])
+def test_the_fine_tuning_tools_name_the_line_that_is_not_json(tool, tmp_path):
+    main = importlib.import_module(f"tools.{tool}").main
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"query": "q", "positive": "p"}\n{"query": \n')
+    assert tool_fails_in_one_line(main, ["--model", "unused", "--output", str(tmp_path / "out"), "--dataset",
+                                         str(pairs)]) == f"error: {pairs}: line 2 is not valid JSON (Expecting value)"

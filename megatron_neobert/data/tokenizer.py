@@ -245,6 +245,7 @@ def _check_hub_reachable(name: str) -> None:
     the Hub, fail at once (transformers retries for about a minute before it gives up)."""
     import socket
     from urllib.parse import urlsplit
+    from urllib.request import getproxies
 
     import huggingface_hub
     from huggingface_hub import constants
@@ -255,8 +256,11 @@ def _check_hub_reachable(name: str) -> None:
     if huggingface_hub.is_offline_mode():
         raise OSError(f"{where}, and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it")
     endpoint = urlsplit(constants.ENDPOINT)
+    if getproxies().get(endpoint.scheme) or getproxies().get("all"):
+        return  # reached through a proxy: only the download can tell
     try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=5).close()
+        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+        socket.create_connection((endpoint.hostname, port), timeout=5).close()
     except OSError as err:
         raise OSError(f"{where}, and the Hub ({constants.ENDPOINT}) cannot be reached: {err}") from err
 

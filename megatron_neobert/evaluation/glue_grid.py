@@ -12,6 +12,7 @@ Layout of `output_dir`:
 import json
 import logging
 import multiprocessing as mp
+import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from itertools import product
@@ -97,8 +98,6 @@ def best_mnli_checkpoint(output_dir) -> Optional[str]:
 
 
 def _prune_mnli_checkpoints(output_dir) -> None:
-    import shutil
-
     best = best_mnli_checkpoint(output_dir)
     for r in load_records(output_dir):
         if r["task"] == "MNLI" and r.get("checkpoint") and r["checkpoint"] != best and Path(r["checkpoint"]).is_dir():
@@ -208,8 +207,10 @@ def set_aside_other_revisions(records: List[dict], output_dir, model_key: str, r
         (folder / "runs").mkdir(parents=True, exist_ok=True)
         (Path(output_dir) / "runs" / f"{r['key']}.json").replace(folder / "runs" / f"{r['key']}.json")
         if r.get("checkpoint") and Path(r["checkpoint"]).is_dir():
-            (folder / "checkpoints").mkdir(exist_ok=True)
-            Path(r["checkpoint"]).replace(folder / "checkpoints" / Path(r["checkpoint"]).name)
+            moved = folder / "checkpoints" / Path(r["checkpoint"]).name
+            moved.parent.mkdir(exist_ok=True)
+            shutil.rmtree(moved, ignore_errors=True)  # set aside before: these runs are newer
+            Path(r["checkpoint"]).replace(moved)
     if old:
         logger.warning("%s changed since %d stored GLUE run(s) (revision %s, now %s): they are moved to %s and "
                        "run again", model_key, len(old), old[0].get("model_revision") or "unknown", revision,

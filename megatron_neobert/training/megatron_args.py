@@ -140,7 +140,8 @@ def _resolve_schedule(args, explicit: Set[str]) -> None:
         args.lr_warmup_samples = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
     _refuse(fraction is None and args.lr_warmup_samples >= args.lr_decay_samples,
             f"--lr-warmup-samples {args.lr_warmup_samples} must be below --lr-decay-samples {args.lr_decay_samples} "
-            f"(recipe defaults: {RECIPE_DEFAULTS['lr_warmup_samples'][0]}, {RECIPE_DEFAULTS['lr_decay_samples'][0]})")
+            f"(recipe defaults: {RECIPE_DEFAULTS['lr_warmup_samples'][0]}, {RECIPE_DEFAULTS['lr_decay_samples'][0]}): "
+            f"for a short run pass --lr-warmup-samples 0 (or a few batches)")
     # The iteration fields mirror the sample schedule (read by the log and the checks).
     args.lr_decay_iters = args.lr_decay_samples // gbs
     args.lr_warmup_iters = 0
