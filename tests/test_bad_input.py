@@ -30,7 +30,7 @@ def error_lines(text: str) -> list:
 
 
 def fails_in_one_line(capsys, argv) -> str:
-    """The trainer's entry point in this process: status 1, one `error:` line and nothing else on stderr."""
+    """The trainer's entry point in this process: status 1, one `error:` line and no traceback on stderr."""
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert len(error_lines(err)) == 1 and "Traceback" not in err, err
