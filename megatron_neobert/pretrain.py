@@ -15,29 +15,28 @@ import traceback
 from typing import List, Optional
 
 from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.errors import TrainingError
+
+RANK_0_GRACE_S = 30  # seconds
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)  # --help and bad flags answer here, before megatron-core is imported
+    try:
+        args = parse_args(argv)  # --help and bad flags answer here, before megatron-core is imported
+    except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
+        return _report(err)
     import torch
     from megatron.core import parallel_state
 
-    from megatron_neobert.parallel.launch import init_distributed
-    from megatron_neobert.training.errors import TrainingError
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.processes import exit_now
     from megatron_neobert.training.train_log import print_rank_0
 
-    init_distributed(args.distributed_timeout_minutes)
     try:
         history = train(args)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
-        if torch.distributed.get_rank() == 0:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        else:  # torchrun stops every rank as soon as one exits: rank 0 goes first
-            time.sleep(10)
-        exit_now(1)
+        exit_now(_report(err))
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
         traceback.print_exc()
         print(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}", file=sys.stderr, flush=True)
@@ -47,6 +46,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
     return 0
+
+
+def _report(err: Exception) -> int:
+    """One line on rank 0 (the launcher's RANK while no process group exists: the input checks
+    run before it), status 1 on every rank."""
+    import torch
+
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
+    if rank == 0:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+    else:
+        # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
+        # fault, the time to say it (its exit ends this wait).
+        time.sleep(RANK_0_GRACE_S)
+    return 1
 
 
 def error_line(err: BaseException) -> str:

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_fixtures import make_neobert_folder
+from hf_fixtures import make_neobert_folder, random_mlm_state_dict, tiny_config
+from megatron_neobert.conversion.hf_format import write_hf_folder
 from megatron_neobert.evaluation import glue_grid
 from megatron_neobert.evaluation.glue import PAPER_GRID, Protocol, RunSpec, eval_interval, fine_tune, load_classifier
 from megatron_neobert.evaluation.glue_data import TASKS, get_task, load_split, read_tsv_split
@@ -334,12 +335,49 @@ def test_results_of_other_settings_are_not_reused(model_dir, glue_dir, tmp_path)
     assert len(glue_grid.load_records(out)) == 1
 
 
+def test_a_folder_exported_again_with_other_weights_is_run_again(glue_dir, tmp_path):
+    """Finished runs are keyed by the hash of the folder's weights and tokenizer, not by its path: the old runs
+    move to superseded/ and the grid runs again."""
+    from tools.run_glue import main
+
+    folder = make_neobert_folder(tmp_path / "hf2", seed=0, num_hidden_layers=1)
+    tokenizer = tmp_path / ".hf2-tokenizer"
+    argv = ["--model", str(folder), "--output-dir", str(tmp_path / "out"), "--data-dir", str(glue_dir), "--tasks",
+            "SST-2", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0", "--epochs", "1",
+            "--max-length", "32", "--devices", "cpu", "--no-progress"]
+    first = main(argv)["runs"][0]
+    config = tiny_config(num_hidden_layers=1)
+    write_hf_folder(folder, random_mlm_state_dict(config, seed=1), config, tokenizer_path=tokenizer, overwrite=True)
+    second = main(argv)["runs"]
+    assert len(second) == 1 and second[0]["model_revision"] != first["model_revision"]
+    assert second[0]["history"] != first["history"]
+    assert json.loads((tmp_path / "out" / "superseded" / first["model_revision"] / "runs" /
+                       f"{first['key']}.json").read_text()) == first
+    assert main(argv)["runs"] == second  # the same weights again: reused
+
+
+def test_other_settings_in_the_output_dir_end_the_tool_in_one_line(model_dir, glue_dir, tmp_path):
+    out = tmp_path / "out"
+    run_glue(model_dir, out, grid_specs(["SST-2"], [16], [1e-3], [0.0]), Protocol(epochs=1, max_length=32),
+             data_dir=glue_dir, devices=["cpu"], progress=False)
+    tool = subprocess.run(
+        [sys.executable, "tools/run_glue.py", "--model", str(model_dir), "--output-dir", str(out), "--data-dir",
+         str(glue_dir), "--tasks", "SST-2", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0",
+         "--epochs", "2", "--max-length", "32", "--devices", "cpu", "--no-progress"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    errors = [line for line in tool.stderr.splitlines() if line.startswith("error:")]
+    assert tool.returncode == 1 and "Traceback" not in tool.stderr, tool.stderr
+    assert errors == [f"error: {out} holds run SST-2_bs16_lr0.001_wd0_seed0_pretrained made with other settings: "
+                      f"epochs=1 (now 2); use a separate output_dir for these settings (or the same settings to "
+                      f"resume)"], tool.stderr
+
+
 def test_missing_mnli_transfer_source_fails_before_any_run(model_dir, glue_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("megatron_neobert.evaluation.glue_grid.fine_tune",
                         lambda **kw: pytest.fail(f"ran {kw['spec'].key} before checking the transfer"))
     from tools.run_glue import main
 
-    with pytest.raises(ValueError, match=r"\['RTE'\] start from the best MNLI checkpoint.*--no-transfer"):
+    with pytest.raises(SystemExit, match=r"^error: \['RTE'\] start from the best MNLI checkpoint.*--no-transfer"):
         main(["--model", str(model_dir), "--output-dir", str(tmp_path / "out"), "--data-dir", str(glue_dir),
               "--tasks", "CoLA", "RTE", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0",
               "--no-progress"])

@@ -158,7 +158,6 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
 
 
 def _model(argv):
-    from megatron_neobert.model import transformer_config  # noqa: F401 (megatron-core on CPU)
     from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer, unwrap
 
     args = parse_args(BASE + argv)

@@ -45,8 +45,11 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     datasets = []
     for spec in args.dataset:
-        name, source = parse_dataset_spec(spec)
-        datasets.append(load_pair_dataset(source, name=name, split=args.split, max_negatives=0))
+        try:
+            name, source = parse_dataset_spec(spec)
+            datasets.append(load_pair_dataset(source, name=name, split=args.split, max_negatives=0))
+        except (ValueError, FileNotFoundError) as err:  # a bad spec, file, line or record
+            raise SystemExit(f"error: {err}") from None
     config = CDEConfig(**{f.name: getattr(args, f.name) for f in fields(CDEConfig)})
     out = finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
                        device=args.device, checkpoint_dir=args.checkpoint_dir)

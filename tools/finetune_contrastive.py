@@ -48,12 +48,15 @@ def main(argv=None):
     for item in args.instruction:
         name, sep, text = item.partition("=")
         if not sep:
-            raise SystemExit(f"--instruction {item!r} must be NAME=TEXT")
+            raise SystemExit(f"error: --instruction {item!r} must be NAME=TEXT")
         instructions[name.lower()] = text
     datasets = []
     for spec in args.dataset:
-        name, source = parse_dataset_spec(spec)
-        ds = load_pair_dataset(source, name=name, split=args.split, max_negatives=args.max_negatives)
+        try:
+            name, source = parse_dataset_spec(spec)
+            ds = load_pair_dataset(source, name=name, split=args.split, max_negatives=args.max_negatives)
+        except (ValueError, FileNotFoundError) as err:  # a bad spec, file, line or record
+            raise SystemExit(f"error: {err}") from None
         if ds.name.lower() in instructions:
             ds.instruction = instructions[ds.name.lower()] or None
         logging.info("dataset %s: %d pairs from %s; instruction: %r", ds.name, len(ds), ds.source, ds.instruction)

@@ -65,13 +65,16 @@ def main(argv=None):
         scaling = {"type": args.rope_scaling, "factor": args.rope_factor}
         if args.original_max_position_embeddings:
             scaling["original_max_position_embeddings"] = args.original_max_position_embeddings
-    model = load_mlm(args.model, scaling, device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
-    texts = load_texts(args.texts, args.text_field, args.split, args.dataset_config, args.num_texts)
+    try:  # the texts first: a bad line fails before the model is loaded
+        texts = load_texts(args.texts, args.text_field, args.split, args.dataset_config, args.num_texts)
+        model = load_mlm(args.model, scaling, device)
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=True)
+    except (ValueError, FileNotFoundError) as err:  # a folder that is no NeoBERT model, a bad text file
+        raise SystemExit(f"error: {err}") from None
     results = pseudo_perplexities(model, tokenizer, texts, args.max_length, args.batch_size, args.min_length,
                                   progress=not args.no_progress)
     if not results:
-        raise SystemExit(f"no text of {args.texts} has at least {args.min_length} tokens")
+        raise SystemExit(f"error: no text of {args.texts} has at least {args.min_length} tokens")
     edges = sorted({e for e in args.buckets if e < args.max_length} | {args.max_length})
     buckets = bucket_results(results, edges)
     for path in write_outputs(results, buckets, args.output, plot_title(args, len(results))):

@@ -64,19 +64,23 @@ def main(argv=None):
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transfer = not args.no_transfer
-    if args.preset:
-        with open(args.preset, encoding="utf-8") as f:
-            preset = json.load(f)
-        tasks = args.tasks if args.tasks != list(TASKS) else None
-        specs = preset_specs(preset, tasks, args.seeds, transfer)
-    else:
-        specs = grid_specs(args.tasks, args.batch_sizes, args.learning_rates, args.weight_decays, args.seeds, transfer)
-    protocol = Protocol(epochs=args.epochs, patience=args.patience, max_length=args.max_length,
-                        warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
-                        max_train_examples=args.max_train_examples)
-    summary = run_glue(args.model, args.output_dir, specs, protocol, args.data_dir, args.dataset_name,
-                       args.devices, args.mnli_checkpoint, args.keep_mnli_checkpoints,
-                       progress=not args.no_progress)
+    try:
+        if args.preset:
+            with open(args.preset, encoding="utf-8") as f:
+                preset = json.load(f)
+            tasks = args.tasks if args.tasks != list(TASKS) else None
+            specs = preset_specs(preset, tasks, args.seeds, transfer)
+        else:
+            specs = grid_specs(args.tasks, args.batch_sizes, args.learning_rates, args.weight_decays, args.seeds,
+                               transfer)
+        protocol = Protocol(epochs=args.epochs, patience=args.patience, max_length=args.max_length,
+                            warmup_ratio=args.warmup_ratio, eval_batch_size=args.eval_batch_size,
+                            max_train_examples=args.max_train_examples)
+        summary = run_glue(args.model, args.output_dir, specs, protocol, args.data_dir, args.dataset_name,
+                           args.devices, args.mnli_checkpoint, args.keep_mnli_checkpoints,
+                           progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:  # other settings in --output-dir, missing files, a bad preset
+        raise SystemExit(f"error: {err}") from None
     print((Path(args.output_dir) / "results.md").read_text(encoding="utf-8"))
     return summary
 

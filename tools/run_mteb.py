@@ -53,17 +53,20 @@ def main(argv=None, tasks=None):
     from megatron_neobert.embeddings.mteb_local import local_task
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if tasks is None:
-        names = args.tasks if args.tasks is not None else ([] if args.local_task else [DEFAULT_BENCHMARK])
-        tasks = [local_task(folder) for folder in args.local_task] + (resolve_tasks(names) if names else [])
-    common = dict(dtype=args.dtype, device=args.device, batch_size=args.batch_size, max_length=args.max_length,
-                  use_instructions=not args.no_instructions, name=args.name)
-    if args.cde:
-        from megatron_neobert.embeddings.cde import CDEEncoder
+    try:
+        if tasks is None:
+            names = args.tasks if args.tasks is not None else ([] if args.local_task else [DEFAULT_BENCHMARK])
+            tasks = [local_task(folder) for folder in args.local_task] + (resolve_tasks(names) if names else [])
+        common = dict(dtype=args.dtype, device=args.device, batch_size=args.batch_size, max_length=args.max_length,
+                      use_instructions=not args.no_instructions, name=args.name)
+        if args.cde:
+            from megatron_neobert.embeddings.cde import CDEEncoder
 
-        model = CDEEncoder(args.model, context_size=args.cde_context_size, tasks=tasks, **common)
-    else:
-        model = NeoBERTEncoder(args.model, **common)
+            model = CDEEncoder(args.model, context_size=args.cde_context_size, tasks=tasks, **common)
+        else:
+            model = NeoBERTEncoder(args.model, **common)
+    except (ValueError, FileNotFoundError) as err:  # unknown task names, a bad task file or model folder
+        raise SystemExit(f"error: {err}") from None
     summary = run_mteb(model, tasks, args.output, cache_dir=args.cache, overwrite=args.overwrite,
                        encode_batch_size=args.batch_size)
     print((Path(args.output) / "summary.md").read_text())

@@ -5,6 +5,7 @@ megatron-core side is the TP=1/PP=1 `state_dict()` of our GPT-style encoder with
 Transformer Engine layer-norm names are accepted on input.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ OFFICIAL_CONFIG_FIELDS = (
 )
 EXTRA_CONFIG_FIELDS = ("rope_theta", "rope_scaling", "classifier_dropout")
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
     "vocab.json", "merges.txt", "spiece.model", "tokenizer.model",
@@ -430,11 +432,24 @@ def _load_sharded(src: Path, index_name: str) -> StateDict:
     return state_dict
 
 
+def neobert_config(config_dict: dict, path: Path) -> NeoBERTConfig:
+    """The config of `path`'s fields; a value of the wrong kind ("hidden_size": "big") is a ValueError naming
+    the file."""
+    try:
+        return NeoBERTConfig.from_dict(config_dict)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
 def load_neobert_auto_config(folder: PathLike, auto_class: str):
     """The `AutoConfig` (trust_remote_code) of a NeoBERT folder whose `auto_map` has `auto_class` (e.g.
     "AutoModelForMaskedLM"); a clear error for anything else."""
     from transformers import AutoConfig
 
+    config_file = Path(folder) / "config.json"
+    if config_file.is_file() and _read_json(config_file).get("model_type") == "neobert":
+        # Checked with this version's config class: a folder's own modeling code may predate these checks.
+        neobert_config(_read_json(config_file), config_file)
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
     except Exception as e:
@@ -465,7 +480,7 @@ def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
             f"{src / 'config.json'} describes model_type={model_type!r}, architectures={architectures}: "
             f"not a NeoBERT checkpoint"
         )
-    config = NeoBERTConfig.from_dict(config_dict)
+    config = neobert_config(config_dict, src / "config.json")
 
     if (src / WEIGHTS_NAME).is_file():
         state_dict = _load_weight_file(src / WEIGHTS_NAME)
@@ -487,8 +502,27 @@ def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
     return state_dict, config
 
 
+def checkpoint_revision(folder: PathLike, **settings) -> str:
+    """16 hex digits of sha256 over the weight files, the config files, the tokenizer files and `settings`
+    (dtype, instructions, ...): what names a local folder's results, which have no Hub revision."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and (
+        p.suffix in WEIGHT_SUFFIXES or p.name.endswith("config.json") or p.name in TOKENIZER_FILES))
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise FileNotFoundError(f"{folder} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+    h = hashlib.sha256()
+    for path in files:
+        h.update(str(path.relative_to(folder)).encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                h.update(block)
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
 __all__ = [
     "AUTO_MAP",
+    "checkpoint_revision",
     "expected_hf_shapes",
     "validate_hf_state_dict",
     "neobert_config_from_dims",

@@ -135,6 +135,19 @@ class NeoBERTConfig(PretrainedConfig):
         kwargs["tie_word_embeddings"] = False
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 
+        # A hand-edited config.json ("hidden_size": "big") fails here by name, not in arithmetic below.
+        sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+                     num_attention_heads=num_attention_heads, vocab_size=vocab_size, max_length=max_length,
+                     **({} if dim_head is None else {"dim_head": dim_head}))
+        bad = [f"{k}={v!r}" for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            raise ValueError(f"NeoBERT config: {', '.join(bad)}: sizes must be positive integers")
+        numbers = dict(norm_eps=norm_eps, embedding_init_range=embedding_init_range,
+                       decoder_init_range=decoder_init_range, classifier_init_range=classifier_init_range,
+                       classifier_dropout=classifier_dropout, rope_theta=rope_theta)
+        bad = [f"{k}={v!r}" for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+        if bad:
+            raise ValueError(f"NeoBERT config: {', '.join(bad)}: must be numbers")
         if hidden_size % num_attention_heads != 0:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})")
         if dim_head is None:

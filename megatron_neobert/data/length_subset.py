@@ -50,6 +50,7 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int) -
     dataset = open_indexed(input_prefix)
     lengths = document_lengths(dataset)
     keep = numpy.flatnonzero(lengths >= min_tokens)
+    os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)  # as preprocess_data.py does
     bin_tmp, idx_tmp = partial_paths(output_prefix)
     doc_index = dataset.document_indices
     try:

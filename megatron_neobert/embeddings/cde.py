@@ -283,7 +283,8 @@ class CDEEncoder:
     def __init__(self, folder, dtype: str = "float16", device: Optional[str] = None, batch_size: int = 64,
                  max_length: Optional[int] = None, use_instructions: bool = True, name: Optional[str] = None,
                  context_size: Optional[int] = None, tasks: Sequence = (), seed: int = 42):
-        from .mteb_eval import DTYPES, _autocast, checkpoint_revision, model_meta
+        from ..conversion.hf_format import checkpoint_revision
+        from .mteb_eval import DTYPES, _autocast, model_meta
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")

@@ -2,11 +2,10 @@
 
 mteb caches results under {model name}/{revision}/{task}.json and returns cached scores without running the
 model. Our checkpoints are local folders with no hub revision, so the revision is a hash of everything that
-determines the embeddings (weights, config, instructions, dtype): a new checkpoint can never be served another
-one's scores.
+determines the embeddings (weights, config, tokenizer, instructions, dtype): a new checkpoint can never be served
+another one's scores.
 """
 
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..conversion.hf_format import checkpoint_revision
 from ..defaults import DTYPE_NAMES, torch_dtypes
 from .finetune import load_encoder
 from .instructions import format_query, load_instructions, mteb_instruction
@@ -26,23 +26,6 @@ TASK_TYPES = ("Classification", "Clustering", "PairClassification", "Reranking",
 PAPER_SCORES = {"Average": 51.3, "Classification": 61.6, "Clustering": 40.8, "PairClassification": 76.2,
                 "Reranking": 51.2, "Retrieval": 31.6, "STS": 74.8, "Summarization": 30.7}
 DTYPES = torch_dtypes(DTYPE_NAMES)
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-
-
-def checkpoint_revision(folder, **settings) -> str:
-    """16 hex digits of sha256 over the weight files, config.json and `settings` (dtype, instructions, ...)."""
-    folder = Path(folder)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name.endswith("config.json")))
-    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
-        raise FileNotFoundError(f"{folder} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
-    h = hashlib.sha256()
-    for path in files:
-        h.update(str(path.relative_to(folder)).encode())
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
 
 
 def model_meta(name: str, revision: str, embed_dim: int, max_tokens: int, n_parameters: int):

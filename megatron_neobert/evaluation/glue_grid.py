@@ -5,11 +5,14 @@ Layout of `output_dir`:
     checkpoints/{key}/       best weights of each MNLI run (the transfer source of RTE, STS-B, MRPC, QNLI)
     results.json, results.md every run, the best run per task, the average, beside the paper's scores
     preset.json              the best (batch size, learning rate, weight decay) per task, for `--preset`
+    superseded/{revision}/   runs/ and checkpoints/ of an earlier content of the model folder (other weights or
+                             tokenizer, see `set_aside_other_revisions`)
 """
 
 import json
 import logging
 import multiprocessing as mp
+import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from itertools import product
@@ -19,6 +22,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 import torch
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+from megatron_neobert.conversion.hf_format import checkpoint_revision, load_neobert_auto_config
 from megatron_neobert.progress import progress_bar
 
 from .glue import fine_tune
@@ -94,8 +98,6 @@ def best_mnli_checkpoint(output_dir) -> Optional[str]:
 
 
 def _prune_mnli_checkpoints(output_dir) -> None:
-    import shutil
-
     best = best_mnli_checkpoint(output_dir)
     for r in load_records(output_dir):
         if r["task"] == "MNLI" and r.get("checkpoint") and r["checkpoint"] != best and Path(r["checkpoint"]).is_dir():
@@ -145,7 +147,8 @@ def _run_one(job: dict) -> dict:
     if str(device).startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     record_path = Path(job.pop("record_path"))
-    record = fine_tune(device=device, **job)
+    revision = job.pop("model_revision")
+    record = dict(fine_tune(device=device, **job), model_revision=revision)
     write_json_atomic(record_path, record)
     return record
 
@@ -185,6 +188,34 @@ def _execute(jobs: List[dict], devices: Sequence[str], progress: bool) -> List[s
 def default_devices() -> List[str]:
     n = torch.cuda.device_count()
     return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+
+
+def model_revision(model_path) -> Optional[str]:
+    """The hash of a local folder's weights, config and tokenizer (None for a Hub name): a folder exported
+    again with other weights is another model under the same path."""
+    return checkpoint_revision(model_path) if Path(model_path).is_dir() else None
+
+
+def set_aside_other_revisions(records: List[dict], output_dir, model_key: str, revision: Optional[str]) -> List[dict]:
+    """The records of this revision of the model. Runs of the same path with other weights or another tokenizer
+    (or stored without a revision) move, with their checkpoints, to superseded/{their revision}/, so that they
+    are run again and never reported as this model's."""
+    current = [r for r in records if r["model"] != model_key or r.get("model_revision") == revision]
+    old = [r for r in records if r not in current]
+    for r in old:
+        folder = Path(output_dir) / "superseded" / (r.get("model_revision") or "unknown")
+        (folder / "runs").mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "runs" / f"{r['key']}.json").replace(folder / "runs" / f"{r['key']}.json")
+        if r.get("checkpoint") and Path(r["checkpoint"]).is_dir():
+            moved = folder / "checkpoints" / Path(r["checkpoint"]).name
+            moved.parent.mkdir(exist_ok=True)
+            shutil.rmtree(moved, ignore_errors=True)  # set aside before: these runs are newer
+            Path(r["checkpoint"]).replace(moved)
+    if old:
+        logger.warning("%s changed since %d stored GLUE run(s) (revision %s, now %s): they are moved to %s and "
+                       "run again", model_key, len(old), old[0].get("model_revision") or "unknown", revision,
+                       Path(output_dir) / "superseded")
+    return current
 
 
 def check_same_settings(records: Iterable[dict], output_dir, model_key: str, protocol: Protocol, data: str) -> None:
@@ -228,6 +259,8 @@ def run_glue(
         raise ValueError("no GLUE runs requested")
     records = load_records(output_dir)
     check_same_settings(records, output_dir, model_key, protocol, data_source(data_dir, dataset_name))
+    revision = model_revision(model_path)
+    records = set_aside_other_revisions(records, output_dir, model_key, revision)
     done = {r["key"] for r in records}
     pending = [s for s in dict.fromkeys(specs) if s.key not in done]
     if len(pending) < len(specs):
@@ -236,6 +269,8 @@ def run_glue(
     if missing:  # checked before any run, so that a grid never stops halfway for a file it could have named
         raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
                                 f"(docs/glue.md gives the layout)")
+    if pending and Path(model_path).is_dir():  # a folder that cannot load fails once, not in every run
+        load_neobert_auto_config(model_path, "AutoModelForSequenceClassification")
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
             s.task == "MNLI" for s in pending):
@@ -246,8 +281,8 @@ def run_glue(
             f"give one with --mnli-checkpoint, or start every task from the model with --no-transfer")
 
     def job(spec, init_path=None):
-        return {"model_path": model_path, "spec": spec, "protocol": protocol, "data_dir": data_dir,
-                "dataset_name": dataset_name, "init_path": init_path, "progress": progress,
+        return {"model_path": model_path, "model_revision": revision, "spec": spec, "protocol": protocol,
+                "data_dir": data_dir, "dataset_name": dataset_name, "init_path": init_path, "progress": progress,
                 "checkpoint_dir": output_dir / "checkpoints" / spec.key if spec.task == "MNLI" else None,
                 "record_path": output_dir / "runs" / f"{spec.key}.json"}
 
@@ -267,5 +302,5 @@ def run_glue(
 
 
 __all__ = ["grid_specs", "preset_specs", "load_records", "best_per_task", "best_mnli_checkpoint", "report",
-           "check_same_settings",
+           "check_same_settings", "model_revision", "set_aside_other_revisions",
            "run_glue", "default_devices", "write_json_atomic"]

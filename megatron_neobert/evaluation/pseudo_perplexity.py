@@ -59,7 +59,12 @@ def load_texts(source, text_field: str = "text", split: str = "train", config_na
             with open(path, encoding="utf-8") as f:
                 for line_no, line in enumerate(f, 1):
                     if line.strip():
-                        row = json.loads(line)
+                        try:
+                            row = json.loads(line)
+                        except json.JSONDecodeError as e:
+                            raise ValueError(f"{path}: line {line_no} is not valid JSON ({e.msg})") from None
+                        if not isinstance(row, dict):
+                            raise ValueError(f"{path}: line {line_no} is not a JSON object (one per line)")
                         if text_field not in row:
                             raise ValueError(f"{path} line {line_no} has no field {text_field!r} (has {sorted(row)})")
                         texts.append(row[text_field])

@@ -273,7 +273,7 @@ class Run:
         from torch.distributed.checkpoint import CheckpointException
 
         from megatron_neobert.conversion.convert import read_checkpoint_args
-        from megatron_neobert.embeddings.mteb_eval import checkpoint_revision
+        from megatron_neobert.conversion.hf_format import checkpoint_revision
         from megatron_neobert.training.checkpoint_integrity import MANIFEST, folder_problem
         from megatron_neobert.training.checkpointing import iteration_dir
 

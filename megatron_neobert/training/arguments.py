@@ -16,6 +16,7 @@ import yaml
 from megatron_neobert.cli import ArgumentParser
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
+from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.processes import EXIT_SIGNALS
 from megatron_neobert.training.megatron_args import add_megatron_lm_args, apply_megatron_lm_args, explicit_dests
 from megatron_neobert.training.validation import validate_precision_args
@@ -192,7 +193,7 @@ def _apply_config_file(parser: argparse.ArgumentParser, path: str) -> List[str]:
     for key, value in settings.items():
         dest = key.replace("-", "_")
         if dest not in known or dest == "config":
-            raise ValueError(f"{path}: unknown setting {key!r}")
+            raise InputError(f"{path}: unknown setting {key!r}")
         values[dest] = value
     parser.set_defaults(**values)
     return list(values)
@@ -218,26 +219,30 @@ def validate(args: argparse.Namespace, explicit=frozenset()) -> argparse.Namespa
     if args.lr_decay_style == "constant":
         args.min_lr = args.lr
     if args.lr_warmup_iters >= args.lr_decay_iters:
-        raise ValueError(f"--lr-warmup-iters {args.lr_warmup_iters} must be below --lr-decay-iters "
-                         f"{args.lr_decay_iters}")
+        # The recipe's 2000 warm-up steps stop every short run here: say how to get past them.
+        warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
+        decay = "" if "lr_decay_iters" in explicit else f" (90% of --train-iters {args.train_iters})"
+        raise InputError(f"--lr-warmup-iters {args.lr_warmup_iters}{warmup} must be below --lr-decay-iters "
+                         f"{args.lr_decay_iters}{decay}: for a short run pass --lr-warmup-iters 0 (or a few "
+                         f"steps)")
     if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise ValueError("--overlap-param-gather needs --use-distributed-optimizer")
+        raise InputError("--overlap-param-gather needs --use-distributed-optimizer")
     if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         args.sequence_parallel = False  # as Megatron-LM: nothing to split
     if args.profile:
         if not 0 <= args.profile_step_start < args.profile_step_end <= args.train_iters:
-            raise ValueError(f"--profile-step-start {args.profile_step_start} and --profile-step-end "
+            raise InputError(f"--profile-step-start {args.profile_step_start} and --profile-step-end "
                              f"{args.profile_step_end} must satisfy 0 <= start < end <= --train-iters "
                              f"{args.train_iters}")
         if not (args.tensorboard_dir or args.save):
-            raise ValueError("--profile writes its trace to --tensorboard-dir, else to --save/profile: "
+            raise InputError("--profile writes its trace to --tensorboard-dir, else to --save/profile: "
                              "give one of them")
     sources = {"--data-path": args.data_path, "--data-args-path": args.data_args_path,
                "--per-split-data-args-path": args.per_split_data_args_path,
                "--train-data-path": args.train_data_path, "--mock-data": args.mock_data or None}
     given = [flag for flag, value in sources.items() if value is not None]
     if len(given) != 1:
-        raise ValueError(f"give exactly one of {', '.join(sources)} (got {', '.join(given) or 'none'}; "
+        raise InputError(f"give exactly one of {', '.join(sources)} (got {', '.join(given) or 'none'}; "
                          "see tools/preprocess_data.py)")
     if os.path.exists(args.tokenizer_model):
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the

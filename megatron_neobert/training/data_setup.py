@@ -11,8 +11,8 @@ from megatron_neobert.training.processes import data_worker_init
 
 
 def build_data(args, consumed_train: int, consumed_valid: int, tokenizer=None):
-    """(tokenizer, training iterator, validation iterator or None); the tokenizer is built from the flags
-    unless given."""
+    """(tokenizer, training iterator, validation iterator or None); `tokenizer`: the one already
+    built for the run, else built here."""
     tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     train_ds, valid_ds, _ = build_trainer_datasets(args, tokenizer)
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()

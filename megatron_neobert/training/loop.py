@@ -18,12 +18,11 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
-from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.parallel.launch import init_distributed
 from megatron_neobert.training.checkpoint_integrity import read_verified_checkpoint
 from megatron_neobert.training.data_setup import build_data
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.checkpointing import megatron_lm_args
 from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
@@ -34,7 +33,8 @@ from megatron_neobert.training.model_setup import (finish_param_sync, model_arch
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.processes import (exit_with_launcher, forked_children_die_with_rank,
                                                   keep_write_results_in_process)
-from megatron_neobert.training.run_checks import check_optimizer_setup, trained_length
+from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
+                                                  check_vocabulary, trained_length)
 from megatron_neobert.training.save_lock import claim_save_dir
 from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
@@ -72,7 +72,7 @@ def data_stream(args) -> dict:
 def num_micro_batches(args) -> int:
     dp = parallel_state.get_data_parallel_world_size()
     if args.global_batch_size % (args.micro_batch_size * dp):
-        raise ValueError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
+        raise InputError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
                          f"--micro-batch-size {args.micro_batch_size} x data-parallel size {dp}")
     return args.global_batch_size // (args.micro_batch_size * dp)
 
@@ -217,13 +217,14 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
     handler = ExitSignalHandler(args.exit_signal).__enter__() if args.exit_signal_handler else None
     watchdog = lock = None
     try:
+        tokenizer = check_inputs(args)  # before the process group: bad input ends the run at once
         init_distributed(args.distributed_timeout_minutes)
         exit_with_launcher()
         keep_write_results_in_process()
         forked_children_die_with_rank()
         watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
         lock = claim_save_dir(args)
-        return _train(args, forward_step, on_step, handler, watchdog, started)
+        return _train(args, tokenizer, forward_step, on_step, handler, watchdog, started)
     finally:
         if watchdog:
             watchdog.close()
@@ -233,7 +234,7 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
             handler.__exit__(None, None, None)
 
 
-def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
+def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
     checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
@@ -245,8 +246,10 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
         print_rank_0(f"no checkpoint in --load {args.load}: starting from --pretrained-checkpoint {checkpoint}")
     if args.use_checkpoint_args:
         use_checkpoint_args(args, checkpoint, common)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     arch = trained_length(args, model_arch(args, tokenizer.vocab_size), common)
+    check_vocabulary(tokenizer, arch)
+    if checkpoint:
+        check_model_shape(args, arch, checkpoint, common)
     finetune = args.finetune or pretrained
     if checkpoint and not finetune and not holds_training_state(common):
         print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
@@ -270,8 +273,6 @@ def _train(args, forward_step: ForwardStep, on_step, handler: Optional[ExitSigna
     evals_done = state.iteration // args.eval_interval if args.eval_interval else 0
     _, train_iter, valid_iter = build_data(
         args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size, tokenizer)
-    if tokenizer.vocab_size > arch.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} entries, model preset {arch.vocab_size}")
 
     def save():
         watchdog.at(state.iteration, "checkpoint save")

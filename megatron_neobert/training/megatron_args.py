@@ -12,6 +12,7 @@ from typing import Iterable, List, Optional, Set
 
 from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
 from megatron_neobert.model.config import PRESETS, get_arch
+from megatron_neobert.training.errors import InputError
 
 # dest: (the recipe's default, Megatron-LM's), as --help and the start-up report show them.
 RECIPE_DEFAULTS = {
@@ -164,7 +165,7 @@ def explicit_dests(build_parser, argv: Optional[List[str]], config_keys: Iterabl
 
 def _refuse(condition: bool, message: str) -> None:
     if condition:
-        raise ValueError(message)
+        raise InputError(message)
 
 
 def apply_megatron_lm_args(args: argparse.Namespace, explicit: Set[str]) -> None:
@@ -222,7 +223,7 @@ def _check_architecture_flags(args) -> None:
             continue
         flag = {"activation": "--swiglu"}.get(field, f"--{field.replace('_', '-')} {value}")
         having = [name for name, preset in PRESETS.items() if getattr(preset, field) == value]
-        raise ValueError(f"{flag}: the {args.model_preset} preset has {field} {getattr(arch, field)}; "
+        raise InputError(f"{flag}: the {args.model_preset} preset has {field} {getattr(arch, field)}; "
                          f"--model-preset {' or '.join(having)} has {value}")
 
 
@@ -253,7 +254,8 @@ def _resolve_schedule(args, explicit: Set[str]) -> None:
         args.lr_warmup_samples = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
     _refuse(fraction is None and args.lr_warmup_samples >= args.lr_decay_samples,
             f"--lr-warmup-samples {args.lr_warmup_samples} must be below --lr-decay-samples {args.lr_decay_samples} "
-            f"(recipe defaults: {RECIPE_DEFAULTS['lr_warmup_samples'][0]}, {RECIPE_DEFAULTS['lr_decay_samples'][0]})")
+            f"(recipe defaults: {RECIPE_DEFAULTS['lr_warmup_samples'][0]}, {RECIPE_DEFAULTS['lr_decay_samples'][0]}): "
+            f"for a short run pass --lr-warmup-samples 0 (or a few batches)")
     # The iteration fields mirror the sample schedule (read by the log and the checks).
     args.lr_decay_iters = args.lr_decay_samples // gbs
     args.lr_warmup_iters = 0
@@ -274,7 +276,10 @@ def _resolve_data(args, explicit: Set[str]) -> None:
 def _resolve_tokenizer(args, explicit: Set[str]) -> None:
     if args.vocab_file is not None and "tokenizer_type" not in explicit:
         args.tokenizer_type = "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
-    vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
+    try:
+        vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file, "tokenizer_model" in explicit)
+    except ValueError as err:  # the data package's checks, in its own error type
+        raise InputError(str(err)) from err
     if vocab_file is not None:
         # What build_tokenizer and the checkpoint's args name.
         args.vocab_file = args.tokenizer_model = vocab_file

@@ -20,6 +20,7 @@ from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_v
 from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.checkpointing import checkpoint_args
+from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.arguments import ARCH_OVERRIDES
 from megatron_neobert.training.megatron_args import schedule_steps
 
@@ -117,7 +118,7 @@ def use_checkpoint_args(args, checkpoint: Optional[str], common: Optional[dict])
     from the checkpoint's args (as Megatron-LM's load_args_from_checkpoint: sizes given on the
     command line win)."""
     if checkpoint is None:
-        raise ValueError(f"--use-checkpoint-args: no checkpoint in --load {args.load}")
+        raise InputError(f"--use-checkpoint-args: no checkpoint in --load {args.load}")
     saved = checkpoint_args(common)
     args.model_preset, args.checkpoint_arch = saved["model_preset"], saved["arch"]
     if "seq_length" not in args.explicit_flags and saved.get("seq_length"):  # a converter's has none
@@ -134,10 +135,10 @@ def resolve_padded_vocab_size(args, arch: NeoBERTArch, checkpoint: Optional[str]
     if saved is None:
         return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
     if saved < arch.vocab_size:
-        raise ValueError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
+        raise InputError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
                          f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
     if saved % tp:
-        raise ValueError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
+        raise InputError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
                          f"--tensor-model-parallel-size {tp} does not divide")
     return saved
 

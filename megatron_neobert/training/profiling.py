@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from megatron_neobert.training.errors import InputError
+
 TOP_OPS = 15
 
 
@@ -18,7 +20,7 @@ class StepProfiler:
     def __init__(self, args):
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if args.profile and any(r >= world for r in args.profile_ranks):
-            raise ValueError(f"--profile-ranks {args.profile_ranks}: this run has ranks 0 to {world - 1}")
+            raise InputError(f"--profile-ranks {args.profile_ranks}: this run has ranks 0 to {world - 1}")
         self.enabled = args.profile and rank in args.profile_ranks
         self.rank, self.start, self.end = rank, args.profile_step_start, args.profile_step_end
         self.with_stack = args.pytorch_profiler_collect_callstack

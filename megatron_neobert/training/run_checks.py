@@ -1,15 +1,66 @@
 """Checks at the start of a run that would otherwise fail deep inside a step or a load."""
 
 import dataclasses
+import os
+import re
 from typing import Optional
 
+from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
+from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import NeoBERTArch
 from megatron_neobert.training.checkpointing import checkpoint_args
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.train_log import print_rank_0
 
+# What decides the model's tensors (besides the vocabulary rows, see resolve_padded_vocab_size).
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
+                "position_embedding_type", "add_bias_linear")
 # Settings that decide the layout of the optimizer state in a checkpoint.
 OPTIMIZER_SETUP = {"bf16": "--bf16", "use_distributed_optimizer": "--use-distributed-optimizer"}
+
+
+def check_inputs(args) -> MLMTokenizer:
+    """The run's tokenizer, once it loads and every dataset the data flags name exists. Needs no
+    process group: every rank checks before the group exists, so bad input ends the run at once."""
+    try:
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        sources = data_sources(args)
+    except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
+        raise InputError(str(err)) from err
+    blends = [sources["blend"], *(sources["blend_per_split"] or [])]
+    prefixes = [prefix for blend in blends if blend for prefix in blend[0]]
+    for prefix in prefixes:
+        if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
+            # preprocess_data.py names its output {output prefix}_{key}_document.
+            output_prefix = re.sub(r"_[^_]+_document$", "", prefix)
+            raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
+                             f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
+                             f"{output_prefix} --tokenizer-model {args.tokenizer_model}, which writes "
+                             f"{output_prefix}_content_document.bin / .idx")
+    return tokenizer
+
+
+def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
+    """Token ids beyond the model's vocabulary would index past its embedding."""
+    if tokenizer.vocab_size > arch.vocab_size:
+        raise InputError(f"tokenizer {tokenizer.tokenizer_model} has {tokenizer.vocab_size:,} entries, more than "
+                         f"the model's vocabulary of {arch.vocab_size:,}: raise --vocab-size to at least "
+                         f"{tokenizer.vocab_size} or use a smaller tokenizer")
+
+
+def check_model_shape(args, arch: NeoBERTArch, checkpoint: str, common: dict) -> None:
+    """A checkpoint loads only into a model of its own shape; compared from its args before the model
+    is built (megatron-core would stop in the load with a "Global shape mismatch" on one tensor)."""
+    saved = checkpoint_args(common).get("arch")
+    if saved is None:  # a checkpoint without our args: megatron-core's own check applies
+        return
+    fields = SHAPE_FIELDS + (("max_sequence_length",) if arch.position_embedding_type == "learned_absolute" else ())
+    differs = [f"{name} {saved.get(name)} there, {getattr(arch, name)} here" for name in fields
+               if saved.get(name) != getattr(arch, name)]
+    if differs:
+        raise InputError(f"checkpoint {checkpoint} holds a model of another shape ({'; '.join(differs)}; "
+                         f"this run: --model-preset {args.model_preset} and its overrides): give the checkpoint's "
+                         f"sizes, or --use-checkpoint-args to take them from it")
 
 
 def trained_length(args, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTArch:

@@ -48,6 +48,7 @@ from megatron_neobert.training.checkpointing import (
     read_latest_iteration,
     write_latest_marker,
 )
+from megatron_neobert.training.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     with_optimizer = load_optimizer and not finetune and "optimizer" in common
     saved_format = (common.get("content_metadata") or OPTIMIZER_METADATA)["distrib_optim_sharding_type"]
     if with_optimizer and saved_format != OPTIMIZER_METADATA["distrib_optim_sharding_type"]:
-        raise ValueError(f"{path}: optimizer state in the {saved_format!r} format; this trainer reads "
+        raise InputError(f"{path}: optimizer state in the {saved_format!r} format; this trainer reads "
                          f"{OPTIMIZER_METADATA['distrib_optim_sharding_type']!r} (load with --no-load-optim)")
     saved_rng = not checkpoint_args(common).get("no_save_rng", False)
     with_rng = load_rng and not finetune and saved_rng and saved_layout == _layout()
