@@ -103,6 +103,7 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
     (["--ckpt-fully-parallel-save"], ("ckpt_fully_parallel_save", True)),
     (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
+    (["--async-save"], ("async_save", True)),
 ])
 def test_megatron_lm_flag_is_taken(flags, meaning):
     args = parse_args(BASE + flags)
@@ -205,3 +206,34 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
     # the initial weights, as the pre-training's was; the pre-trained weights do better on it.
     assert scratch["train"][0]["loss"] == first["train"][0]["loss"]
     assert tuned["train"][0]["loss"] < scratch["train"][0]["loss"]
+
+
+def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
+    """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
+    named by the marker only once written; a resume from it goes on as from a synchronous one."""
+    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.training.checkpoint_integrity import MANIFEST
+    from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+
+    prefix, cache = data
+    runs = {}
+    for mode in ("sync", "async"):
+        root = tmp_path / mode
+        extra = ["--async-save"] if mode == "async" else []
+        runs[mode] = run_on_ranks(run_train, 2, _short_run(prefix, cache, root, "--train-iters", "4",
+                                                           "--save-interval", "2", "--use-distributed-optimizer",
+                                                           "--keep-last-n-checkpoints", "1", *extra))[0]
+        assert read_latest_iteration(str(root)) == 4 and sorted(os.listdir(root)) == [
+            "iter_0000004", "latest_checkpointed_iteration.txt"]  # iteration 2 pruned once 4 was complete
+        assert os.path.isfile(os.path.join(iteration_dir(str(root), 4), MANIFEST))  # sealed; checked by the resume
+    assert [r["loss"] for r in runs["sync"]["train"]] == [r["loss"] for r in runs["async"]["train"]]
+    states = [dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
+    assert states[0]["opt_param_scheduler"] == states[1]["opt_param_scheduler"]
+    resumed = {}
+    for mode in ("sync", "async"):
+        root = tmp_path / mode
+        resumed[mode] = run_on_ranks(run_train, 2, _short_run(prefix, cache, root, "--train-iters", "6", "--load",
+                                                              str(root), "--use-distributed-optimizer"))[0]
+    assert [r["loss"] for r in resumed["sync"]["train"]] == [r["loss"] for r in resumed["async"]["train"]]
+    assert [r["iteration"] for r in resumed["async"]["train"]] == [5, 6]

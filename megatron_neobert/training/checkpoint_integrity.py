@@ -197,21 +197,19 @@ def space_shortage(root: str) -> Optional[str]:
     return f"a checkpoint takes {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free" if free < need else None
 
 
-def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
-    """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
-    any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""
+def check_space(root: str, folder: str, iteration: int) -> None:
+    """Collective, before a save: refuse it in one line when `root` cannot hold another checkpoint."""
     keep_disk_full_in_writer_errors()
     shortage = [space_shortage(root) if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(shortage, src=0)
     if shortage[0]:
         raise failed_save(root, folder, iteration, [], disk_full=True, detail=shortage[0])
-    failure = None
-    try:
-        save_fn()
-    # Reported by every rank below, so that no rank waits for the others. megatron-core raises a
-    # writer's failure as torch's CheckpointException, a BaseException.
-    except (Exception, CheckpointException) as err:
-        failure = err
+
+
+def seal_folder(failure: Optional[BaseException], root: str, folder: str, iteration: int) -> None:
+    """Collective, after every rank wrote its part of `folder` (`failure`: this rank's error, if any):
+    the manifest, or, when a write failed on any rank, the partial folder removed and one error raised
+    on all of them."""
     reports = _all_gather((_one_line(failure), failure is not None and is_disk_full(failure)))
     if not any(text for text, _ in reports):
         try:
@@ -222,6 +220,20 @@ def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> No
     if any(text for text, _ in reports):
         raise failed_save(root, folder, iteration, [text for text, _ in reports],
                           any(full for _, full in reports)) from failure
+
+
+def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
+    """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
+    any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""
+    check_space(root, folder, iteration)
+    failure = None
+    try:
+        save_fn()
+    # Reported by every rank in seal_folder, so that no rank waits for the others. megatron-core raises
+    # a writer's failure as torch's CheckpointException, a BaseException.
+    except (Exception, CheckpointException) as err:
+        failure = err
+    seal_folder(failure, root, folder, iteration)
 
 
 def read_verified_checkpoint(root: str, ckpt_step: Optional[int] = None, verify: bool = True):

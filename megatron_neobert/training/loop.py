@@ -24,7 +24,7 @@ from megatron_neobert.training.checkpoint_integrity import read_verified_checkpo
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.checkpointing import megatron_lm_args
+from megatron_neobert.training.checkpointing import iteration_dir, megatron_lm_args
 from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
@@ -40,7 +40,8 @@ from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
                                             run_micro_batches)
 from megatron_neobert.training.train_log import TrainingLog, print_rank_0
-from megatron_neobert.training.trainer_checkpoint import holds_training_state, load_checkpoint, save_checkpoint
+from megatron_neobert.training.trainer_checkpoint import (AsyncSaves, holds_training_state, load_checkpoint,
+                                                         save_checkpoint)
 from megatron_neobert.training.watchdog import ProgressWatchdog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
@@ -220,7 +221,8 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         tokenizer = check_inputs(args)  # before the process group: bad input ends the run at once
         init_distributed(args.distributed_timeout_minutes)
         exit_with_launcher()
-        keep_write_results_in_process()
+        if not args.async_save:  # an asynchronous save's writer is another process: megatron-core's queue
+            keep_write_results_in_process()
         forked_children_die_with_rank()
         watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
         lock = claim_save_dir(args)
@@ -274,8 +276,20 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
     _, train_iter, valid_iter = build_data(
         args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size, tokenizer)
 
+    async_saves = AsyncSaves() if args.async_save else None
+
+    def saved(iteration: int):
+        state.last_checkpoint = iteration_dir(args.save, iteration)
+        print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+    def finish_async_save(blocking: bool):
+        done = async_saves.finish(blocking) if async_saves else None
+        if done is not None:
+            saved(done)
+
     def save():
         watchdog.at(state.iteration, "checkpoint save")
+        finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
         saved_args = megatron_lm_args(
             arch, padded_vocab, **vars(args), data_parallel_size=parallel_state.get_data_parallel_world_size(),
@@ -283,14 +297,19 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
             consumed_valid_samples=(evals_done + len(history["eval"])) * args.eval_iters * args.global_batch_size)
-        state.last_checkpoint = save_checkpoint(
+        save_checkpoint(
             args.save, state.iteration, chunks, optimizer, scheduler,
             dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
                  skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
             saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim,
-            save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations)
+            save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations,
+            async_saves=async_saves)
         resume_param_sync(chunks)
-        print_rank_0(f"saved checkpoint at iteration {state.iteration} to {args.save}")
+        if async_saves:
+            print_rank_0(f"writing the checkpoint of iteration {state.iteration} to {args.save} in the background "
+                         f"(--async-save)")
+        else:
+            saved(state.iteration)
         if state.skipped_in_a_row:
             print_rank_0(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "
                          f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
@@ -331,6 +350,7 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
                 validate()
             watchdog.at(state.iteration, "agreeing whether to stop")
             stop = stop_reason(args, state, handler, started)
+            finish_async_save(blocking=False)
             if should_save(args, state, stop):
                 save()
             if stop:
@@ -338,6 +358,7 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
                 history["exit"] = stop
                 break
         profiler.stop()  # a run stopped inside the window still writes it
+        finish_async_save(blocking=True)
     finally:
         log.close()
     history.update(iteration=state.iteration, skipped=state.skipped_iters)

@@ -79,6 +79,10 @@ def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-checkpoint-args", action="store_true",
                    help="take the model's shape (preset, sizes, sequence length) from the --load checkpoint")
     g.add_argument("--no-save-optim", action="store_true", help="save checkpoints without the optimizer state")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background (megatron-core's asynchronous torch_dist save): "
+                        "the tensors are staged in host memory, training goes on while a process per rank "
+                        "writes them, and the marker moves once every rank's files are written and checksummed")
     g.add_argument("--no-save-rng", action="store_true",
                    help="save checkpoints without the RNG states (a resume from them starts new streams)")
     g.add_argument("--pretrained-checkpoint", default=None,

@@ -91,6 +91,8 @@ def exit_now(code: int) -> None:
 
 
 def keep_write_results_in_process() -> None:
+    """A synchronous save writes from the rank itself: its write results need no queue across processes,
+    whose Manager server megatron-core would otherwise spawn, a process outside the rank's reach."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if not isinstance(filesystem_async._results_queue, queue.Queue):

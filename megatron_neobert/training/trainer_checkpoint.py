@@ -18,7 +18,9 @@ An iteration folder holds, as one megatron-core distributed checkpoint:
   have other ranks).
 
 A save writes the folder, waits for every rank, and only then rank 0 moves the marker (atomic
-rename); older folders are pruned after that. A save cut short therefore leaves the marker on
+rename); older folders are pruned after that. With --async-save the writing happens in a process
+per rank while training goes on, and the same sealing, marker and pruning follow once every rank's
+writer is done (`AsyncSaves`). A save cut short therefore leaves the marker on
 the previous complete checkpoint, and a loader follows only the marker.
 """
 
@@ -36,8 +38,9 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+from torch.distributed.checkpoint import CheckpointException
 
-from megatron_neobert.training.checkpoint_integrity import write_verified_folder
+from megatron_neobert.training.checkpoint_integrity import check_space, seal_folder, write_verified_folder
 from megatron_neobert.training.checkpointing import (
     CHECKPOINT_VERSION,
     LATEST_MARKER,
@@ -48,7 +51,7 @@ from megatron_neobert.training.checkpointing import (
     read_latest_iteration,
     write_latest_marker,
 )
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.training.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -144,11 +147,14 @@ def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: 
 
 def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, train_state: dict,
                     args, keep_last_n: Optional[int] = None, save_optimizer: bool = True,
-                    save_rng: bool = True, floating_point_operations: float = 0.0) -> str:
+                    save_rng: bool = True, floating_point_operations: float = 0.0,
+                    async_saves: Optional["AsyncSaves"] = None) -> str:
     """Save the training state at `iteration` under `root`; returns the iteration folder.
     `save_optimizer=False` (--no-save-optim): a resume from it starts a fresh optimizer;
     `save_rng=False` (--no-save-rng): with new random streams. `floating_point_operations`: the run's
-    training FLOPs so far, saved as Megatron-LM's num_floating_point_operations_so_far."""
+    training FLOPs so far, saved as Megatron-LM's num_floating_point_operations_so_far. With
+    `async_saves` (--async-save) the files are written in the background: the checkpoint is complete
+    (marker moved) when `async_saves.finish` returns its iteration."""
     path = iteration_dir(root, iteration)
     rank0 = torch.distributed.get_rank() == 0
     if rank0:
@@ -165,16 +171,71 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
     strategy = FullyParallelSaveStrategyWrapper(
         get_default_save_sharded_strategy(),
         parallel_state.get_data_parallel_group(with_context_parallel=True))
-    # Every rank's shards on disk, checksummed, or the partial folder removed and an error raised.
-    write_verified_folder(lambda: dist_checkpointing.save(state, path, sharded_strategy=strategy,
-                                                          content_metadata=dict(OPTIMIZER_METADATA)),
-                          root, path, iteration)
-    if rank0:
+    if async_saves is None:
+        # Every rank's shards on disk, checksummed, or the partial folder removed and an error raised.
+        write_verified_folder(lambda: dist_checkpointing.save(state, path, sharded_strategy=strategy,
+                                                              content_metadata=dict(OPTIMIZER_METADATA)),
+                              root, path, iteration)
+        _publish(root, iteration, keep_last_n)
+        return path
+    check_space(root, path, iteration)
+    request = dist_checkpointing.save(state, path, sharded_strategy=strategy, async_sharded_save=True,
+                                      content_metadata=dict(OPTIMIZER_METADATA))
+
+    def seal_and_publish():  # on every rank, once every rank's writer is done
+        seal_folder(None, root, path, iteration)
+        _publish(root, iteration, keep_last_n)
+
+    request.add_finalize_fn(seal_and_publish)
+    async_saves.schedule(request, root, path, iteration)
+    return path
+
+
+def _publish(root: str, iteration: int, keep_last_n: Optional[int]) -> None:
+    """Point the marker at a complete, sealed folder; then prune the older ones."""
+    if torch.distributed.get_rank() == 0:
         write_latest_marker(root, iteration)
         if keep_last_n:
             prune_checkpoints(root, keep_last_n)
     torch.distributed.barrier()
-    return path
+
+
+class AsyncSaves:
+    """--async-save, megatron-core's asynchronous distributed-checkpoint save. A save stages the
+    tensors in host memory and returns; a process forked by each rank writes them while training goes
+    on. `finish` (collective, called every step) seals the folder, moves the marker and prunes once
+    every rank's writer is done, so the marker never names a folder still being written: a job killed
+    meanwhile resumes from the checkpoint before."""
+
+    def __init__(self):
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.queue = AsyncCallsQueue()
+        self.pending: Optional[Tuple[str, str, int]] = None  # (root, folder, iteration) being written
+
+    def schedule(self, request, root: str, folder: str, iteration: int) -> None:
+        self.queue.schedule_async_request(request)
+        self.pending = (root, folder, iteration)
+
+    def finish(self, blocking: bool) -> Optional[int]:
+        """Collective: the iteration whose checkpoint is now complete (waiting for it when
+        `blocking`), or None."""
+        if self.pending is None:
+            return None
+        root, folder, iteration = self.pending
+        try:
+            done = self.queue.maybe_finalize_async_calls(blocking=blocking)
+        except TrainingError:  # raised by seal_and_publish, alike on every rank
+            self.pending = None
+            raise
+        except (Exception, CheckpointException) as err:  # a writer's failure, raised on every rank
+            self.pending = None
+            seal_folder(err, root, folder, iteration)
+            raise
+        if not done:
+            return None
+        self.pending = None
+        return iteration
 
 
 def saved_iterations(root: str) -> List[int]:
