@@ -403,3 +403,19 @@ def test_exported_tokenizer_loads_with_the_standard_class_alone(exported, monkey
     assert set(batch) == {"input_ids", "attention_mask"}
     assert batch["input_ids"] == AutoTokenizer.from_pretrained(str(exported), trust_remote_code=True)(
         SENTENCES, padding=True)["input_ids"]
+
+
+def test_an_exported_tokenizer_loads_without_running_model_code(exported):
+    """The trainer and the converter read an export's tokenizer (or the released model's) with no prompt to run
+    NeoBERT's code and no warning of a generic config; stdin closed, as under a scheduler."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from megatron_neobert.data.tokenizer import build_tokenizer; "
+            "t = build_tokenizer('HuggingFaceTokenizer', sys.argv[1]); print('ids', t.tokenize('the cat sat'))")
+    done = subprocess.run([sys.executable, "-c", code, str(exported)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    output = done.stdout + done.stderr
+    assert "custom code" not in output and "model of type" not in output, output
+    assert "ids [" in done.stdout

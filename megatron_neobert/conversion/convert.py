@@ -357,10 +357,10 @@ def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path, no_t
         tokenizer = name  # a hub name (or a relative folder of another working directory: fails below)
     if os.path.isdir(tokenizer):
         return Path(tokenizer)
-    from transformers import AutoTokenizer
+    from megatron_neobert.data.tokenizer import load_auto_tokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(tokenizer)
+        tok = load_auto_tokenizer(tokenizer)
     except Exception as err:
         raise ConversionError(f"cannot load tokenizer {tokenizer!r} (neither a folder in {os.getcwd()} nor a hub "
                               f"tokenizer: {err}): pass --tokenizer FOLDER, or --no-tokenizer for an export "

@@ -196,6 +196,22 @@ class WordPieceCache:
         return [list(chain.from_iterable(map(ids, doc))) for doc in pieces]
 
 
+def load_auto_tokenizer(name_or_path: str):
+    """`AutoTokenizer.from_pretrained` that runs no model code. A NeoBERT folder (an export, the released
+    model) names a standard tokenizer class, but its config.json needs NeoBERT's modeling code, which
+    AutoTokenizer reads first: it would ask whether to run that code and, refused, warn of a model of
+    type ''. The tokenizer needs neither."""
+    from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=False)
+    except ValueError:  # a config that needs its own code: the tokenizer class is tokenizer_config.json's
+        config = PretrainedConfig()
+    except OSError:  # no config.json: a tokenizer-only folder
+        config = None
+    return AutoTokenizer.from_pretrained(name_or_path, config=config, trust_remote_code=False)
+
+
 class HuggingFaceMLMTokenizer(MLMTokenizer):
     tokenizer_type = "HuggingFaceTokenizer"
 
@@ -223,10 +239,8 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
 
     @staticmethod
     def _load(tokenizer_model: str):
-        from transformers import AutoTokenizer
-
         _check_hub_reachable(tokenizer_model)
-        return AutoTokenizer.from_pretrained(tokenizer_model)
+        return load_auto_tokenizer(tokenizer_model)
 
     def tokenize(self, text: str) -> List[int]:
         if self._backend is not None:
