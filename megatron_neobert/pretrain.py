@@ -30,7 +30,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron.core import parallel_state
 
     from megatron_neobert.training.loop import train
-    from megatron_neobert.training.processes import exit_now
+    from megatron_neobert.training.processes import exit_now, kill_stopped_local_ranks
     from megatron_neobert.training.train_log import print_rank_0
 
     try:
@@ -40,6 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
         traceback.print_exc()
         print(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}", file=sys.stderr, flush=True)
+        kill_stopped_local_ranks()
         exit_now(1)
     print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
     if parallel_state.model_parallel_is_initialized():

@@ -55,7 +55,7 @@ def data(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("data")
     stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
-                            progress=False)
+                            progress=False, json_keys=["content"])
     return stats.outputs["content"], str(root / "cache")
 
 

@@ -40,7 +40,7 @@ def fails_in_one_line(capsys, argv) -> str:
 @pytest.mark.parametrize("extra, message", [
     (["--data-path", "nowhere/corpus_content_document"],
      "dataset nowhere/corpus_content_document not found (no nowhere/corpus_content_document.bin / .idx): make it "
-     "with python tools/preprocess_data.py --input CORPUS.parquet --output-prefix nowhere/corpus"),
+     "with python tools/preprocess_data.py --input CORPUS.parquet --output-prefix nowhere/corpus --json-keys content"),
     (["--lr-warmup-iters", "2000", "--train-iters", "3"],
      "--lr-warmup-iters 2000 must be below --lr-decay-iters 2 (90% of --train-iters 3): for a short run pass "
      "--lr-warmup-iters 0"),

@@ -510,9 +510,9 @@ def ends_after_error(job: Job, error: str, within: float = 30) -> float:
 
 
 def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_path, job_factory):
-    """The rank left waiting fails at the timeout, its workers with it. torchrun then stops the
-    frozen one: SIGTERM, and SIGKILL 30 s later (torch 2.13 ignores --shutdown-timeout there)."""
-    root, timeout_s, torchrun_grace_s = str(tmp_path / "ckpt"), 0.4 * 60, 30
+    """The rank left waiting fails at the timeout, its workers with it, and kills the stopped rank beside it:
+    torchrun would SIGTERM it, which a stopped process does not act on, and SIGKILL it only 30 s later."""
+    root, timeout_s = str(tmp_path / "ckpt"), 0.4 * 60
     job = job_factory(long_run(data, root, "--distributed-timeout-minutes", "0.4", "--save-interval", "2",
                                "--num-workers", WORKERS))
     rank0, rank1 = job.ranks()
@@ -526,12 +526,12 @@ def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_p
         assert time.monotonic() - start < timeout_s + 10, job.output[-3000:]
         time.sleep(0.1)
     rank0_ended = time.monotonic() - start
-    assert job.proc.wait(timeout=torchrun_grace_s + 10) != 0
+    assert job.proc.wait(timeout=15) != 0
     job.wait_until_gone(5)
     ended = time.monotonic() - start
     print(f"watchdog line: {found.group(0)!r}; after the freeze rank 0 ended in {rank0_ended:.1f} s, the job in "
           f"{ended:.1f} s")
-    assert int(found.group(1)) >= 3 and ended < timeout_s + torchrun_grace_s + 10
+    assert int(found.group(1)) >= 3 and ended < timeout_s + 15
     assert read_latest_iteration(root) >= 2
 
 

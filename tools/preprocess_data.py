@@ -1,7 +1,7 @@
 """Tokenize RefinedWeb-style data into megatron-core .bin/.idx files (Megatron-LM's flag names).
 
     python tools/preprocess_data.py --input 'refinedweb/*.parquet' --output-prefix data/refinedweb \
-        --tokenizer-type HuggingFaceTokenizer --tokenizer-model bert-base-uncased --workers 16
+        --json-keys content --tokenizer-type HuggingFaceTokenizer --tokenizer-model bert-base-uncased --workers 16
 
 writes data/refinedweb_content_document.bin/.idx (one whole document per sequence, one document
 per input record) and data/refinedweb_content_document.tokenizer.json. Each input file is first
@@ -15,10 +15,10 @@ Across nodes, each rank takes every world_size-th file and writes shards only; m
 
     # SLURM job array (rank/world size from SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)
     sbatch --array=0-63 --wrap "python tools/preprocess_data.py --input 'rw/*.parquet' \
-        --output-prefix data/rw --workers 32"
+        --json-keys content --output-prefix data/rw --workers 32"
     # torchrun (rank/world size from RANK / WORLD_SIZE)
     torchrun --nnodes 8 --nproc-per-node 1 ... tools/preprocess_data.py --input 'rw/*.parquet' \
-        --output-prefix data/rw --workers 32
+        --json-keys content --output-prefix data/rw --workers 32
     # then, once per key (each rank prints these commands):
     python tools/merge_datasets.py --shard-dir data/rw_shards --json-key content \
         --output-prefix data/rw_content_document
@@ -50,8 +50,9 @@ def get_args(argv=None):
     group.add_argument("--input", nargs="+", required=True,
                        help="Parquet / JSON lines (.gz, .zst) files, globs, folders, or a folder "
                             "saved by datasets.save_to_disk; each file is one shard")
-    group.add_argument("--json-keys", nargs="+", default=["content"],
-                       help="text field(s) to tokenize; one output dataset per key")
+    group.add_argument("--json-keys", nargs="+", default=["text"],
+                       help="text field(s) to tokenize, one output dataset per key; as Megatron-LM's default "
+                            "(RefinedWeb's field is content)")
     group.add_argument("--split-sentences", action="store_true",
                        help="as Megatron-LM's: split each text into sentences with NLTK punkt "
                             "(needs nltk and its punkt_tab model for --lang), tokenize each on "

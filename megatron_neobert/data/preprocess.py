@@ -335,7 +335,7 @@ def _write_shard_in_process(path, prefixes, record, settings):
 def preprocess_data(
     inputs: Sequence[str],
     output_prefix: str,
-    json_keys: Sequence[str] = ("content",),
+    json_keys: Sequence[str] = ("text",),
     tokenizer_type: str = "HuggingFaceTokenizer",
     tokenizer_model: str = "bert-base-uncased",
     workers: int = 1,

@@ -90,6 +90,28 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def kill_stopped_local_ranks() -> None:
+    """Under torchrun, SIGKILL the ranks beside this one that are stopped (SIGSTOP: a frozen peer). torchrun
+    ends a failed job with SIGTERM, which a stopped process does not act on, and SIGKILL only 30 s later;
+    a stopped rank has nothing to save or say, so the job ends now instead."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import psutil
+
+    try:
+        siblings = psutil.Process(os.getppid()).children()
+    except psutil.Error:
+        return
+    for rank in siblings:
+        try:
+            if rank.pid != os.getpid() and rank.status() == psutil.STATUS_STOPPED:
+                print(f"rank {os.environ.get('RANK', '?')}: killing the stopped rank process {rank.pid}",
+                      file=sys.stderr, flush=True)
+                rank.kill()
+        except psutil.Error:  # gone meanwhile
+            continue
+
+
 def keep_write_results_in_process() -> None:
     """A synchronous save writes from the rank itself: its write results need no queue across processes,
     whose Manager server megatron-core would otherwise spawn, a process outside the rank's reach."""

@@ -32,11 +32,12 @@ def check_inputs(args) -> MLMTokenizer:
     for prefix in prefixes:
         if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
             # preprocess_data.py names its output {output prefix}_{key}_document.
-            output_prefix = re.sub(r"_[^_]+_document$", "", prefix)
+            named = re.fullmatch(r"(.*)_([^_/]+)_document", prefix)
+            output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
             raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
                              f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
-                             f"{output_prefix} --tokenizer-model {args.tokenizer_model}, which writes "
-                             f"{output_prefix}_content_document.bin / .idx")
+                             f"{output_prefix} --json-keys {key} --tokenizer-model {args.tokenizer_model}, which "
+                             f"writes {output_prefix}_{key}_document.bin / .idx")
     return tokenizer
 
 

@@ -409,7 +409,7 @@ def test_special_tokens_in_the_data_are_not_doubled(written_with, sample_tokeniz
     tok = sample_tokenizer
     if written_with == "append_eod":
         prefix = preprocess_data([corpus_slice[0]], str(tmp_path / "eod"), tokenizer_model=SAMPLE_TOKENIZER,
-                                 append_eod=True, progress=False).outputs["content"]
+                                 append_eod=True, progress=False, json_keys=["content"]).outputs["content"]
     else:  # as a tool whose tokenizer adds [CLS] ... [SEP] writes it, without our record
         prefix = str(tmp_path / "cls_sep")
         builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)

@@ -18,6 +18,7 @@ from megatron_neobert.data.readers import DataInputError
 
 def _run(inputs, prefix, **kw):
     kw.setdefault("tokenizer_model", SAMPLE_TOKENIZER)
+    kw.setdefault("json_keys", ["content"])  # the sample corpus's field (Megatron-LM's default is text)
     return preprocess_data(inputs, prefix, progress=False, **kw)
 
 
@@ -126,14 +127,14 @@ def test_interrupted_run_leaves_no_pair_that_looks_complete(corpus_slice, tmp_pa
 def test_cli_exit_codes(corpus_slice, tmp_path, capsys):
     from tools.preprocess_data import main
     prefix = str(tmp_path / "cli")
-    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
+    assert main(["--json-keys", "content", "--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
                  SAMPLE_TOKENIZER, "--workers", "1", "--no-progress"]) == 0
     assert "240 documents" in capsys.readouterr().out
     check_indexed(prefix + "_content_document")
-    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
+    assert main(["--json-keys", "content", "--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-model",
                  str(tmp_path / "nope"), "--no-progress"]) == 1
     assert "nope" in capsys.readouterr().err
-    assert main(["--input", str(tmp_path / "missing.parquet"), "--output-prefix", prefix,
+    assert main(["--json-keys", "content", "--input", str(tmp_path / "missing.parquet"), "--output-prefix", prefix,
                  "--tokenizer-model", SAMPLE_TOKENIZER, "--no-progress"]) == 1
     assert "missing.parquet" in capsys.readouterr().err
 
@@ -387,7 +388,7 @@ print(len(ids), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) //
 def test_bert_word_piece_vocab_file_gives_the_same_ids(corpus_slice, expected_ids, tmp_path):
     from tools.preprocess_data import main
     prefix = str(tmp_path / "wp")
-    assert main(["--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-type",
+    assert main(["--json-keys", "content", "--input", corpus_slice[0], "--output-prefix", prefix, "--tokenizer-type",
                  "BertWordPieceLowerCase", "--vocab-file", os.path.join(SAMPLE_TOKENIZER, "vocab.txt"),
                  "--no-progress"]) == 0
     docs = read_documents(prefix + "_content_document")

@@ -63,7 +63,7 @@ def test_sentences_are_the_sequences_and_records_the_documents(
     # Two files written at once (the splitter travels pickled) and two workers per file.
     stats = preprocess_data([str(src)], str(tmp_path / "ours"), tokenizer_model=SAMPLE_TOKENIZER,
                             split_sentences=True, append_eod=append_eod, workers=4, partitions=2,
-                            chunk_documents=3, progress=False)
+                            chunk_documents=3, progress=False, json_keys=["content"])
     assert stats.outputs["content"] == str(tmp_path / "ours_content_sentence")
     assert "ours_content_sentence.idx" in listing(tmp_path)
     sentences = [punkt_model.tokenize(text) for text in texts]  # nltk's own splitting
@@ -99,7 +99,7 @@ def test_keep_newlines_keeps_them_in_the_sentences(punkt_model, sample_tokenizer
     _write_jsonl(tmp_path / "in.jsonl", [NEWLINES_TEXT])
     stats = preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "out"),
                             tokenizer_model=SAMPLE_TOKENIZER, split_sentences=True,
-                            keep_newlines=True, progress=False)
+                            keep_newlines=True, progress=False, json_keys=["content"])
     from megatron_neobert.data.indexed import open_indexed
     ds = open_indexed(stats.outputs["content"])
     assert [list(ds[i]) for i in range(len(ds))] == [sample_tokenizer.tokenize(s) for s in kept]
@@ -118,18 +118,18 @@ def test_sentence_flags_without_split_sentences_are_refused(corpus_slice, tmp_pa
     from tools.preprocess_data import main
     for flags in (["--keep-newlines"], ["--lang", "german"]):
         with pytest.raises(SystemExit) as info:
-            main(["--input", corpus_slice[0], "--output-prefix", str(tmp_path / "x"), *flags])
+            main(["--json-keys", "content", "--input", corpus_slice[0], "--output-prefix", str(tmp_path / "x"), *flags])
         assert info.value.code == 2
         assert f"{flags[0]} only applies to sentence splitting: add --split-sentences" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--keep-newlines .* needs --split-sentences"):
-        preprocess_data([corpus_slice[0]], str(tmp_path / "x"), keep_newlines=True)
+        preprocess_data([corpus_slice[0]], str(tmp_path / "x"), keep_newlines=True, json_keys=["content"])
     assert listing(tmp_path) == []
 
 
 def test_a_missing_model_or_nltk_fails_before_any_output(punkt_model, corpus_slice, tmp_path,
                                                          monkeypatch, capsys):
     from tools.preprocess_data import main
-    argv = ["--input", corpus_slice[0], "--output-prefix", str(tmp_path / "x"), "--split-sentences",
+    argv = ["--json-keys", "content", "--input", corpus_slice[0], "--output-prefix", str(tmp_path / "x"), "--split-sentences",
             "--tokenizer-model", SAMPLE_TOKENIZER, "--no-progress"]
     assert main(argv + ["--lang", "esperanto"]) == 1
     err = capsys.readouterr().err
@@ -151,7 +151,7 @@ def test_the_trainer_reads_a_document_as_its_sentences(punkt_model, corpus_slice
     _write_jsonl(tmp_path / "in.jsonl", texts)
     stats = preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "rw"),
                             tokenizer_model=SAMPLE_TOKENIZER, split_sentences=True,
-                            append_eod=True, progress=False)
+                            append_eod=True, progress=False, json_keys=["content"])
     documents = [numpy.concatenate([sample_tokenizer.tokenize(s) for s in punkt_model.tokenize(t)])
                  for t in texts]
     assert all(numpy.array_equal(a[:-1], b) for a, b in zip(read_documents(stats.outputs["content"]),
@@ -190,7 +190,7 @@ def test_a_chunk_is_one_batch_call_of_all_its_sentences(punkt_model, corpus_slic
     monkeypatch.setattr(tokenizer_module.HuggingFaceMLMTokenizer, "tokenize_batch", counted)
     preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "out"),
                     tokenizer_model=SAMPLE_TOKENIZER, split_sentences=True, chunk_documents=4,
-                    progress=False)
+                    progress=False, json_keys=["content"])
     sentences = [len(punkt_model.tokenize(t)) for t in texts]
     assert calls == [sum(sentences[:4]), sum(sentences[4:8]), sum(sentences[8:])]
 
@@ -203,17 +203,17 @@ def test_sentence_and_document_data_never_mix(punkt_model, corpus_slice, tmp_pat
     run = dict(tokenizer_model=SAMPLE_TOKENIZER, progress=False)
     # Shards of a killed sentence run are not resumed by a document run, and vice versa.
     split = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
-                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run)
+                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run, json_keys=["content"])
     assert split.shards_done_before == 0
     again = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
-                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run)
+                            str(tmp_path / "rw"), split_sentences=True, rank=0, world_size=2, **run, json_keys=["content"])
     assert again.shards_done_before == 1 and again.documents == 0
     whole = preprocess_data([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")],
-                            str(tmp_path / "rw"), rank=0, world_size=2, **run)
+                            str(tmp_path / "rw"), rank=0, world_size=2, **run, json_keys=["content"])
     assert whole.shards_done_before == 0 and whole.documents == 6
     sentences = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "s"),
-                                split_sentences=True, **run).outputs["content"]
-    documents = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "d"), **run).outputs["content"]
+                                split_sentences=True, **run, json_keys=["content"]).outputs["content"]
+    documents = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "d"), **run, json_keys=["content"]).outputs["content"]
     with pytest.raises(ValueError, match="different tokenizers or sentence splitting"):
         merge_datasets([sentences, documents], str(tmp_path / "mixed"))
     assert not os.path.exists(str(tmp_path / "mixed.idx"))
@@ -223,6 +223,6 @@ def test_a_chunk_without_any_sentence(punkt_model, tmp_path):
     _write_jsonl(tmp_path / "in.jsonl", ["", "  ", "Some text here. More."])
     stats = preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "out"),
                             tokenizer_model=SAMPLE_TOKENIZER, split_sentences=True,
-                            append_eod=True, chunk_documents=2, progress=False)
+                            append_eod=True, chunk_documents=2, progress=False, json_keys=["content"])
     from megatron_neobert.data.indexed import open_indexed
     assert numpy.diff(open_indexed(stats.outputs["content"]).document_indices).tolist() == [0, 0, 2]
