@@ -237,3 +237,13 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
                                                               str(root), "--use-distributed-optimizer"))[0]
     assert [r["loss"] for r in resumed["sync"]["train"]] == [r["loss"] for r in resumed["async"]["train"]]
     assert [r["iteration"] for r in resumed["async"]["train"]] == [5, 6]
+
+
+def test_use_checkpoint_args_does_not_claim_the_recipes_length():
+    from megatron_neobert.training.megatron_args import recipe_defaults_applied
+
+    args = parse_args(BASE + ["--load", "ckpt", "--use-checkpoint-args"])
+    applied = recipe_defaults_applied(args, set(args.explicit_flags))
+    assert applied and not any(item.startswith("--seq-length") for item in applied)
+    assert any(item.startswith("--seq-length 1024") for item in recipe_defaults_applied(
+        parse_args(BASE), set(parse_args(BASE).explicit_flags)))

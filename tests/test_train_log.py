@@ -65,3 +65,37 @@ def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, ca
     assert found, lines[2]
     assert (int(found.group(1)), float(found.group(2))) == (3, 2.5)
     assert float(found.group(3)) == pytest.approx(math.exp(2.5), rel=1e-6)
+
+
+class _Scalars:
+    """A TensorBoard writer that keeps what it is given."""
+
+    def __init__(self):
+        self.written = []
+
+    def add_scalar(self, tag, value, step):
+        self.written.append((tag, step))
+
+    def close(self):
+        pass
+
+
+def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
+    base = ["--mock-data", "--global-batch-size", "32", "--train-iters", "6", "--lr-warmup-iters", "0"]
+    written = {}
+    for name, flags in (("default", []), ("flags", ["--tensorboard-log-interval", "2", "--log-timers-to-tensorboard",
+                                                    "--log-world-size-to-tensorboard",
+                                                    "--no-log-loss-scale-to-tensorboard",
+                                                    "--log-validation-ppl-to-tensorboard"])):
+        log = TrainingLog(parse_args(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
+        log.writers.append(_Scalars())
+        for it in range(1, 5):
+            log.step(_record(it, 10.0, 1e-4), 0.5 if it % 2 == 0 else None, 0)
+        log.evaluation(dict(iteration=4, loss=2.5, accuracy=0.5, consumed_samples=128))
+        written[name] = log.writers[-1].written
+    default, flagged = ({tag for tag, _ in w} for w in (written["default"], written["flags"]))
+    assert {"lm loss", "loss-scale", "learning-rate"} <= default
+    assert not {"iteration-time", "world-size", "lm loss validation ppl"} & default
+    assert {"iteration-time", "world-size", "lm loss validation ppl"} <= flagged and "loss-scale" not in flagged
+    assert sorted(step for tag, step in written["default"] if tag == "lm loss") == [1, 2, 3, 4]
+    assert sorted(step for tag, step in written["flags"] if tag == "lm loss") == [2, 4]  # every 2nd iteration
