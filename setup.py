@@ -51,5 +51,5 @@ setup(
         "test": ["pytest", "pytest-xdist", "parameterized", "wandb", "nltk",
                  f"transformers=={REVIEWED_TRANSFORMERS}"] + EVAL + DALI,
     },
-    entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:main"]},
+    entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:cli"]},
 )

@@ -30,18 +30,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron.core import parallel_state
 
     from megatron_neobert.training.loop import train
-    from megatron_neobert.training.processes import exit_now, kill_stopped_local_ranks
+    from megatron_neobert.training.processes import kill_children, kill_stopped_local_ranks
     from megatron_neobert.training.train_log import print_rank_0
 
     try:
         history = train(args)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
-        exit_now(_report(err))
+        kill_children()
+        return _report(err)
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
         traceback.print_exc()
         print(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}", file=sys.stderr, flush=True)
         kill_stopped_local_ranks()
-        exit_now(1)
+        kill_children()
+        return 1
     print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
@@ -73,5 +75,13 @@ def error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
+def cli() -> None:
+    """The command line: ends the process with main()'s status at once (`exit_now`: Python's own exit
+    could wait forever on a DataLoader worker, or on a process group whose peer is gone)."""
+    from megatron_neobert.training.processes import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -540,8 +540,8 @@ sys.path.insert(0, {tests!r})
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from pretrain_cases import full_disk_open
 filesystem_async.open = full_disk_open
-from megatron_neobert.pretrain import main
-sys.exit(main())
+from megatron_neobert.pretrain import cli
+cli()
 """
 
 

@@ -76,6 +76,12 @@ def data_worker_init(worker_id: int) -> None:
     die_with_parent()
 
 
+def kill_children() -> None:
+    """SIGKILL this process's multiprocessing children (DataLoader workers, checkpoint writers)."""
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
 def exit_now(code: int) -> None:
     """End this process with `code` at once, its multiprocessing children first.
 
@@ -83,8 +89,7 @@ def exit_now(code: int) -> None:
     ignore the SIGTERM it sends them, so it would wait forever; other clean-up (a process group
     whose peer is gone) can block too.
     """
-    for child in multiprocessing.active_children():
-        child.kill()
+    kill_children()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
