@@ -196,6 +196,10 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
                                                     "--load", str(pre), "--skip-train"))[0]
     assert (skipped["exit"], skipped["train"], len(skipped["eval"])) == ("skip-train", [], 1)
     assert skipped["iteration"] == 2
+    with pytest.raises(RuntimeError, match="--skip-train runs one validation of --eval-iters batches, and there is "
+                                           "none to run"):
+        run_on_ranks(run_train, 1, _short_run(prefix, cache, tmp_path / "skip", "--train-iters", "4", "--load",
+                                              str(pre), "--skip-train", "--eval-iters", "0"))
     # --pretrained-checkpoint: an empty --load starts from its weights at iteration 0, as --finetune.
     fine = tmp_path / "fine"
     tuned = run_on_ranks(run_train, 1, _short_run(prefix, cache, fine, "--train-iters", "2", "--load", str(fine),

@@ -269,12 +269,13 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
         state = resume(args, checkpoint, common, chunks, optimizer, scheduler, finetune)
     elif args.load:
         print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
-    if args.skip_train and not (args.eval_interval and args.eval_iters):
-        raise TrainingError("--skip-train runs one validation of --eval-iters batches: give --eval-iters and "
-                            "--eval-interval above 0")
     evals_done = state.iteration // args.eval_interval if args.eval_interval else 0
     _, train_iter, valid_iter = build_data(
         args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size, tokenizer)
+    if args.skip_train and valid_iter is None:
+        raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to run: "
+                            "give a validation split (--split or --valid-data-path) and --eval-iters and "
+                            "--eval-interval above 0")
 
     async_saves = AsyncSaves() if args.async_save else None
 
