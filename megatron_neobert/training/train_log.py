@@ -7,7 +7,7 @@ parsers read them; the project's own figures follow Megatron-LM's fields on the 
  [2026-11-25 15:20:01] iteration        6/       6 | consumed samples:          192 | elapsed time per
  iteration (ms): 233.1 | learning rate: 1.000000E-05 | global batch size:    32 | lm loss: 1.021100E+01 |
  loss scale: 1.0 | grad norm: 1.436 | number of skipped iterations:   0 | number of nan iterations:   0 |
- accuracy: 0.0120 | tokens/s: 8,800 | MFU: n/a | mem (GiB): 0.42 | time left: 0s |
+ accuracy: 0.0120 | tokens/s: 8,800 | MFU: n/a | mem (GiB): 0.42 | time left: 00:00:00 |
  validation loss at iteration 6 | lm loss value: 1.019000E+01 | lm loss PPL: 2.663000E+04 | accuracy: 0.0130 |
 (each line one line; the validation line between two lines of dashes, as Megatron-LM prints it).
 
