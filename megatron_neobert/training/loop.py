@@ -162,9 +162,9 @@ def fp16_step(optimizer, state: TrainState) -> tuple:
 def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
-    iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs it), grad_norm, skipped, predicted, tokens,
-    loss_scale (None without --fp16), num_zeros (with --log-num-zeros-in-grad), params_norm (with
-    --log-params-norm)."""
+    iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs
+    it), grad_norm, skipped, predicted, tokens, loss_scale (None without --fp16), num_zeros (with
+    --log-num-zeros-in-grad), params_norm (with --log-params-norm)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
