@@ -30,7 +30,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron.core import parallel_state
 
     from megatron_neobert.training.loop import train
-    from megatron_neobert.training.processes import kill_children, kill_stopped_local_ranks
+    from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
     from megatron_neobert.training.train_log import print_rank_0
 
     try:
@@ -78,7 +78,7 @@ def error_line(err: BaseException) -> str:
 def cli() -> None:
     """The command line: ends the process with main()'s status at once (`exit_now`: Python's own exit
     could wait forever on a DataLoader worker, or on a process group whose peer is gone)."""
-    from megatron_neobert.training.processes import exit_now
+    from megatron_neobert.training.process_guards import exit_now
 
     exit_now(main())
 

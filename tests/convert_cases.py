@@ -10,8 +10,8 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpointing import (checkpoint_args, load_model_state, model_sharded_state_dict,
-                                                     resolve_checkpoint_dir)
+from megatron_neobert.training.checkpoint.layout import resolve_checkpoint_dir
+from megatron_neobert.training.checkpoint.state import checkpoint_args, load_model_state, model_sharded_state_dict
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape
 from parallel_cases import Layout

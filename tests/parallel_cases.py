@@ -8,11 +8,12 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import unwrap_model
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.model_setup import build_model_chunks, unwrap
+from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
+from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
 # Small enough for 4 ranks on 2 cores, big enough to split: 4 layers, 4 heads, vocab 256.
@@ -58,7 +59,7 @@ def read_full_state_dict(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
     _, chunks = setup(Layout(), arch, ddp=False)
     state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir)
     load_model_state(chunks, state)
-    return {k: v.clone() for k, v in unwrap(chunks[0]).state_dict().items() if "_extra_state" not in k}
+    return {k: v.clone() for k, v in unwrap_model(chunks[0]).state_dict().items() if "_extra_state" not in k}
 
 
 def _gather_reduce_scattered_grads(chunk) -> None:

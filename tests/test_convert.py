@@ -29,7 +29,8 @@ from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpointing import checkpoint_args, iteration_dir, read_latest_iteration
+from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
+from megatron_neobert.training.checkpoint.state import checkpoint_args
 from parallel_cases import Layout
 from pretrain_cases import run_train, tiny_argv
 from test_hf_format import random_hf_state_dict

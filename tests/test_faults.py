@@ -22,10 +22,10 @@ import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_args
-from megatron_neobert.training.checkpoint_integrity import MANIFEST
-from megatron_neobert.training.checkpointing import LATEST_MARKER, iteration_dir, read_latest_iteration
+from megatron_neobert.training.checkpoint.integrity import MANIFEST
+from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.training.errors import TrainingError
-from megatron_neobert.training.save_lock import LOCK_NAME, SaveLock, process_start_ticks
+from megatron_neobert.training.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
 from pretrain_cases import full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,7 +107,7 @@ def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data
     rows would train on silently wrong attention."""
     import torch
 
-    from megatron_neobert.training.checkpointing import checkpoint_args
+    from megatron_neobert.training.checkpoint.state import checkpoint_args
 
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
     common_file = os.path.join(iteration_dir(root, 8), "common.pt")
@@ -423,7 +423,7 @@ def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, j
 
 FORKING_RANK = """
 import multiprocessing as mp, os, sys, threading, time
-from megatron_neobert.training.processes import forked_children_die_with_rank
+from megatron_neobert.training.process_guards import forked_children_die_with_rank
 forked_children_die_with_rank()
 fork = mp.get_context("fork")
 main_child = fork.Process(target=time.sleep, args=(600,))  # as megatron-core forks a checkpoint writer

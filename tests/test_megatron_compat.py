@@ -83,7 +83,7 @@ MEGATRON_LM_FIELDS = {
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.training.checkpointing import iteration_dir
+    from megatron_neobert.training.checkpoint.layout import iteration_dir
 
     root, _ = bert_run
     ckpt = iteration_dir(str(root / "ckpt"), ITERS)
@@ -144,7 +144,7 @@ def _mock_argv(*extra):
 def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.training.checkpointing import iteration_dir
+    from megatron_neobert.training.checkpoint.layout import iteration_dir
 
     history = run_on_ranks(run_train, 1, _mock_argv("--train-samples", "64", "--lr-warmup-samples", "16",
                                                     "--lr-decay-samples", "48", "--save", str(tmp_path),
@@ -203,7 +203,7 @@ def _lrs(argv, steps):
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(increment=schedule_steps(args)[3])
+        scheduler.step(increment=schedule_steps(args).per_iteration)
     return lrs
 
 
@@ -286,7 +286,9 @@ def _step_with(optimizer_name, argv_extra=()):
     """(weights before, gradients, weights after, param groups) of one optimizer step of the trainer's
     optimizer; the groups as (weight decay, lr, parameter names)."""
     from megatron_neobert.training.data_setup import build_data
-    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer, unwrap
+    from megatron.core.utils import unwrap_model
+
+    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
     args = parse_args(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
@@ -295,7 +297,7 @@ def _step_with(optimizer_name, argv_extra=()):
     arch = model_arch(args)
     _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, 8192)
     _, batches, _ = build_data(args, 0, 0)
-    model = unwrap(chunks[0])
+    model = unwrap_model(chunks[0])
     names = {p: n for n, p in model.named_parameters()}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     run_micro_batches(chunks, [next(batches) for _ in range(2)], forward_only=False)

@@ -159,11 +159,13 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
 
 
 def _model(argv):
-    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer, unwrap
+    from megatron.core.utils import unwrap_model
+
+    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
 
     args = parse_args(BASE + argv)
     _, chunks, _, _ = setup_model_and_optimizer(args, model_arch(args), 8192)
-    return unwrap(chunks[0])
+    return unwrap_model(chunks[0])
 
 
 def test_dropout_and_init_std_reach_the_model(single_rank):
@@ -217,8 +219,8 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.training.checkpoint_integrity import MANIFEST
-    from megatron_neobert.training.checkpointing import iteration_dir, read_latest_iteration
+    from megatron_neobert.training.checkpoint.integrity import MANIFEST
+    from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
 
     prefix, cache = data
     runs = {}

@@ -11,9 +11,9 @@ import pytest
 from megatron_neobert.model import get_arch
 from megatron_neobert.training.model_setup import build_scheduler, model_arch, resolve_padded_vocab_size
 from megatron_neobert.training.arguments import parse_args
-from megatron_neobert.training.checkpointing import iteration_dir, write_latest_marker
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
-from megatron_neobert.training.trainer_checkpoint import find_checkpoint, prune_checkpoints
+from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
+                                                         write_latest_marker)
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, "examples")
 

@@ -22,7 +22,6 @@ preset) before writing anything.
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -42,9 +41,10 @@ from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.progress import progress_bar
-from megatron_neobert.training.checkpointing import (CHECKPOINT_VERSION, checkpoint_args, iteration_dir,
-                                                     megatron_lm_args, resolve_checkpoint_dir, rotary_layout_problem,
-                                                     write_latest_marker)
+from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
+from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
+                                                        megatron_lm_args, model_sharded_state_dict, read_common_state)
+from megatron_neobert.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -153,29 +153,12 @@ def preset_name_of(arch: NeoBERTArch) -> Optional[str]:
 
 
 def read_checkpoint_args(load: PathLike) -> Tuple[str, dict]:
-    """(iteration folder, common "args") of a checkpoint root or iteration folder."""
-    from megatron.core import dist_checkpointing
-
+    """(iteration folder, common "args") of a checkpoint root or iteration folder, as the trainer reads them."""
     try:
         ckpt_dir = resolve_checkpoint_dir(str(load))
-    except (FileNotFoundError, ValueError) as err:
+        return ckpt_dir, checkpoint_args(read_common_state(ckpt_dir))
+    except (FileNotFoundError, ValueError, TrainingError) as err:
         raise ConversionError(str(err)) from None
-    with open(os.path.join(ckpt_dir, "metadata.json")) as f:
-        backend = json.load(f).get("sharded_backend")
-    if backend != "torch_dist":
-        raise ConversionError(f"{ckpt_dir}: sharded backend {backend!r} is not supported (torch_dist only)")
-    try:
-        common = dist_checkpointing.load_common_state_dict(ckpt_dir)
-    except Exception as err:  # a missing or unreadable common.pt
-        raise ConversionError(f"{ckpt_dir}: cannot read the common state: {err}") from None
-    args = checkpoint_args(common) if isinstance(common, dict) and "args" in common else None
-    if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
-        raise ConversionError(f"{ckpt_dir}: the common state has no args['arch']: not a megatron_neobert "
-                              f"checkpoint (expected the trainer's layout)")
-    problem = rotary_layout_problem(args)
-    if problem:
-        raise ConversionError(f"{ckpt_dir}: {problem}")
-    return ckpt_dir, args
 
 
 def arch_from_args(args: dict, where: str) -> NeoBERTArch:
@@ -424,7 +407,6 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     from megatron.core import dist_checkpointing
 
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
     from megatron_neobert.training.model_setup import build_model_chunks
 
     arch = NeoBERTArch(**arch_fields)

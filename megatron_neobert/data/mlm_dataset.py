@@ -23,7 +23,6 @@ import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
-from unittest import mock
 
 import numpy
 import torch
@@ -38,6 +37,7 @@ from megatron_neobert.data.checks import check_vocabulary, special_token_trims, 
 from megatron_neobert.data.indexed import open_indexed
 from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
+from megatron_neobert.megatron_core_compat import rank_zero_without_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -285,11 +285,8 @@ class MLMDataset(MegatronDataset):
 
 class _BlendedDataset(BlendedDataset):
     def _build_indices(self):
-        # megatron-core 0.16 calls torch.distributed.get_rank() on a cache miss even in a single
-        # process without a process group, which raises; answer 0 there (that process is rank 0).
-        if torch.distributed.is_initialized() or not self.config.path_to_cache:
-            return super()._build_indices()
-        with mock.patch.object(torch.distributed, "get_rank", return_value=0):
+        # A single process without a process group writes the index cache too (it is rank 0).
+        with rank_zero_without_process_group():
             return super()._build_indices()
 
 

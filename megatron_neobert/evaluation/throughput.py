@@ -272,8 +272,10 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
 
 def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool) -> Callable:
     """The trainer's step, built by the trainer's own set-up from its flags."""
+    from megatron.core.utils import unwrap_model
+
     from megatron_neobert.training.arguments import parse_args
-    from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer, unwrap
+    from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
     from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
     # No data is read: the batches are synthetic.
@@ -286,7 +288,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.
         for chunk in chunks:
-            for layer in unwrap(chunk).decoder.layers:
+            for layer in unwrap_model(chunk).decoder.layers:
                 layer.compile()
 
     def step():

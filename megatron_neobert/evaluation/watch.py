@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
+from megatron_neobert.training.checkpoint.layout import complete_iterations, iteration_dir
+
 RESULTS = "downstream.jsonl"
 PLOT = "downstream.png"
 EVENT_SUFFIX = ".downstream"  # our own event file: the trainer's are never opened for writing
@@ -207,15 +209,6 @@ def plot_scores(rows_by_run: Dict[str, List[dict]], path) -> Path:
 # --------------------------------------------------------------------------------------------------------
 
 
-def complete_iterations(root: str) -> List[int]:
-    """Iteration folders the trainer's marker has reached; one past it is still being written."""
-    from megatron_neobert.training.checkpointing import read_latest_iteration
-    from megatron_neobert.training.trainer_checkpoint import saved_iterations
-
-    latest = read_latest_iteration(root) if os.path.isdir(root) else None
-    return [] if latest is None else [it for it in saved_iterations(root) if it <= latest]
-
-
 def export_checkpoint(folder: str, dst: Path, tokenizer: Optional[str]) -> None:
     from megatron_neobert.conversion.convert import mcore_to_hf
 
@@ -274,8 +267,7 @@ class Run:
 
         from megatron_neobert.conversion.convert import read_checkpoint_args
         from megatron_neobert.conversion.hf_format import checkpoint_revision
-        from megatron_neobert.training.checkpoint_integrity import MANIFEST, folder_problem
-        from megatron_neobert.training.checkpointing import iteration_dir
+        from megatron_neobert.training.checkpoint.integrity import MANIFEST, folder_problem
 
         folder = iteration_dir(self.root, iteration)
 

@@ -15,6 +15,8 @@ import logging
 import torch
 from torch.overrides import TorchFunctionMode
 
+from megatron_neobert.megatron_core_compat import point_cuda_rng_at_cpu
+
 logger = logging.getLogger(__name__)
 
 _mode = None
@@ -46,28 +48,6 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _patch_cuda_rng():
-    """Point the CUDA RNG functions megatron-core uses at the CPU default generator.
-
-    The tensor-parallel RNG tracker forks "CUDA" RNG states around dropout and initialisation;
-    on CPU the generator those kernels use is the CPU one, so the fork swaps that state.
-    """
-    from megatron.core.tensor_parallel import random as mcore_random
-
-    def get_state(device="cuda", *args, **kwargs):
-        return torch.get_rng_state()
-
-    def set_state(new_state, device=-1, *args, **kwargs):
-        torch.set_rng_state(new_state)
-
-    torch.cuda.get_rng_state = get_state
-    torch.cuda.set_rng_state = set_state
-    torch.cuda.manual_seed = torch.manual_seed
-    torch.cuda.random.get_rng_state = get_state
-    mcore_random._get_cuda_rng_state = get_state
-    mcore_random._set_cuda_rng_state = set_state
-
-
 def enable_cpu_execution() -> bool:
     """Redirect megatron-core's CUDA calls to the CPU, once per process.
 
@@ -85,7 +65,7 @@ def enable_cpu_execution() -> bool:
     torch.cuda.empty_cache = lambda: None
     torch.cuda.memory_allocated = lambda *args, **kwargs: 0
     torch.cuda.max_memory_allocated = lambda *args, **kwargs: 0
-    _patch_cuda_rng()
+    point_cuda_rng_at_cpu()  # the tensor-parallel RNG tracker's states
     _mode = _CudaToCpuMode()
     _mode.__enter__()  # stays active for the life of the process
     logger.info("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")

@@ -59,12 +59,15 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: Optional[int] = None,
-                              seed: int = 1234, distributed_timeout_minutes: float = 30) -> None:
+                              seed: Optional[int] = 1234, distributed_timeout_minutes: float = 30) -> None:
     """megatron-core's parallel groups (their collectives time out after
-    `distributed_timeout_minutes`) and its tensor-parallel RNG tracker."""
+    `distributed_timeout_minutes`) and its tensor-parallel RNG tracker, seeded with `seed` (None: left to the
+    caller, as the trainer seeds every generator per pipeline stage). Joins the process group first unless this
+    process is in one already."""
     from megatron.core import parallel_state, tensor_parallel
 
-    init_distributed()
+    if not torch.distributed.is_initialized():  # a tool or a test alone; the trainer has joined already
+        init_distributed(distributed_timeout_minutes)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
@@ -73,7 +76,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
         distributed_timeout_minutes=distributed_timeout_minutes,
     )
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    if seed is not None:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,

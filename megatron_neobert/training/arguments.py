@@ -17,7 +17,7 @@ from megatron_neobert.cli import ArgumentParser
 from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
 from megatron_neobert.model import PRESETS
 from megatron_neobert.training.errors import InputError
-from megatron_neobert.training.processes import EXIT_SIGNALS
+from megatron_neobert.training.process_guards import EXIT_SIGNALS
 from megatron_neobert.training.megatron_args import add_megatron_lm_args, apply_megatron_lm_args, explicit_dests
 from megatron_neobert.training.validation import validate_precision_args
 

@@ -9,6 +9,7 @@ global number of masked tokens); the optimizer steps unless the loss or a gradie
 history of the run.
 """
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -19,30 +20,28 @@ from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.kernels import format_report, kernel_report
+from megatron_neobert.megatron_core_compat import keep_write_results_in_process
 from megatron_neobert.parallel.launch import init_distributed
-from megatron_neobert.training.checkpoint_integrity import read_verified_checkpoint
+from megatron_neobert.training.checkpoint.layout import iteration_dir
+from megatron_neobert.training.checkpoint.lock import claim_save_dir
+from megatron_neobert.training.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
+                                                        megatron_lm_args, read_checkpoint, save_checkpoint)
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.checkpointing import iteration_dir, megatron_lm_args
 from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
                                                    setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
-from megatron_neobert.training.processes import (exit_with_launcher, forked_children_die_with_rank,
-                                                  keep_write_results_in_process)
+from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, exit_with_launcher,
+                                                      forked_children_die_with_rank, stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
                                                   check_vocabulary, trained_length)
-from megatron_neobert.training.save_lock import claim_save_dir
-from megatron_neobert.training.signals import ExitSignalHandler, stop_requested
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
                                             run_micro_batches)
 from megatron_neobert.training.train_log import TrainingLog, print_rank_0
-from megatron_neobert.training.trainer_checkpoint import (AsyncSaves, holds_training_state, load_checkpoint,
-                                                         save_checkpoint)
-from megatron_neobert.training.watchdog import ProgressWatchdog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
@@ -179,7 +178,9 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
         state.skipped_in_a_row = 0
     elif math.isfinite(stats.loss) and grads_are_finite(chunks):
         stepped, grad_norm, num_zeros = optimizer.step()
-        assert stepped, "megatron-core's optimizer found a non-finite gradient after our check"
+        if not stepped:
+            raise TrainingError(f"iteration {state.iteration}: megatron-core's optimizer skipped the step for a "
+                                f"non-finite gradient that the finite check before it did not see")
         state.skipped_in_a_row = 0
     else:
         grad_norm = float("nan")
@@ -193,7 +194,7 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
                 f"{state.iteration} without saving. Last good checkpoint: {state.last_checkpoint or 'none'}")
     if stepped:  # in iterations, or in samples with --train-samples
-        scheduler.step(increment=schedule_steps(args)[3])
+        scheduler.step(increment=schedule_steps(args).per_iteration)
     # Megatron-LM logs the lr after the scheduler's step (the next step's), that of the default param group.
     logged_lr = get_canonical_lr_for_logging(optimizer.param_groups)
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
@@ -214,35 +215,29 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
     function), for training and validation. `on_step(record)` is called after each step.
     """
     started = time.time()
-    # The handler first: a pre-emption signal during the set-up must not kill the rank either.
-    handler = ExitSignalHandler(args.exit_signal).__enter__() if args.exit_signal_handler else None
-    watchdog = lock = None
-    try:
+    with contextlib.ExitStack() as guards:
+        # The handler first: a pre-emption signal during the set-up must not kill the rank either.
+        handler = guards.enter_context(ExitSignalHandler(args.exit_signal)) if args.exit_signal_handler else None
         tokenizer = check_inputs(args)  # before the process group: bad input ends the run at once
         init_distributed(args.distributed_timeout_minutes)
         exit_with_launcher()
         if not args.async_save:  # an asynchronous save's writer is another process: megatron-core's queue
             keep_write_results_in_process()
         forked_children_die_with_rank()
-        watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
+        watchdog = guards.enter_context(ProgressWatchdog(args.distributed_timeout_minutes))
         lock = claim_save_dir(args)
-        return _train(args, tokenizer, forward_step, on_step, handler, watchdog, started)
-    finally:
-        if watchdog:
-            watchdog.close()
         if lock:
-            lock.release()
-        if handler:
-            handler.__exit__(None, None, None)
+            guards.callback(lock.release)
+        return _train(args, tokenizer, forward_step, on_step, handler, watchdog, started)
 
 
 def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
-    checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
+    checkpoint, common = (read_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
     pretrained = checkpoint is None and args.pretrained_checkpoint is not None
     if pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
-        checkpoint, common = read_verified_checkpoint(args.pretrained_checkpoint, None, not args.no_verify_checkpoint)
+        checkpoint, common = read_checkpoint(args.pretrained_checkpoint, None, not args.no_verify_checkpoint)
         if checkpoint is None:
             raise TrainingError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no checkpoint")
         print_rank_0(f"no checkpoint in --load {args.load}: starting from --pretrained-checkpoint {checkpoint}")

@@ -8,7 +8,7 @@ the numbers the scheduler reads (`schedule_steps`).
 
 import argparse
 import importlib.util
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, NamedTuple, Optional, Set
 
 from megatron_neobert.data.tokenizer import wordpiece_tokenizer_model
 from megatron_neobert.model.config import PRESETS, get_arch
@@ -306,10 +306,16 @@ def recipe_defaults_applied(args, explicit: Set[str]) -> List[str]:
             for dest in RECIPE_DEFAULTS if dest not in explicit and dest not in skip]
 
 
-def schedule_steps(args):
-    """(warmup, decay, weight-decay span, increment per iteration) of the scheduler, in samples as Megatron-LM
-    counts them (iterations x --global-batch-size with --train-iters); --lr-warmup-fraction is a fraction of the
-    decay, as Megatron-LM's."""
+class ScheduleSteps(NamedTuple):
+    warmup: float
+    decay: int
+    weight_decay_span: int
+    per_iteration: int  # the scheduler's increment per optimizer step
+
+
+def schedule_steps(args) -> ScheduleSteps:
+    """The scheduler's lengths in samples, as Megatron-LM counts them (iterations x --global-batch-size with
+    --train-iters); --lr-warmup-fraction is a fraction of the decay, as Megatron-LM's."""
     gbs = args.global_batch_size
     if args.train_samples is not None:
         decay, warmup, span = args.lr_decay_samples, args.lr_warmup_samples, args.train_samples
@@ -317,4 +323,4 @@ def schedule_steps(args):
         decay, warmup, span = args.lr_decay_iters * gbs, args.lr_warmup_iters * gbs, args.train_iters * gbs
     if args.lr_warmup_fraction is not None:
         warmup = args.lr_warmup_fraction * decay
-    return warmup, decay, span, gbs
+    return ScheduleSteps(warmup, decay, span, gbs)

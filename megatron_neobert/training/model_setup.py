@@ -19,7 +19,7 @@ from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_v
                                     transformer_config)
 from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpointing import checkpoint_args
+from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.arguments import ARCH_OVERRIDES
 from megatron_neobert.training.megatron_args import schedule_steps
@@ -68,13 +68,6 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto"
         config.grad_sync_func = ([c.start_grad_sync for c in chunks] if len(chunks) > 1
                                  else chunks[0].start_grad_sync)
     return chunks
-
-
-def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    """The NeoBERTModel inside DDP / Float16Module wrappers."""
-    while isinstance(chunk, (DistributedDataParallel, Float16Module)):
-        chunk = chunk.module
-    return chunk
 
 
 def model_arch(args, tokenizer_vocab_size: Optional[int] = None) -> NeoBERTArch:
@@ -155,7 +148,7 @@ def set_random_seed(seed: int) -> None:
 
 def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
     """Linear warmup from --lr-warmup-init (0), decay to min-lr, then constant; in iterations, or in samples with
-    --train-samples (step it by `schedule_steps(args)[3]` per iteration)."""
+    --train-samples (step it by `schedule_steps(args).per_iteration` per iteration)."""
     warmup, decay, span, _ = schedule_steps(args)
     return OptimizerParamScheduler(
         optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
@@ -173,8 +166,8 @@ def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
     if args.num_layers_per_virtual_pipeline_stage:
         vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
     initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp,
-                              distributed_timeout_minutes=args.distributed_timeout_minutes)
-    set_random_seed(args.seed)
+                              seed=None, distributed_timeout_minutes=args.distributed_timeout_minutes)
+    set_random_seed(args.seed)  # the run's one seeding, once the pipeline rank is known
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     optional = {}
     if args.recompute_granularity:

@@ -8,7 +8,7 @@ from typing import Optional
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import NeoBERTArch
-from megatron_neobert.training.checkpointing import checkpoint_args
+from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.train_log import print_rank_0
 

@@ -97,6 +97,8 @@ class StepStats:
         return StepStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
+STEP_STATS_FIELDS = tuple(f.name for f in dataclasses.fields(StepStats))  # the order of the summed vector
+
 ForwardStep = Callable[[Iterator, torch.nn.Module], tuple]
 
 
@@ -111,13 +113,15 @@ def run_micro_batches(chunks, batches: List[dict], forward_only: bool, forward_s
         model=chunks, num_microbatches=len(batches), seq_length=seq_length, micro_batch_size=mbs,
         forward_only=forward_only)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # the StepStats fields, in order
+    sums = torch.zeros(len(STEP_STATS_FIELDS), dtype=torch.float64, device=device)  # the StepStats fields
     if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-        for r in reports:
-            sums[:3] += r["lm loss"].to(sums)
+        for r in reports:  # (loss_sum, correct, predicted), as the loss function reports them
+            sums[:STEP_STATS_FIELDS.index("real_tokens")] += r["lm loss"].to(sums)
         if pad_id is not None:  # counted on the host batches: the copy must not wait for the GPU
-            sums[3] = sum(real_tokens(b, pad_id).to(sums, non_blocking=True) for b in batches)
-            sums[4] = sum(attended_pairs(b, pad_id).to(sums, non_blocking=True) for b in batches)
+            sums[STEP_STATS_FIELDS.index("real_tokens")] = sum(
+                real_tokens(b, pad_id).to(sums, non_blocking=True) for b in batches)
+            sums[STEP_STATS_FIELDS.index("attended_pairs")] = sum(
+                attended_pairs(b, pad_id).to(sums, non_blocking=True) for b in batches)
         torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
     # Only the last stage holds losses: summing over the pipeline hands them to every rank.
     torch.distributed.all_reduce(sums, group=parallel_state.get_pipeline_model_parallel_group())

@@ -12,7 +12,6 @@ folder that verifies is offered (`--ckpt-step`).
 """
 
 import errno
-import functools
 import json
 import os
 import shutil
@@ -23,8 +22,9 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.training.checkpointing import (checkpoint_args, iteration_dir, read_latest_iteration,
-                                                     rotary_layout_problem)
+from megatron_neobert.megatron_core_compat import keep_disk_full_in_writer_errors
+from megatron_neobert.training.checkpoint.layout import (is_complete, iteration_dir, read_latest_iteration,
+                                                         saved_iterations)
 from megatron_neobert.training.errors import TrainingError
 
 MANIFEST = "checksums.json"
@@ -103,11 +103,9 @@ def folder_problem(folder: str) -> Optional[str]:
 
 def previous_complete(root: str, before: int) -> Optional[int]:
     """Collective: the newest iteration folder under `root` older than `before` that verifies."""
-    from megatron_neobert.training.trainer_checkpoint import saved_iterations
-
     for it in reversed([i for i in saved_iterations(root) if i < before]):
         folder = iteration_dir(root, it)
-        if os.path.isfile(os.path.join(folder, "metadata.json")) and folder_problem(folder) is None:
+        if is_complete(folder) and folder_problem(folder) is None:
             return it
     return None
 
@@ -138,29 +136,6 @@ def is_disk_full(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
-
-
-def keep_disk_full_in_writer_errors() -> None:
-    """torch.save in megatron-core's writer processes turns a full disk into "unexpected pos"
-    (the OSError only as its context), and the context is lost when the error is sent back to the
-    rank: raise the OSError itself there instead."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    write_item = filesystem_async._write_item
-    if getattr(write_item, "keeps_disk_full", False):
-        return
-
-    @functools.wraps(write_item)
-    def keeping_disk_full(*args, **kwargs):
-        try:
-            return write_item(*args, **kwargs)
-        except RuntimeError as err:
-            if is_disk_full(err):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
-            raise
-
-    keeping_disk_full.keeps_disk_full = True
-    filesystem_async._write_item = keeping_disk_full
 
 
 def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool,
@@ -199,7 +174,7 @@ def space_shortage(root: str) -> Optional[str]:
 
 def check_space(root: str, folder: str, iteration: int) -> None:
     """Collective, before a save: refuse it in one line when `root` cannot hold another checkpoint."""
-    keep_disk_full_in_writer_errors()
+    keep_disk_full_in_writer_errors(is_disk_full)
     shortage = [space_shortage(root) if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(shortage, src=0)
     if shortage[0]:
@@ -234,29 +209,3 @@ def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> No
     except (Exception, CheckpointException) as err:
         failure = err
     seal_folder(failure, root, folder, iteration)
-
-
-def read_verified_checkpoint(root: str, ckpt_step: Optional[int] = None, verify: bool = True):
-    """Collective: (iteration folder, common state) of the checkpoint to load from `root` (the
-    marker's, or iteration `ckpt_step`), checked against its manifest; (None, None) when the root
-    holds none. The common state is read after the check: a damaged common.pt is named too."""
-    from megatron.core import dist_checkpointing
-
-    from megatron_neobert.training.trainer_checkpoint import find_checkpoint
-
-    if ckpt_step is None:
-        path = find_checkpoint(root)
-        iteration = read_latest_iteration(root) if path else None
-    else:
-        path, iteration = iteration_dir(root, ckpt_step), ckpt_step
-        if not os.path.isfile(os.path.join(path, "metadata.json")):
-            raise TrainingError(f"--ckpt-step {ckpt_step}: {path} is missing or incomplete (no metadata.json)")
-    if path is None:
-        return None, None
-    if verify:
-        verify_checkpoint(path, root, iteration)
-    common = dist_checkpointing.load_common_state_dict(path)
-    problem = rotary_layout_problem(checkpoint_args(common))
-    if problem:
-        raise TrainingError(f"checkpoint {path}: {problem}")
-    return path, common

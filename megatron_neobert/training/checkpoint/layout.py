@@ -1,94 +1,32 @@
-"""Checkpoint layout shared by the trainer and the converters.
+"""Where checkpoints are: the marker, the iteration folders, finding the one to load, pruning.
 
-A checkpoint root (`--save` / `--load`) holds one folder per saved iteration and a marker:
-
-    {root}/iter_0000200/                 megatron-core distributed checkpoint (any TP/PP/VPP)
+    {root}/iter_0000200/                       megatron-core distributed checkpoint (any TP/PP/VPP)
     {root}/latest_checkpointed_iteration.txt   "200", written last, atomically
 
-Inside an iteration folder the model's tensors come from `model_sharded_state_dict(chunks)`:
-under "model" (one chunk) or "model0", "model1", ... (virtual pipeline stages), as Megatron-LM
-does. Sharded-tensor keys are global (layer numbers included), so a checkpoint loads at any
-other TP/PP/VPP layout. The common (unsharded) state holds "iteration", "checkpoint_version" and
-"args" as Megatron-LM saves them: an `argparse.Namespace` with the model's sizes at top level
-(what Megatron-LM's load_args_from_checkpoint and its tools read) plus "arch", the `NeoBERTArch`
-fields. Older checkpoints of this project hold a dict instead; `checkpoint_args` reads both.
+A loader follows only the marker: a folder it does not name (a save cut short) is not a checkpoint.
 """
 
-import argparse
-import dataclasses
+import glob
+import logging
 import os
+import re
+import shutil
 from typing import List, Optional
 
-import torch
+from megatron_neobert.training.errors import TrainingError
+
+logger = logging.getLogger(__name__)
 
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
-
-# torch.load(weights_only=True), also inside megatron-core's load_common_state_dict, refuses any
-# class it does not know; a Namespace of plain values is safe to rebuild.
-torch.serialization.add_safe_globals([argparse.Namespace])
-
-
-def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
-    """A checkpoint's args: `settings` (the run's flags) with the model's shape at top level under
-    Megatron-LM's names, and "arch"."""
-    learned = arch.position_embedding_type == "learned_absolute"
-    shape = dict(
-        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
-        num_attention_heads=arch.num_attention_heads, kv_channels=arch.kv_channels,
-        num_query_groups=arch.num_attention_heads, group_query_attention=False,
-        max_position_embeddings=arch.max_sequence_length, position_embedding_type=arch.position_embedding_type,
-        add_position_embedding=learned, use_rotary_position_embeddings=not learned,
-        rotary_base=arch.rotary_base, rotary_percent=1.0, rotary_interleaved=False,
-        add_bias_linear=arch.add_bias_linear, add_qkv_bias=arch.add_bias_linear,
-        swiglu=arch.activation == "swiglu", squared_relu=False, normalization=arch.normalization,
-        norm_epsilon=arch.norm_epsilon, apply_layernorm_1p=False, untie_embeddings_and_output_weights=True,
-        attention_dropout=settings.get("attention_dropout", 0.0), hidden_dropout=settings.get("hidden_dropout", 0.0),
-        num_experts=None, expert_model_parallel_size=1,
-        vocab_size=arch.vocab_size, padded_vocab_size=padded_vocab_size, ckpt_format="torch_dist")
-    return argparse.Namespace(**{**settings, **shape, "arch": dataclasses.asdict(arch)})
-
-
-def checkpoint_args(common: dict) -> dict:
-    """A checkpoint's args as a dict (a live view of a Namespace), from either form."""
-    args = common["args"]
-    return vars(args) if isinstance(args, argparse.Namespace) else args
-
-
-def rotary_layout_problem(args: dict) -> Optional[str]:
-    """Why this version cannot read a checkpoint's Q/K rows, or None.
-
-    RoPE models keep each head's Q and K rows in rotate-half order, so that megatron-core's fused
-    RoPE applies, and say so with Megatron-LM's `rotary_interleaved=False`. Earlier versions wrote
-    the rows interleaved without recording it: loaded as they are, every attention score would be
-    wrong without an error. Their Hugging Face export has the same layout as this version's.
-    """
-    if args.get("arch", {}).get("position_embedding_type") == "learned_absolute" or args.get("rotary_interleaved") is False:
-        return None
-    return ("its args do not record rotary_interleaved=False: its Q/K rows are in the interleaved RoPE order of "
-            "earlier megatron_neobert versions, which this version does not read; export it to Hugging Face with "
-            "the version that wrote it (tools/convert_checkpoint.py) and import that folder with this one")
 
 
 def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def model_sharded_state_dict(chunks: List[torch.nn.Module]) -> dict:
-    from megatron_neobert.training.model_setup import unwrap
-
-    if len(chunks) == 1:
-        return {"model": unwrap(chunks[0]).sharded_state_dict()}
-    return {f"model{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
-
-
-def load_model_state(chunks: List[torch.nn.Module], state: dict) -> None:
-    """Copy the "model"/"modelN" entries of a loaded checkpoint into the chunks."""
-    from megatron_neobert.training.model_setup import unwrap
-
-    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
-    for key, chunk in zip(keys, chunks):
-        unwrap(chunk).load_state_dict(state[key], strict=True)
+def is_complete(folder: str) -> bool:
+    """Whether megatron-core finished the folder (it writes metadata.json last)."""
+    return os.path.isfile(os.path.join(folder, "metadata.json"))
 
 
 def write_latest_marker(root: str, iteration: int) -> None:
@@ -112,14 +50,62 @@ def read_latest_iteration(root: str) -> Optional[int]:
     return int(text)
 
 
+def saved_iterations(root: str) -> List[int]:
+    """Every iteration folder under `root`, complete or not."""
+    found = []
+    for p in glob.glob(os.path.join(root, "iter_*")):
+        m = re.fullmatch(r"iter_(\d+)", os.path.basename(p))
+        if m and os.path.isdir(p):
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def complete_iterations(root: str) -> List[int]:
+    """Iteration folders the marker has reached; one past it is still being written."""
+    latest = read_latest_iteration(root) if os.path.isdir(root) else None
+    return [] if latest is None else [it for it in saved_iterations(root) if it <= latest]
+
+
+def prune_checkpoints(root: str, keep: int) -> None:
+    """Delete all but the `keep` newest iteration folders up to the marked one."""
+    older = complete_iterations(root)
+    for it in older[:-keep] if keep > 0 else []:
+        shutil.rmtree(iteration_dir(root, it), ignore_errors=True)
+
+
+def find_checkpoint(root: str, step: Optional[int] = None) -> Optional[str]:
+    """The complete iteration folder to load from a checkpoint root: the marker's, or iteration `step`
+    (--ckpt-step); None when the root has no marker.
+
+    Folders without a marker (a first save cut short) are ignored with a warning; a marker or a `step`
+    that names a missing or incomplete folder is an error, not something to silently start over from.
+    """
+    if step is not None:
+        path = iteration_dir(root, step)
+        if not is_complete(path):
+            raise TrainingError(f"--ckpt-step {step}: {path} is missing or incomplete (no metadata.json)")
+        return path
+    iteration = read_latest_iteration(root) if os.path.isdir(root) else None
+    if iteration is None:
+        leftovers = saved_iterations(root) if os.path.isdir(root) else []
+        if leftovers:
+            logger.warning("%s: no %s, so iteration folders %s are incomplete and ignored",
+                           root, LATEST_MARKER, leftovers)
+        return None
+    path = iteration_dir(root, iteration)
+    if not is_complete(path):
+        raise TrainingError(f"{root}/{LATEST_MARKER} names iteration {iteration}, but {path} is missing "
+                            f"or incomplete (no metadata.json); refusing to load or to start over")
+    return path
+
+
 def resolve_checkpoint_dir(path: str) -> str:
-    """An iteration folder from either a checkpoint root (its latest) or an iteration folder."""
+    """An iteration folder from either a checkpoint root (`find_checkpoint`) or an iteration folder (the
+    converters and tools take either)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
-    iteration = read_latest_iteration(path)
-    if iteration is not None:
-        path = iteration_dir(path, iteration)
-    if not os.path.isfile(os.path.join(path, "metadata.json")):
+    folder = find_checkpoint(path) or path
+    if not is_complete(folder):
         raise ValueError(f"{path!r} is not a megatron-core distributed checkpoint "
                          f"(no metadata.json, and no {LATEST_MARKER} pointing at one)")
-    return path
+    return folder

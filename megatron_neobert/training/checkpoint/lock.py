@@ -19,7 +19,10 @@ import socket
 import uuid
 from typing import Optional
 
-from megatron_neobert.training.checkpointing import LATEST_MARKER, iteration_dir, read_latest_iteration
+import torch
+
+from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, iteration_dir, read_latest_iteration,
+                                                         saved_iterations)
 from megatron_neobert.training.errors import TrainingError
 
 LOCK_NAME = "writer.lock"
@@ -103,15 +106,11 @@ class SaveLock:
 
 
 def holds_checkpoints(save: str) -> bool:
-    from megatron_neobert.training.trainer_checkpoint import saved_iterations
-
     return os.path.isdir(save) and (read_latest_iteration(save) is not None or bool(saved_iterations(save)))
 
 
 def check_save_is_ours(save: str, load: Optional[str], overwrite: bool) -> None:
     """Rank 0: refuse (or with `overwrite` clear) a --save holding another run's checkpoints."""
-    from megatron_neobert.training.trainer_checkpoint import saved_iterations
-
     if not holds_checkpoints(save) or (load and os.path.realpath(load) == os.path.realpath(save)):
         return
     iterations = saved_iterations(save)
@@ -130,8 +129,6 @@ def check_save_is_ours(save: str, load: Optional[str], overwrite: bool) -> None:
 def claim_save_dir(args) -> Optional[SaveLock]:
     """Collective: rank 0 takes --save's lock and checks the folder is this run's; every rank
     raises the same error when it cannot."""
-    import torch
-
     if not args.save:
         return None
     lock, error = None, None

@@ -1,7 +1,10 @@
-"""Save and load the whole training state in the layout of `checkpointing.py`.
+"""What an iteration folder holds, and saving and loading it: the whole training state, and the
+Megatron-LM args that describe the model.
 
-An iteration folder holds, as one megatron-core distributed checkpoint:
-- "model" / "modelN": the weights (sharded tensors with global keys);
+An iteration folder (see `layout.py`) holds, as one megatron-core distributed checkpoint:
+- "model" / "modelN": the weights, from `model_sharded_state_dict(chunks)`: under "model" (one chunk)
+  or "model0", "model1", ... (virtual pipeline stages), as Megatron-LM does. Sharded-tensor keys are
+  global (layer numbers included), so a checkpoint loads at any other TP/PP/VPP layout;
 - "optimizer": `optimizer.sharded_state_dict(...)`. The distributed optimizer saves in
   megatron-core 0.16's "fully_reshardable" format: at save, DP rank 0 of each model-parallel
   group gathers the Adam moments and fp32 master weights and writes them per parameter, keyed like
@@ -10,10 +13,13 @@ An iteration folder holds, as one megatron-core distributed checkpoint:
   (the 0.16 default) needs flattened sharded tensors that 0.16's dist_checkpointing rejects.
   The non-distributed optimizers map their state onto the model's sharded tensors, reshardable too;
 - "opt_param_scheduler" (counted in samples, as Megatron-LM's), "num_floating_point_operations_so_far",
-  "train_state" (iteration, data position, skipped steps), "args" (an
-  argparse.Namespace, see `checkpointing.megatron_lm_args`), "checkpoint_version" 3.0 and
-  megatron-core's "content_metadata" naming the optimizer-state format, as Megatron-LM writes them
-  (common state, written by rank 0);
+  "train_state" (iteration, data position, skipped steps), "checkpoint_version" 3.0 and megatron-core's
+  "content_metadata" naming the optimizer-state format, as Megatron-LM writes them (common state,
+  written by rank 0);
+- "args", as Megatron-LM saves them: an `argparse.Namespace` with the model's sizes at top level
+  (what Megatron-LM's load_args_from_checkpoint and its tools read) plus "arch", the `NeoBERTArch`
+  fields (`megatron_lm_args`). Older checkpoints of this project hold a dict instead; `checkpoint_args`
+  reads both;
 - "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
   have other ranks).
 
@@ -22,13 +28,18 @@ rename); older folders are pruned after that. With --async-save the writing happ
 per rank while training goes on, and the same sealing, marker and pruning follow once every rank's
 writer is done (`AsyncSaves`). A save cut short therefore leaves the marker on
 the previous complete checkpoint, and a loader follows only the marker.
+
+`read_checkpoint` is the one way to a checkpoint's common state (args included), for the trainer and the
+converters alike: it locates the folder (`layout.find_checkpoint` / `resolve_checkpoint_dir`), verifies
+it when asked (`integrity.py`) and checks that this version can read it.
 """
 
-import glob
+import argparse
+import dataclasses
+import json
 import logging
 import os
 import random
-import re
 import shutil
 from typing import List, Optional, Tuple
 
@@ -37,23 +48,80 @@ import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron_neobert.training.checkpoint_integrity import check_space, seal_folder, write_verified_folder
-from megatron_neobert.training.checkpointing import (
-    CHECKPOINT_VERSION,
-    LATEST_MARKER,
-    checkpoint_args,
-    iteration_dir,
-    load_model_state,
-    model_sharded_state_dict,
-    read_latest_iteration,
-    write_latest_marker,
-)
+from megatron_neobert.megatron_core_compat import prepare_torch_adam_for_state_load
+from megatron_neobert.training.checkpoint.integrity import (check_space, seal_folder, verify_checkpoint,
+                                                            write_verified_folder)
+from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
+                                                         read_latest_iteration, write_latest_marker)
 from megatron_neobert.training.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
+
+# torch.load(weights_only=True), also inside megatron-core's load_common_state_dict, refuses any
+# class it does not know; a Namespace of plain values is safe to rebuild.
+torch.serialization.add_safe_globals([argparse.Namespace])
+
+
+def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
+    """A checkpoint's args: `settings` (the run's flags) with the model's shape at top level under
+    Megatron-LM's names, and "arch"."""
+    learned = arch.position_embedding_type == "learned_absolute"
+    shape = dict(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads, kv_channels=arch.kv_channels,
+        num_query_groups=arch.num_attention_heads, group_query_attention=False,
+        max_position_embeddings=arch.max_sequence_length, position_embedding_type=arch.position_embedding_type,
+        add_position_embedding=learned, use_rotary_position_embeddings=not learned,
+        rotary_base=arch.rotary_base, rotary_percent=1.0, rotary_interleaved=False,
+        add_bias_linear=arch.add_bias_linear, add_qkv_bias=arch.add_bias_linear,
+        swiglu=arch.activation == "swiglu", squared_relu=False, normalization=arch.normalization,
+        norm_epsilon=arch.norm_epsilon, apply_layernorm_1p=False, untie_embeddings_and_output_weights=True,
+        attention_dropout=settings.get("attention_dropout", 0.0), hidden_dropout=settings.get("hidden_dropout", 0.0),
+        num_experts=None, expert_model_parallel_size=1,
+        vocab_size=arch.vocab_size, padded_vocab_size=padded_vocab_size, ckpt_format="torch_dist")
+    return argparse.Namespace(**{**settings, **shape, "arch": dataclasses.asdict(arch)})
+
+
+def checkpoint_args(common: dict) -> dict:
+    """A checkpoint's args as a dict (a live view of a Namespace), from either form."""
+    args = common["args"]
+    return vars(args) if isinstance(args, argparse.Namespace) else args
+
+
+def rotary_layout_problem(args: dict) -> Optional[str]:
+    """Why this version cannot read a checkpoint's Q/K rows, or None.
+
+    RoPE models keep each head's Q and K rows in rotate-half order, so that megatron-core's fused
+    RoPE applies, and say so with Megatron-LM's `rotary_interleaved=False`. Earlier versions wrote
+    the rows interleaved without recording it: loaded as they are, every attention score would be
+    wrong without an error. Their Hugging Face export has the same layout as this version's.
+    """
+    if args.get("arch", {}).get("position_embedding_type") == "learned_absolute" or args.get("rotary_interleaved") is False:
+        return None
+    return ("its args do not record rotary_interleaved=False: its Q/K rows are in the interleaved RoPE order of "
+            "earlier megatron_neobert versions, which this version does not read; export it to Hugging Face with "
+            "the version that wrote it (tools/convert_checkpoint.py) and import that folder with this one")
+
+
+def model_sharded_state_dict(chunks: List[torch.nn.Module]) -> dict:
+    if len(chunks) == 1:
+        return {"model": unwrap_model(chunks[0]).sharded_state_dict()}
+    return {f"model{i}": unwrap_model(c).sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def load_model_state(chunks: List[torch.nn.Module], state: dict) -> None:
+    """Copy the "model"/"modelN" entries of a loaded checkpoint into the chunks."""
+    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+    for key, chunk in zip(keys, chunks):
+        unwrap_model(chunk).load_state_dict(state[key], strict=True)
+
 
 # The sharded-state-dict metadata, saved as megatron-core's content metadata so that Megatron-LM's
 # loader uses the same optimizer-state format (without it, it assumes an older one).
@@ -87,57 +155,11 @@ def _restore_rng(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _init_empty_adam_state(optimizer) -> None:
-    """Give a fresh torch AdamW its per-parameter state before a load.
-
-    megatron-core 0.16's distributed optimizer reads "step" from every parameter's state when it
-    builds the state dict to load into, and fills in only the moments of a fresh optimizer; with
-    TE's or apex's FusedAdam (GPU containers) the step lives in the param groups instead, so only
-    the torch fallback (CPU) needs this. The values are overwritten by the load.
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = opt.optimizer
-        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
-            opt.init_state_fn(inner, opt.config)
-            for state in inner.state.values():
-                state.setdefault("step", torch.tensor(0.0))
-
-
-def _patch_torch_adam_state_load() -> None:
-    """Let megatron-core 0.16's distributed optimizer load per-parameter state into torch's Adam.
-
-    Without TE or apex (CPU) the optimizer is torch's AdamW, whose "step" is per parameter;
-    megatron-core sets it from the param groups, then copies every key of the parameter's state
-    from the checkpoint tensors, which do not carry "step" (KeyError). Skip "step" in that copy,
-    and give each parameter its own step tensor: megatron-core sets one tensor for all of them,
-    which torch's Adam would then increment once per parameter at every step.
-    """
-    from megatron.core.optimizer import distrib_optimizer as d
-
-    if d.HAVE_APEX_OR_TE or getattr(d.DistributedOptimizer, "_step_patch", False):
-        return
-    original = d.DistributedOptimizer._set_main_param_and_optimizer_states
-
-    def set_states(self, model_param, tensors):
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
-        step = state.pop("step", None)
-        try:
-            original(self, model_param, tensors)
-        finally:
-            if step is not None:
-                state["step"] = step.clone()
-
-    d.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
-    d.DistributedOptimizer._step_patch = True
-
-
 def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: bool, with_rng: bool):
     state = model_sharded_state_dict(chunks)
     if with_optimizer:
         if is_loading:
-            _patch_torch_adam_state_load()
-            _init_empty_adam_state(optimizer)
+            prepare_torch_adam_for_state_load(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading,
                                                           metadata=OPTIMIZER_METADATA)
     if with_rng:
@@ -208,8 +230,6 @@ class AsyncSaves:
     meanwhile resumes from the checkpoint before."""
 
     def __init__(self):
-        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-
         self.queue = AsyncCallsQueue()
         self.pending: Optional[Tuple[str, str, int]] = None  # (root, folder, iteration) being written
 
@@ -236,51 +256,6 @@ class AsyncSaves:
             return None
         self.pending = None
         return iteration
-
-
-def saved_iterations(root: str) -> List[int]:
-    found = []
-    for p in glob.glob(os.path.join(root, "iter_*")):
-        m = re.fullmatch(r"iter_(\d+)", os.path.basename(p))
-        if m and os.path.isdir(p):
-            found.append(int(m.group(1)))
-    return sorted(found)
-
-
-def prune_checkpoints(root: str, keep: int) -> None:
-    """Delete all but the `keep` newest iteration folders up to the marked one."""
-    latest = read_latest_iteration(root)
-    older = [it for it in saved_iterations(root) if it <= latest]
-    for it in older[:-keep] if keep > 0 else []:
-        shutil.rmtree(iteration_dir(root, it), ignore_errors=True)
-
-
-def find_checkpoint(root: str) -> Optional[str]:
-    """The complete iteration folder the marker names; None when there is no marker.
-
-    Folders without a marker (a first save cut short) are ignored with a warning; a marker that
-    names a missing or incomplete folder is an error, not something to silently start over from.
-    """
-    iteration = read_latest_iteration(root) if os.path.isdir(root) else None
-    if iteration is None:
-        leftovers = saved_iterations(root) if os.path.isdir(root) else []
-        if leftovers:
-            logger.warning("%s: no %s, so iteration folders %s are incomplete and ignored",
-                           root, LATEST_MARKER, leftovers)
-        return None
-    path = iteration_dir(root, iteration)
-    if not os.path.isfile(os.path.join(path, "metadata.json")):
-        raise RuntimeError(f"{root}/{LATEST_MARKER} names iteration {iteration}, but {path} is missing "
-                           f"or incomplete (no metadata.json); refusing to load or to start over")
-    return path
-
-
-def read_checkpoint(root: str) -> Tuple[Optional[str], Optional[dict]]:
-    """(iteration folder, common state) of the latest complete checkpoint under `root`, or
-    (None, None). The common state is read before the model is built: its args decide the
-    model's vocabulary size."""
-    path = find_checkpoint(root)
-    return (path, dist_checkpointing.load_common_state_dict(path)) if path else (None, None)
 
 
 def holds_training_state(common: dict) -> bool:
@@ -310,7 +285,8 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     follows the iteration, not the optimizer). `strict`: megatron-core's StrictHandling of keys
     the model and the checkpoint do not share (--dist-ckpt-strictness).
     """
-    assert finetune or holds_training_state(common), f"{path} holds no training state: load it with finetune"
+    if not (finetune or holds_training_state(common)):
+        raise InputError(f"{path} holds no training state (model weights only): load it with --finetune")
     saved_layout = tuple(checkpoint_args(common)[k] for k in ("pipeline_model_parallel_size",
                                                      "tensor_model_parallel_size", "data_parallel_size"))
     with_optimizer = load_optimizer and not finetune and "optimizer" in common
@@ -339,3 +315,37 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
         _restore_rng(loaded["rng_state"])
     logger.info("loaded %s (iteration %d; optimizer %s)", path, common["iteration"],
                 "restored" if with_optimizer else "fresh")
+
+
+def read_common_state(folder: str) -> dict:
+    """The common state of a complete iteration folder, refused in one line when this version cannot
+    load it: another sharded backend, no megatron_neobert args, Q/K rows in an older order."""
+    with open(os.path.join(folder, "metadata.json")) as f:
+        backend = json.load(f).get("sharded_backend")
+    if backend != "torch_dist":
+        raise InputError(f"checkpoint {folder}: sharded backend {backend!r} is not supported (torch_dist only)")
+    try:
+        common = dist_checkpointing.load_common_state_dict(folder)
+    except Exception as err:  # a missing or unreadable common.pt
+        raise InputError(f"checkpoint {folder}: cannot read the common state: {err}") from None
+    args = checkpoint_args(common) if isinstance(common, dict) and "args" in common else None
+    if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
+        raise InputError(f"checkpoint {folder}: the common state has no args['arch']: not a megatron_neobert "
+                         f"checkpoint (expected the trainer's layout)")
+    problem = rotary_layout_problem(args)
+    if problem:
+        raise InputError(f"checkpoint {folder}: {problem}")
+    return common
+
+
+def read_checkpoint(root: str, step: Optional[int] = None, verify: bool = True) -> Tuple[Optional[str], Optional[dict]]:
+    """Collective: (iteration folder, common state) of the checkpoint to load from `root` (the marker's, or
+    iteration `step`), checked against its manifest when `verify`; (None, None) when the root holds none.
+    The common state is read before the model is built (its args decide the model's vocabulary size), and
+    after the check, so that a damaged common.pt is named too."""
+    path = find_checkpoint(root, step)
+    if path is None:
+        return None, None
+    if verify:
+        verify_checkpoint(path, root, read_latest_iteration(root) if step is None else step)
+    return path, read_common_state(path)

@@ -1,0 +1,183 @@
+"""Every megatron-core private internal this package patches, in one file, for megatron-core 0.16.x only.
+
+Importing it refuses any other megatron-core release in one line: each patch below leans on a private
+name or on the exact behaviour of 0.16, so moving to 0.17 means reviewing this file (and
+tests/test_megatron_core_compat.py, which fails when a patched name moved), not the whole package.
+Each patch says what upstream does, why we patch it, and what to check on 0.17.
+
+1. `prepare_torch_adam_for_state_load`: the distributed optimizer's state load into torch's Adam.
+2. `keep_write_results_in_process`: the write-results queue of a synchronous distributed-checkpoint save.
+3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers.
+4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group.
+5. `point_cuda_rng_at_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU
+   (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks).
+"""
+
+import contextlib
+import errno
+import functools
+import importlib.metadata
+import os
+import queue
+from typing import Callable
+
+import torch
+
+SUPPORTED = "0.16"
+# Read from the installed package's metadata: importing megatron.core itself takes seconds, and the patches
+# import their modules only when applied.
+MEGATRON_CORE_VERSION = importlib.metadata.version("megatron-core")
+
+if MEGATRON_CORE_VERSION.split(".")[:2] != SUPPORTED.split("."):
+    raise ImportError(f"megatron_neobert needs megatron-core {SUPPORTED}.x (its patches in "
+                      f"megatron_neobert/megatron_core_compat.py are for that release), found {MEGATRON_CORE_VERSION}")
+
+
+# 1. ------------------------------------------------------------------------------------------------------
+def prepare_torch_adam_for_state_load(optimizer) -> None:
+    """Let megatron-core's distributed optimizer load per-parameter state into torch's Adam (no TE, no apex:
+    the CPU case), before `optimizer.sharded_state_dict(..., is_loading=True)`.
+
+    Upstream (optimizer/distrib_optimizer.py): building the state dict to load into reads "step" from every
+    parameter's state and fills in only the moments of a fresh optimizer; at load,
+    `DistributedOptimizer._set_main_param_and_optimizer_states` copies every key of a parameter's state from
+    the checkpoint tensors, which hold no "step" (KeyError), after setting "step" from the param groups as
+    one tensor shared by all parameters.
+    Why: torch's Adam keeps "step" per parameter. We give a fresh optimizer its state (the load overwrites
+    it), skip "step" in the copy and give each parameter its own step tensor: with one shared tensor torch's
+    Adam would increment it once per parameter at every step. TE's and apex's FusedAdam keep the step in
+    the param groups and need none of this (`HAVE_APEX_OR_TE`).
+    On 0.17: check that `_set_main_param_and_optimizer_states(self, model_param, tensors)`,
+    `model_param_group_index_map`, `init_state_fn` and `HAVE_APEX_OR_TE` still exist, and whether the load
+    now handles torch's per-parameter "step" itself (then drop this).
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        return
+    _skip_step_in_state_copy(distrib_optimizer.DistributedOptimizer)
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            opt.init_state_fn(inner, opt.config)
+            for state in inner.state.values():
+                state.setdefault("step", torch.tensor(0.0))
+
+
+def _skip_step_in_state_copy(optimizer_class) -> None:
+    original = optimizer_class._set_main_param_and_optimizer_states
+    if getattr(original, "keeps_per_parameter_step", False):
+        return
+
+    @functools.wraps(original)
+    def set_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)
+        try:
+            original(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step.clone()
+
+    set_states.keeps_per_parameter_step = True
+    optimizer_class._set_main_param_and_optimizer_states = set_states
+
+
+# 2. ------------------------------------------------------------------------------------------------------
+def keep_write_results_in_process() -> None:
+    """A synchronous distributed-checkpoint save collects its write results in the rank's own process.
+
+    Upstream (dist_checkpointing/strategies/filesystem_async.py): `_get_write_results_queue` creates the
+    module global `_results_queue` on first use as a queue of a spawned `multiprocessing.Manager` server.
+    Why: that server is a process outside the rank's reach: it dies of the scheduler's pre-emption signal in
+    the middle of a save (BrokenPipeError), and survives a rank killed with -9 (~370 MB each). A synchronous
+    save writes from the rank itself, so an in-process queue is enough (an asynchronous save's writer is
+    another process: leave upstream's queue to it).
+    On 0.17: check that `_get_write_results_queue` still returns the global `_results_queue` when it is set.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
+
+
+# 3. ------------------------------------------------------------------------------------------------------
+def keep_disk_full_in_writer_errors(is_disk_full: Callable[[BaseException], bool]) -> None:
+    """A checkpoint writer that runs out of disk space raises an OSError(ENOSPC) the rank can recognise.
+
+    Upstream (filesystem_async.py): the writers call the module's `_write_item`, where torch.save turns a
+    full disk into RuntimeError "unexpected pos" with the OSError only as its context; the error is sent
+    back to the rank pickled, which loses the context.
+    Why: the trainer tells a full disk from other save failures (`is_disk_full`, its predicate) to say so in
+    one line; wrapping `_write_item` raises the OSError itself in the writer.
+    On 0.17: check that the writers still call the module-level `_write_item` by name.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    write_item = filesystem_async._write_item
+    if getattr(write_item, "keeps_disk_full", False):
+        return
+
+    @functools.wraps(write_item)
+    def keeping_disk_full(*args, **kwargs):
+        try:
+            return write_item(*args, **kwargs)
+        except RuntimeError as err:
+            if is_disk_full(err):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
+            raise
+
+    keeping_disk_full.keeps_disk_full = True
+    filesystem_async._write_item = keeping_disk_full
+
+
+# 4. ------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def rank_zero_without_process_group():
+    """Inside the block, a process without a process group is rank 0 to `torch.distributed.get_rank()`.
+
+    Upstream (datasets/blended_dataset.py): `BlendedDataset._build_indices` asks
+    `torch.distributed.get_rank() == 0` on a cache miss, to let one rank write the index cache; without a
+    process group that call raises.
+    Why: the data tools and the dataset checks build blends in a single process without a group; that
+    process is the only one, so it is rank 0 and writes the cache.
+    On 0.17: check whether `_build_indices` still calls `torch.distributed.get_rank()` unguarded (upstream's
+    own `log_single_rank` checks `is_initialized` first); if it no longer does, drop this.
+    """
+    if torch.distributed.is_initialized():
+        yield
+        return
+    get_rank = torch.distributed.get_rank
+    torch.distributed.get_rank = lambda group=None: 0
+    try:
+        yield
+    finally:
+        torch.distributed.get_rank = get_rank
+
+
+# 5. ------------------------------------------------------------------------------------------------------
+def point_cuda_rng_at_cpu() -> None:
+    """The CUDA RNG functions megatron-core uses, pointed at the CPU default generator (CPU execution only).
+
+    Upstream (tensor_parallel/random.py): the tensor-parallel RNG tracker forks "CUDA" RNG states around
+    dropout and initialisation through the private `_get_cuda_rng_state` / `_set_cuda_rng_state`, and seeds
+    with `torch.cuda.manual_seed`.
+    Why: on CPU the kernels draw from the CPU generator, so the fork must swap that state.
+    On 0.17: check that the tracker still goes through `_get_cuda_rng_state` / `_set_cuda_rng_state`
+    (module functions, looked up at call time) and `torch.cuda.get_rng_state` / `set_rng_state`.
+    """
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    def get_state(device="cuda", *args, **kwargs):
+        return torch.get_rng_state()
+
+    def set_state(new_state, device=-1, *args, **kwargs):
+        torch.set_rng_state(new_state)
+
+    torch.cuda.get_rng_state = get_state
+    torch.cuda.set_rng_state = set_state
+    torch.cuda.manual_seed = torch.manual_seed
+    torch.cuda.random.get_rng_state = get_state
+    mcore_random._get_cuda_rng_state = get_state
+    mcore_random._set_cuda_rng_state = set_state

@@ -1,0 +1,218 @@
+"""Process guards: how a rank and the processes around it end together, and never mid-checkpoint.
+
+A training job ends in one of four ways, and each rank must take part in the same one:
+- Pre-emption. The scheduler sends `--exit-signal` (SIGTERM by default, as Megatron-LM), or the
+  `--exit-duration-in-mins` wall-clock limit runs out. `ExitSignalHandler`, a context manager around the
+  run, only sets a flag; once per step `stop_requested` agrees on it with one all-reduce, so that every rank
+  saves and stops at the same step even when the scheduler signalled one process (as Megatron-LM's
+  DistributedSignalHandler does) or one rank's clock ran out first.
+  The signal reaches whole process groups (torchrun forwards it to each rank's group, SLURM signals every
+  process of a step), so the rank's helpers get it too. DataLoader workers would die of it and the rank's
+  next batch would fail before it can save: `data_worker_init` makes them ignore the exit signals and die
+  with their rank. (megatron-core's checkpoint writers are covered by `megatron_core_compat`.)
+- A rank that dies. Its helpers must not outlive it: `forked_children_die_with_rank` has every child the
+  rank's main thread forks (checkpoint writers, DataLoader workers) killed with it, kill -9 included; a
+  checkpoint writer whose rank died would otherwise wait on it forever (in `count_queue.get()`).
+- A launcher that dies. Under torchrun, `exit_with_launcher` ends a rank whose torchrun is gone (`kill -9`
+  of torchrun, or of its node's agent) instead of training on unwatched; `exit_now` ends a failed rank
+  and its helpers at once, so that torchrun learns of the failure; `kill_stopped_local_ranks` ends a
+  frozen (SIGSTOPped) peer, which would not act on torchrun's SIGTERM.
+- A peer that hangs. The others wait in their next collective without a word until
+  --distributed-timeout-minutes; `ProgressWatchdog` says in the log, at half that time, which iteration
+  and phase the rank waits in.
+"""
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+EXIT_SIGNALS = {name: getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")}
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: the kernel sends `sig` to this process when its parent exits."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the DataLoader's own parent check remains
+        pass
+
+
+_fork = {"registered": False, "parent": None}
+
+
+def _before_fork() -> None:
+    # The kernel signals a child when the *thread* that forked it ends: only children of the main
+    # thread (which lives as long as the rank) may be tied to it.
+    main = threading.current_thread() is threading.main_thread()
+    _fork["parent"] = os.getpid() if main else None
+
+
+def _after_fork_in_child() -> None:
+    parent = _fork["parent"]
+    if parent is not None:
+        die_with_parent()
+        if os.getppid() != parent:  # the rank died between the fork and the prctl
+            os._exit(1)
+
+
+def forked_children_die_with_rank() -> None:
+    """Every process the main thread forks from now on (checkpoint writers, DataLoader workers)
+    gets SIGKILL when this process ends, however it ends (kill -9 included)."""
+    if not _fork["registered"]:
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _fork["registered"] = True
+
+
+def ignore_exit_signals() -> None:
+    for sig in EXIT_SIGNALS.values():
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def data_worker_init(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: the rank handles pre-emption; the worker only dies with it."""
+    ignore_exit_signals()
+    die_with_parent()
+
+
+def kill_children() -> None:
+    """SIGKILL this process's multiprocessing children (DataLoader workers, checkpoint writers)."""
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
+def exit_now(code: int) -> None:
+    """End this process with `code` at once, its multiprocessing children first.
+
+    Python's own exit would join the children: persistent DataLoader workers wait for work and
+    ignore the SIGTERM it sends them, so it would wait forever; other clean-up (a process group
+    whose peer is gone) can block too.
+    """
+    kill_children()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def kill_stopped_local_ranks() -> None:
+    """Under torchrun, SIGKILL the ranks beside this one that are stopped (SIGSTOP: a frozen peer). torchrun
+    ends a failed job with SIGTERM, which a stopped process does not act on, and SIGKILL only 30 s later;
+    a stopped rank has nothing to save or say, so the job ends now instead."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import psutil
+
+    try:
+        siblings = psutil.Process(os.getppid()).children()
+    except psutil.Error:
+        return
+    for rank in siblings:
+        try:
+            if rank.pid != os.getpid() and rank.status() == psutil.STATUS_STOPPED:
+                print(f"rank {os.environ.get('RANK', '?')}: killing the stopped rank process {rank.pid}",
+                      file=sys.stderr, flush=True)
+                rank.kill()
+        except psutil.Error:  # gone meanwhile
+            continue
+
+
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Under torchrun (TORCHELASTIC_RUN_ID set), exit when the parent torchrun is gone.
+
+    A thread compares the parent pid with the one at start: the main thread may be blocked in a
+    collective. Outside torchrun nothing is watched (a `nohup` run must survive its shell).
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    launcher = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != launcher:
+                print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
+                      f"without saving (the latest complete checkpoint stays the one to resume from)",
+                      file=sys.stderr, flush=True)
+                exit_now(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+class ExitSignalHandler:
+    """Inside the block, `--exit-signal` sets `received` (its name) instead of ending the process."""
+
+    def __init__(self, signal_name: str = "SIGTERM"):
+        self.signals = (EXIT_SIGNALS[signal_name],)
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+
+
+def stop_requested(handler: Optional[ExitSignalHandler], started: float,
+                   exit_duration_in_mins: Optional[float]) -> Optional[str]:
+    """"signal", "exit-duration" or None, agreed by all ranks (a collective: call it on all; none
+    without a handler or a duration, which all ranks' flags agree on)."""
+    # torch on first use: the command line's --help reads EXIT_SIGNALS from this module without it.
+    import torch
+
+    if handler is None and not exit_duration_in_mins:
+        return None
+    over_time = bool(exit_duration_in_mins) and (time.time() - started) / 60.0 > exit_duration_in_mins
+    flags = torch.tensor([1.0 if handler and handler.received else 0.0, 1.0 if over_time else 0.0],
+                         device="cuda" if torch.cuda.is_available() else "cpu")
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    signalled, over_time = flags.tolist()  # one device-to-host copy
+    if signalled:
+        return "signal"
+    return "exit-duration" if over_time else None
+
+
+class ProgressWatchdog:
+    """Inside the block, a thread notices when the main thread has not moved on for half the collectives'
+    timeout and prints where it waits (`at` tells it), long before the timeout ends the run."""
+
+    def __init__(self, timeout_minutes: float):
+        self.timeout_minutes = timeout_minutes
+        self.after_s = timeout_minutes * 60 / 2  # half the collectives' timeout
+        self._where = (time.monotonic(), 0, "set-up")
+        self._warned_for = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="progress-watchdog", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    def at(self, iteration: int, phase: str) -> None:
+        """The main thread starts `phase` of `iteration`."""
+        self._where = (time.monotonic(), iteration, phase)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(5.0, self.after_s / 4)):
+            since, iteration, phase = where = self._where
+            idle = time.monotonic() - since
+            if idle > self.after_s and self._warned_for is not where:
+                self._warned_for = where
+                rank = os.environ.get("RANK", "0")
+                print(f"watchdog: rank {rank} has made no progress for {idle:.0f} s in iteration {iteration} "
+                      f"({phase}); a peer may be stopped or hung. The collective it waits in fails after "
+                      f"--distributed-timeout-minutes {self.timeout_minutes:g}", file=sys.stderr, flush=True)
