@@ -1,0 +1,127 @@
+"""Each megatron-core patch of megatron_neobert/megatron_core_compat.py still applies to the installed release:
+these fail when upstream moved or changed what a patch leans on (then review that patch, see its "On 0.17")."""
+
+import errno
+import inspect
+import os
+import queue
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from megatron_neobert import megatron_core_compat as compat
+
+
+def test_another_megatron_core_release_is_refused_in_one_line():
+    probe = ("import importlib.metadata as m; m.version = lambda name: '0.17.0'; "
+             "import megatron_neobert.megatron_core_compat")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "ImportError: megatron_neobert needs megatron-core 0.16.x (its patches in "
+        "megatron_neobert/megatron_core_compat.py are for that release), found 0.17.0")
+
+
+def test_torch_adam_state_loads_with_a_step_per_parameter(monkeypatch):
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE:
+        pytest.skip("TE's or apex's FusedAdam keeps the step in the param groups: the patch is not applied")
+    cls = distrib_optimizer.DistributedOptimizer
+    upstream = cls._set_main_param_and_optimizer_states
+    upstream = getattr(upstream, "__wrapped__", upstream)
+    monkeypatch.setattr(cls, "_set_main_param_and_optimizer_states", upstream)
+    assert list(inspect.signature(upstream).parameters) == ["self", "model_param", "tensors"]
+
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    fake = cls.__new__(cls)  # the attributes the state load reads, as DistributedOptimizer.__init__ sets them
+    fake.optimizer = torch.optim.AdamW(params)
+    fake.config = types.SimpleNamespace(use_precision_aware_optimizer_no_fp8_or_ds_fp8=False)
+    fake.model_param_group_index_map = {i: (0, i) for i in range(2)}
+    fake.init_state_fn = lambda opt, config: [opt.state[p].update(exp_avg=torch.zeros(3), exp_avg_sq=torch.zeros(3))
+                                              for p in params]
+    saved = {"param": torch.ones(3), "exp_avg": torch.full((3,), 2.0), "exp_avg_sq": torch.full((3,), 3.0)}
+
+    fake.init_state_fn(fake.optimizer, None)
+    for p in params:
+        fake.optimizer.state[p]["step"] = torch.tensor(0.0)
+    with pytest.raises(KeyError, match="step"), torch.no_grad():  # upstream copies every key, "step" included
+        cls._set_main_param_and_optimizer_states(fake, 0, saved)
+
+    compat.prepare_torch_adam_for_state_load(fake)
+    with torch.no_grad():  # as upstream's load calls it
+        for i in range(2):
+            cls._set_main_param_and_optimizer_states(fake, i, saved)
+    states = [fake.optimizer.state[p] for p in params]
+    assert all(torch.equal(params[i], saved["param"]) for i in range(2))
+    assert all(torch.equal(s["exp_avg"], saved["exp_avg"]) and torch.equal(s["exp_avg_sq"], saved["exp_avg_sq"])
+               for s in states)
+    assert states[0]["step"] is not states[1]["step"]  # one step tensor each, as torch's Adam increments them
+
+
+def test_synchronous_save_results_stay_in_the_process(monkeypatch):
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    monkeypatch.setattr(filesystem_async, "_results_queue", None)  # restored after the test
+    compat.keep_write_results_in_process()
+    results = filesystem_async._get_write_results_queue()
+    assert isinstance(results, queue.Queue) and results is filesystem_async._results_queue
+
+
+def test_a_full_disk_in_a_writer_reaches_the_rank_as_enospc(monkeypatch):
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    # The writers call the module's _write_item by name, so that replacing it reaches them.
+    assert "_write_item(" in inspect.getsource(filesystem_async.FileSystemWriterAsync.write_preloaded_data)
+
+    def write_item_on_a_full_disk(*args, **kwargs):  # what torch.save raises there
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as full:
+            raise RuntimeError("unexpected pos 1234 vs 1200") from full
+
+    monkeypatch.setattr(filesystem_async, "_write_item", write_item_on_a_full_disk)
+    compat.keep_disk_full_in_writer_errors(lambda err: isinstance(err.__cause__, OSError))
+    with pytest.raises(OSError) as raised:
+        filesystem_async._write_item()
+    assert raised.value.errno == errno.ENOSPC
+
+
+def test_blended_indices_are_built_without_a_process_group():
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+
+    if torch.distributed.is_initialized():
+        pytest.skip("this test process is in a process group")
+    # Upstream asks for the rank on a cache miss, unguarded: the reason for the patch.
+    assert "torch.distributed.get_rank() == 0" in inspect.getsource(BlendedDataset._build_indices)
+    with pytest.raises(ValueError):
+        torch.distributed.get_rank()
+    with compat.rank_zero_without_process_group():
+        assert torch.distributed.get_rank() == 0
+    with pytest.raises(ValueError):  # restored after the block
+        torch.distributed.get_rank()
+
+
+def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator():
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    from megatron_neobert.parallel.cpu import enable_cpu_execution
+
+    if not enable_cpu_execution():
+        pytest.skip("a CUDA device: the tracker forks the CUDA generator itself")
+    assert "_get_cuda_rng_state" in inspect.getsource(mcore_random.CudaRNGStatesTracker)
+    assert "_set_cuda_rng_state" in inspect.getsource(mcore_random.CudaRNGStatesTracker)
+
+    tracker = mcore_random.CudaRNGStatesTracker()
+    tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, 5)
+    outside = torch.get_rng_state()
+    with tracker.fork():
+        first = torch.rand(4)
+    assert torch.equal(torch.get_rng_state(), outside)  # the fork swapped the CPU generator's state, and back
+    with tracker.fork():
+        assert not torch.equal(torch.rand(4), first)  # the tracker's stream went on
+    assert not torch.equal(torch.rand(4), first)  # the CPU generator's own stream is another one
