@@ -53,9 +53,8 @@ def prepare_torch_adam_for_state_load(optimizer) -> None:
     """
     from megatron.core.optimizer import distrib_optimizer
 
-    if distrib_optimizer.HAVE_APEX_OR_TE:
-        return
-    _skip_step_in_state_copy(distrib_optimizer.DistributedOptimizer)
+    if not distrib_optimizer.HAVE_APEX_OR_TE:
+        _skip_step_in_state_copy(distrib_optimizer.DistributedOptimizer)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
         if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
