@@ -292,8 +292,8 @@ def checked_padding_mask(mask: torch.Tensor, batch: int, length: int) -> torch.T
 
 def additive_4d_mask(mask: torch.Tensor, batch: int, length: int, num_heads: int, dtype: torch.dtype,
                      attn_implementation: str) -> torch.Tensor:
-    """A 4D `attention_mask` as the additive bias eager, sdpa and flex attention take (transformers passes 4D masks on
-    as they are: a bool one would be added to the scores as 0/1)."""
+    """A 4D `attention_mask` as an additive bias, which eager, sdpa and flex attention all take (transformers passes a
+    4D mask on as it is, and eager attention adds its mask to the scores)."""
     b, h, q, k = mask.shape
     if b not in (1, batch) or h not in (1, num_heads) or q not in (1, length) or k != length:
         raise ValueError(
@@ -775,7 +775,8 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
             if problem_type == "regression":
                 loss = items_mean(F.mse_loss, logits.view(labels.shape), labels.float(), num_items_in_batch)
             elif problem_type == "single_label_classification":
-                loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+                # Upcast as transformers' masked-LM and token losses do (a bf16 model outside autocast).
+                loss = self.loss_function(labels=labels, pooled_logits=logits.float(), config=self.config, **kwargs)
             else:
                 loss = items_mean(F.binary_cross_entropy_with_logits, logits, labels.float(), num_items_in_batch)
 
@@ -818,7 +819,8 @@ class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
         start_logits, end_logits = (t.contiguous() for t in self._head(out.last_hidden_state).unbind(-1))
         loss = None
         if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+            loss = self.loss_function(start_logits.float(), end_logits.float(), start_positions, end_positions,
+                                      **kwargs)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                             hidden_states=out.hidden_states, attentions=out.attentions)
 
@@ -848,7 +850,8 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
         loss = None
         if labels is not None:
             # transformers has no multiple-choice loss to look up: its cross-entropy, over the choices.
-            loss = fixed_cross_entropy(logits, labels.view(-1).to(logits.device), kwargs.get("num_items_in_batch"))
+            loss = fixed_cross_entropy(logits.float(), labels.view(-1).to(logits.device),
+                                       kwargs.get("num_items_in_batch"))
         return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                          attentions=out.attentions)
 
