@@ -8,7 +8,9 @@ Module names reproduce the published `chandar-lab/NeoBERT` checkpoint keys exact
 Written on transformers' own helpers, as its `modeling_modernbert.py` is: the attention interface
 (`attn_implementation` = "eager", "sdpa", "flash_attention_2", "flex_attention"), `create_bidirectional_mask`,
 `capture_outputs` (hidden states and attention weights), `GradientCheckpointingLayer`, `can_return_tuple`,
-`TransformersKwargs` and `self.loss_function`. Requires transformers >= 5.2.0, the first release with all of them.
+`TransformersKwargs` and `self.loss_function`. Requires transformers >= 5.2.0, the first release with all of them
+(what later releases add to these helpers, such as hidden states selected by index or checkpointing every n layers,
+works where the installed release has it).
 
 What is NeoBERT's own, and differs from the published code:
 - no xformers, runs on CPU; `output_attentions=True` computes that call eagerly, whatever the implementation;
