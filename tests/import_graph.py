@@ -23,6 +23,9 @@ class Import:
     lazy: bool  # inside a function, so it runs on the first call rather than at import time
 
 
+Graph = Dict[str, Dict[str, List[Import]]]  # importer -> {imported module -> the statements importing it}
+
+
 def module_names(package_dir: Path = PACKAGE_DIR) -> Dict[str, Path]:
     """Dotted module name -> source file, for every .py file of the package (a package by its __init__.py)."""
     names = {}
@@ -52,7 +55,7 @@ def _lazy_import_nodes(tree: ast.Module) -> Set[int]:
             for inner in ast.walk(outer) if isinstance(inner, (ast.Import, ast.ImportFrom))}
 
 
-def import_graph(package_dir: Path = PACKAGE_DIR) -> Dict[str, Dict[str, List[Import]]]:
+def import_graph(package_dir: Path = PACKAGE_DIR) -> Graph:
     """importer -> {imported module -> the statements importing it, in line order}, package modules only."""
     modules = module_names(package_dir)
     graph = {}
@@ -71,7 +74,7 @@ def import_graph(package_dir: Path = PACKAGE_DIR) -> Dict[str, Dict[str, List[Im
     return graph
 
 
-def strongly_connected(graph: Dict[str, Dict[str, List[Import]]]) -> List[List[str]]:
+def strongly_connected(graph: Graph) -> List[List[str]]:
     """The graph's cycles as strongly connected components of two or more modules (Tarjan), each sorted."""
     index, low, stack, on_stack, components = {}, {}, [], set(), []
 
@@ -102,7 +105,7 @@ def strongly_connected(graph: Dict[str, Dict[str, List[Import]]]) -> List[List[s
     return sorted(components)
 
 
-def describe_cycle(graph: Dict[str, Dict[str, List[Import]]], component: List[str], package_dir: Path = PACKAGE_DIR) -> str:
+def describe_cycle(graph: Graph, component: List[str], package_dir: Path = PACKAGE_DIR) -> str:
     """One line per import inside the component: where it is and what it imports."""
     files = module_names(package_dir)
     lines = []

@@ -38,4 +38,6 @@ def test_the_graph_follows_relative_lazy_and_submodule_imports(tmp_path):
     assert [imp.lazy for imp in graph["pkg.b"]["pkg.sub.c"]] == [True]
     assert strongly_connected(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
     assert describe_cycle(graph, ["pkg.a", "pkg.b", "pkg.sub.c"], package).splitlines() == [
-        "  pkg/a.py:1 imports pkg.b", "  pkg/b.py:2 imports pkg.sub.c (in a function)", "  pkg/sub/c.py:1 imports pkg.a"]
+        "  pkg/a.py:1 imports pkg.b",
+        "  pkg/b.py:2 imports pkg.sub.c (in a function)",
+        "  pkg/sub/c.py:1 imports pkg.a"]
