@@ -255,9 +255,17 @@ def test_mnli_transfer_and_resume(model_dir, glue_dir, tmp_path, monkeypatch):
     # The transfer run starts from the saved MNLI weights: encoder and dense layer equal, the 2-way classifier new.
     saved = load_file(f"{best['checkpoint']}/model.safetensors")
     seen = {}
+
+    def load_and_record(*args, **kwargs):  # the weights the run starts from
+        model = load_classifier(*args, **kwargs)
+        seen.update({k: v.clone() for k, v in model.state_dict().items()})
+        return model
+
     rte = RunSpec("RTE", 8, 1e-3, 1e-2, seed=1, init="mnli")
-    fine_tune(model_dir, rte, Protocol(epochs=1, max_length=32), data_dir=glue_dir, init_path=best["checkpoint"],
-              progress=False, on_train_start=lambda m: seen.update({k: v.clone() for k, v in m.state_dict().items()}))
+    with monkeypatch.context() as patch:
+        patch.setattr("megatron_neobert.evaluation.glue.load_classifier", load_and_record)
+        fine_tune(model_dir, rte, Protocol(epochs=1, max_length=32), data_dir=glue_dir, init_path=best["checkpoint"],
+                  progress=False)
     encoder = [k for k in saved if k.startswith("model.")]
     assert len(encoder) > 5 and all(torch.equal(seen[k], saved[k]) for k in encoder + ["dense.weight", "dense.bias"])
     assert saved["classifier.weight"].shape == (3, 32) and seen["classifier.weight"].shape == (2, 32)
