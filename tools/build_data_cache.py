@@ -10,13 +10,10 @@ Prints the samples per split and where the cache is.
 """
 
 import logging
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
-
-from megatron_neobert.training.arguments import parse_args  # noqa: E402
+from megatron_neobert.training.arguments import parse_args
 
 
 def main(argv=None) -> int:
