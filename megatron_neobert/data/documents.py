@@ -166,6 +166,7 @@ def corpus_documents(dataset, prefix: Optional[str], tokenizer, cache_dir: Optio
 def _work_out(dataset, prefix: str, tokenizer, key: str, base: str) -> None:
     """Check the whole index, find the special tokens the documents carry, write the cache (JSON last)."""
     check_indexed_files(get_idx_path(prefix), get_bin_path(prefix))
+    os.makedirs(os.path.dirname(base), exist_ok=True)
     n = _document_count(dataset)
     record = read_record(prefix)
     description = {"prefix": os.path.abspath(prefix), "documents": n}
