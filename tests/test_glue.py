@@ -145,7 +145,8 @@ def test_bad_tsv(tmp_path):
 
 
 def test_metrics_on_known_cases_and_zero_where_undefined():
-    assert matthews_corrcoef([0, 1, 2, 1], [0, 1, 2, 1]) == 1.0 and matthews_corrcoef([1, 0, 1, 0], [0, 1, 0, 1]) == -1.0
+    assert matthews_corrcoef([0, 1, 2, 1], [0, 1, 2, 1]) == 1.0
+    assert matthews_corrcoef([1, 0, 1, 0], [0, 1, 0, 1]) == -1.0
     assert f1_binary([1, 1, 0, 0], [1, 0, 0, 0]) == pytest.approx(2 / 3) and accuracy([1, 1, 0], [1, 0, 0]) == 2 / 3
     assert spearman([1, 2, 3, 10], [1, 4, 9, 100]) == pytest.approx(1.0)  # monotone, not linear
     assert pearson([1, 2, 3, 10], [1, 4, 9, 100]) < 0.999

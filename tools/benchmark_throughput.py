@@ -127,7 +127,8 @@ def format_markdown(results: list, checks: List[TargetCheck], meta: dict) -> str
     from megatron_neobert.evaluation.throughput import COLUMNS, table_cells
 
     n = len(COLUMNS)
-    table = [_markdown_row(COLUMNS, n), _markdown_row(["---"] * n, n)] + [_markdown_row(table_cells(r), n) for r in results]
+    table = [_markdown_row(COLUMNS, n), _markdown_row(["---"] * n, n)]
+    table += [_markdown_row(table_cells(r), n) for r in results]
     targets = [_markdown_row(["target", "measured", "threshold", "result"], 4), _markdown_row(["---"] * 4, 4)]
     targets += [_markdown_row([c.target, c.measured or "-", c.threshold, c.status], 4) for c in checks]
     header = f"Measured on {meta['device']} (torch {meta['torch']}): `{meta['command']}`"

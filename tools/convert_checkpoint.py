@@ -1,4 +1,4 @@
-"""`python tools/convert_checkpoint.py` in a checkout: the neobert-convert-checkpoint command (megatron_neobert/cli/convert_checkpoint.py)."""
+"""Runs megatron_neobert/cli/convert_checkpoint.py (the neobert-convert-checkpoint command) from a checkout."""
 
 import sys
 

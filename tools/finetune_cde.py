@@ -1,4 +1,4 @@
-"""`python tools/finetune_cde.py` in a checkout: the neobert-finetune-cde command (megatron_neobert/cli/finetune_cde.py)."""
+"""Runs megatron_neobert/cli/finetune_cde.py (the neobert-finetune-cde command) from a checkout."""
 
 from megatron_neobert.cli.finetune_cde import main
 

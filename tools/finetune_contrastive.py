@@ -1,4 +1,4 @@
-"""`python tools/finetune_contrastive.py` in a checkout: the neobert-finetune-contrastive command (megatron_neobert/cli/finetune_contrastive.py)."""
+"""Runs megatron_neobert/cli/finetune_contrastive.py (the neobert-finetune-contrastive command) from a checkout."""
 
 from megatron_neobert.cli.finetune_contrastive import main
 

@@ -1,4 +1,4 @@
-"""`python tools/make_length_subset.py` in a checkout: the neobert-make-length-subset command (megatron_neobert/cli/make_length_subset.py)."""
+"""Runs megatron_neobert/cli/make_length_subset.py (the neobert-make-length-subset command) from a checkout."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""`python tools/merge_datasets.py` in a checkout: the neobert-merge-datasets command (megatron_neobert/cli/merge_datasets.py)."""
+"""Runs megatron_neobert/cli/merge_datasets.py (the neobert-merge-datasets command) from a checkout."""
 
 import sys
 

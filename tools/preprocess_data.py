@@ -1,4 +1,4 @@
-"""`python tools/preprocess_data.py` in a checkout: the neobert-preprocess-data command (megatron_neobert/cli/preprocess_data.py)."""
+"""Runs megatron_neobert/cli/preprocess_data.py (the neobert-preprocess-data command) from a checkout."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""`python tools/pseudo_perplexity.py` in a checkout: the neobert-pseudo-perplexity command (megatron_neobert/cli/pseudo_perplexity.py)."""
+"""Runs megatron_neobert/cli/pseudo_perplexity.py (the neobert-pseudo-perplexity command) from a checkout."""
 
 from megatron_neobert.cli.pseudo_perplexity import main
 

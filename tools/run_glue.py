@@ -1,4 +1,4 @@
-"""`python tools/run_glue.py` in a checkout: the neobert-run-glue command (megatron_neobert/cli/run_glue.py)."""
+"""Runs megatron_neobert/cli/run_glue.py (the neobert-run-glue command) from a checkout."""
 
 from megatron_neobert.cli.run_glue import main
 

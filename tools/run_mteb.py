@@ -1,4 +1,4 @@
-"""`python tools/run_mteb.py` in a checkout: the neobert-run-mteb command (megatron_neobert/cli/run_mteb.py)."""
+"""Runs megatron_neobert/cli/run_mteb.py (the neobert-run-mteb command) from a checkout."""
 
 from megatron_neobert.cli.run_mteb import main
 

@@ -1,4 +1,4 @@
-"""`python tools/watch_run.py` in a checkout: the neobert-watch-run command (megatron_neobert/cli/watch_run.py)."""
+"""Runs megatron_neobert/cli/watch_run.py (the neobert-watch-run command) from a checkout."""
 
 import sys
 
