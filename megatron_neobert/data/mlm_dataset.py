@@ -34,6 +34,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
+from megatron_neobert.atomic_write import write_text_atomic
 from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
 from megatron_neobert.data.documents import corpus_documents
 from megatron_neobert.data.indexed import open_indexed
@@ -269,9 +270,7 @@ class MLMDataset(MegatronDataset):
         finally:
             for name in LAYOUT_FIELDS:
                 files[name].discard()
-        with open(description + f".tmp{os.getpid()}", "w") as f:
-            f.write(self.unique_description)
-        os.replace(description + f".tmp{os.getpid()}", description)
+        write_text_atomic(description, self.unique_description)
         logger.info("built the %s %s layout: %d samples in %.1f s (cached in %s)", type(self).__name__,
                     self.index_split.name, files["shuffle_index"].size, time.time() - start, cache)
 
