@@ -59,6 +59,7 @@ setup(
         "neobert-pretrain=megatron_neobert.pretrain:cli",
         "neobert-preprocess-data=megatron_neobert.cli.preprocess_data:main",
         "neobert-merge-datasets=megatron_neobert.cli.merge_datasets:main",
+        "neobert-build-data-cache=megatron_neobert.cli.build_data_cache:main",
         "neobert-make-length-subset=megatron_neobert.cli.make_length_subset:main",
         "neobert-convert-checkpoint=megatron_neobert.cli.convert_checkpoint:main",
         "neobert-run-glue=megatron_neobert.cli.run_glue:cli",
