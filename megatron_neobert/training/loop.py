@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -205,14 +205,13 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 num_zeros=num_zeros, params_norm=params_norm(chunks) if args.log_params_norm else None)
 
 
-def train(args, forward_step: ForwardStep = mlm_forward_step,
-          on_step: Optional[Callable[[dict], None]] = None) -> dict:
+def train(args, forward_step: ForwardStep = mlm_forward_step) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
     [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
-    function), for training and validation. `on_step(record)` is called after each step.
+    function), for training and validation.
     """
     started = time.time()
     with contextlib.ExitStack() as guards:
@@ -228,10 +227,10 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         lock = claim_save_dir(args)
         if lock:
             guards.callback(lock.release)
-        return _train(args, tokenizer, forward_step, on_step, handler, watchdog, started)
+        return _train(args, tokenizer, forward_step, handler, watchdog, started)
 
 
-def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
+def _train(args, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
     checkpoint, common = (read_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
@@ -336,8 +335,6 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
             history["train"].append(record)
-            if on_step:
-                on_step(record)
             report = state.iteration % args.log_interval == 0 or state.iteration == args.train_iters
             log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)
             if report:
