@@ -46,6 +46,7 @@ def bert_run(data, tmp_path_factory):
     return root, history
 
 
+@pytest.mark.integration
 def test_megatron_lm_bert_command_line_trains_saves_and_goes_on(bert_run, data):
     root, history = bert_run
     assert history["iteration"] == ITERS and len(history["eval"]) == 2
@@ -80,6 +81,7 @@ MEGATRON_LM_FIELDS = {
 }
 
 
+@pytest.mark.integration
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
 
@@ -104,6 +106,7 @@ def test_saved_args_read_with_megatron_lm_rules(bert_run):
     assert common["num_floating_point_operations_so_far"] > 0
 
 
+@pytest.mark.integration
 def test_tensorboard_has_megatron_lm_tags(bert_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -141,6 +144,7 @@ def _mock_argv(*extra):
             "--eval-interval", "1000", "--eval-iters", "1", "--num-workers", "0", *extra]
 
 
+@pytest.mark.integration
 def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
     from megatron.core import dist_checkpointing
 
@@ -327,6 +331,7 @@ def test_adam_is_decoupled_and_adam_l2_is_not(name, same_as, not_as, single_rank
     assert max((after[n] - other[n]).abs().max().item() for n in after) > 1e-4
 
 
+@pytest.mark.integration
 def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is optional (pip install wandb); its test needs it")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -343,6 +348,7 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
         assert tag in logged, tag  # the run's name and Megatron-LM's tags, in the records wandb sync uploads
 
 
+@pytest.mark.integration
 def test_fp16_scales_the_loss_and_skips_overflows_without_stopping(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

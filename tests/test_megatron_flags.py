@@ -36,6 +36,7 @@ def bert_example_argv(prefix, root):
     return model + training + parallel + data + logging + ["--model-preset", "neobert-tiny"]
 
 
+@pytest.mark.integration
 def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
     argv = bert_example_argv(data[0], tmp_path)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -186,6 +187,7 @@ def _short_run(prefix, cache, root, *extra):
             "--eval-interval", "2", "--eval-iters", "1", "--num-workers", "0", "--save", str(root), *extra]
 
 
+@pytest.mark.integration
 def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
     prefix, cache = data
     pre = tmp_path / "pre"
@@ -212,6 +214,7 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
     assert tuned["train"][0]["loss"] < scratch["train"][0]["loss"]
 
 
+@pytest.mark.integration
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""

@@ -174,6 +174,7 @@ def test_bytes_equal_megatron_lm_with_empty_documents(corpus_slice, sample_token
     assert (docs[0][-1] == sample_tokenizer.eod_id) == append_eod
 
 
+@pytest.mark.integration
 def test_wordpiece_append_eod_is_megatron_lms_and_trains(corpus_slice, tmp_path):
     """Megatron-LM's BERT tokenizers append [BOS] [EOS] to a vocab.txt and end documents with that [EOS]:
     our BertWordPiece output is its bytes, and its tool's output (no record beside it) trains."""

@@ -10,7 +10,7 @@ from megatron_neobert.evaluation.throughput import mlm_micro_batches
 from megatron_neobert.parallel.launch import run_on_ranks
 from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_fp8, needs_te
 
-pytestmark = needs_te
+pytestmark = [needs_te, pytest.mark.integration]
 
 STEPS = 8
 

@@ -14,7 +14,7 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from gpu_cases import needs, needs_gpu
 from pretrain_cases import run_train, tiny_argv
 
-pytestmark = needs_gpu
+pytestmark = [needs_gpu, pytest.mark.integration]
 
 STEPS = 20
 # In fp32 on a CPU each option gives the plain run's losses bit for bit, which fall from 9.0 to 7.4-7.7 in 20
