@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+@pytest.mark.integration  # the tool end to end: a minute or more on 2 cores
 def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_path, monkeypatch):
     import benchmark_throughput
 
@@ -70,6 +71,7 @@ def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explici
     assert benchmark_throughput.parse_args([]).inference_seq_lengths == [512, 1024, 2048, 4096, 8192]
 
 
+@pytest.mark.integration
 def test_quick_run_of_a_tiny_preset_writes_its_figures_before_the_plot(tmp_path, monkeypatch):
     import benchmark_throughput
 

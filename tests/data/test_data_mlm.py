@@ -190,6 +190,7 @@ def test_padded_mode_one_chunk_per_sample(sample_tokenizer, indexed_prefix, expe
     assert real > 0
 
 
+@pytest.mark.integration
 def test_same_index_same_sample_in_another_process(sample_tokenizer, indexed_prefix, tmp_path):
     cache = str(tmp_path / "cache")
     (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache),
