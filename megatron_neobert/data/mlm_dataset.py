@@ -34,9 +34,9 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus, unknown_token_error
+from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
+from megatron_neobert.data.documents import corpus_documents
 from megatron_neobert.data.indexed import open_indexed
-from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class MockDocuments:
         rng = numpy.random.default_rng(self.seed)
         self.sequence_lengths = rng.integers(1, 2 * seq_length, self.size, dtype=numpy.int32)
         self.document_indices = numpy.arange(self.size + 1, dtype=numpy.int64)
+        # megatron-core's index reader's fields that document lengths are read from (8-byte ids)
+        self.index = _MockIndex(8 * numpy.concatenate([[0], numpy.cumsum(self.sequence_lengths[:-1])]))
         self._starts = rng.integers(0, 2**31, self.size, dtype=numpy.int64)
         special = numpy.zeros(tokenizer.vocab_size, bool)
         special[[i for i in tokenizer.special_ids if i < tokenizer.vocab_size]] = True
@@ -117,6 +119,12 @@ class MockDocuments:
         return self._ids[(self._starts[idx] + offset + numpy.arange(length)) % self._ids.shape[0]]
 
 
+@dataclass(frozen=True)
+class _MockIndex:
+    sequence_pointers: numpy.ndarray
+    dtype_size: int = 8
+
+
 class MLMDataset(MegatronDataset):
     """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
     ``attention_mask`` (bool [S], padded)."""
@@ -124,14 +132,13 @@ class MLMDataset(MegatronDataset):
     def __init__(self, indexed_dataset: IndexedDataset, dataset_path: Optional[str],
                  indexed_indices: numpy.ndarray, num_samples: Optional[int], index_split: Split,
                  config: MLMDatasetConfig) -> None:
-        if dataset_path is not None:
-            indexed_indices = split_as_corpus(dataset_path, indexed_indices, config.split_matrix,
-                                              index_split.value)
         super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples,
                          index_split, config)
         tok = config.tokenizer
-        self._doc_lead, self._doc_lengths = special_token_trims(
-            indexed_dataset, dataset_path, tok, document_lengths(indexed_dataset))
+        # Nothing here reads or copies per document once the caches exist: the trims come from the corpus's
+        # cache (a single value unless its documents differ) and the layout is memory-mapped.
+        self._documents = corpus_documents(indexed_dataset, dataset_path, tok, self._cache_dir(), _is_rank0())
+        self._doc_lead = self._documents.lead
         self._doc_first_sequence = indexed_dataset.document_indices[:-1]
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
         self._special[list(tok.special_ids)] = True
@@ -139,6 +146,8 @@ class MLMDataset(MegatronDataset):
         self._stream = sample_stream(self.unique_identifiers)
         self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
             self._build_layout())
+        # The split's document ids (megatron-core's arange, 4 bytes a document) only serve to build the layout.
+        self.indices = None
 
     # ---- megatron-core hooks ---------------------------------------------------------------
     @staticmethod
@@ -217,21 +226,25 @@ class MLMDataset(MegatronDataset):
         return tokens, labels
 
     # ---- layout and its cache --------------------------------------------------------------
+    def _cache_dir(self) -> Optional[str]:
+        """--data-cache-path, else a cache/ folder beside the data (None for mock data without one)."""
+        if self.config.path_to_cache is None and self.dataset_path is not None:
+            return os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
+                                f"{type(self).__name__}_indices")
+        return self.config.path_to_cache
+
     def _build_layout(self):
         names = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
-        cache = self.config.path_to_cache
-        if cache is None and self.dataset_path is not None:
-            cache = os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
-                                 f"{type(self).__name__}_indices")
+        cache = self._cache_dir()
         if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
             return self._compute_layout()
-        base = (f"{self.unique_description_hash}-{type(self).__name__}-layout{LAYOUT_VERSION}-"
-                f"{self.index_split.name}")
+        # The corpus's key in the name: a layout of data since rewritten at the same path is never read.
+        base = (f"{self.unique_description_hash}-{self._documents.key[:12]}-{type(self).__name__}-"
+                f"layout{LAYOUT_VERSION}-{self.index_split.name}")
         paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in names}
         description = os.path.join(cache, f"{base}-description.txt")
         hit = all(os.path.isfile(p) for p in [description, *paths.values()])
-        is_rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        if hit or not is_rank0:
+        if hit or not _is_rank0():
             # Non-zero ranks reach this after the builder's barrier, when rank 0 has written.
             logger.info("load the %s %s layout from %s", type(self).__name__,
                         self.index_split.name, cache)
@@ -254,7 +267,10 @@ class MLMDataset(MegatronDataset):
     def _compute_layout(self):
         """Lay out as many epochs as ``num_samples`` needs (one when None)."""
         docs = numpy.asarray(self.indices, numpy.int64)
-        if docs.size == 0 or self._doc_lengths[docs].sum() == 0:
+        if self.dataset_path is not None:
+            docs = split_as_corpus(self.dataset_path, docs, self.config.split_matrix, self.index_split.value)
+        lengths = self._documents.lengths(self.dataset)
+        if docs.size == 0 or lengths[docs].sum() == 0:
             raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
                              "tokens; give it a larger share in --split or more data")
         layouts, shuffles, total, epoch = [], [], 0, 0
@@ -262,7 +278,7 @@ class MLMDataset(MegatronDataset):
             rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
             order = docs[rng.permutation(docs.size)]
             lay = (pack_documents if self.config.packed else chunk_documents)(
-                self._doc_lengths[order], self.config.sequence_length)
+                lengths[order], self.config.sequence_length)
             # Positions in the epoch order -> document ids of the indexed dataset.
             lay = lay._replace(piece_doc=numpy.where(lay.piece_doc == PAD_PIECE, PAD_PIECE,
                                                      order[numpy.maximum(lay.piece_doc, 0)]))
@@ -281,6 +297,10 @@ class MLMDataset(MegatronDataset):
         cat = lambda field: numpy.concatenate([getattr(lay, field) for lay in layouts])
         return (sample_ptr, cat("piece_doc"), cat("piece_start"), cat("piece_len"),
                 numpy.concatenate(shuffles))
+
+
+def _is_rank0() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
 class _BlendedDataset(BlendedDataset):
