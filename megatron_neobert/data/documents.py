@@ -20,6 +20,7 @@ The special tokens, without reading every document where the corpus's convention
 import hashlib
 import json
 import logging
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -35,7 +36,9 @@ from megatron_neobert.progress import progress_bar
 logger = logging.getLogger(__name__)
 
 SAMPLED_DOCUMENTS = 4096
-SCAN_CHUNK = 1 << 20  # documents per chunk of a full scan: its unit of progress and of resumption
+# Documents per chunk of a scan: its unit of progress and resumption, and what it maps of the .bin at once
+# (about 85 MB of web text).
+SCAN_CHUNK = 1 << 16
 # Part of the cache file names: a cache written by another version of this file is never read.
 DOCUMENTS_VERSION = 1
 
@@ -51,12 +54,12 @@ class CorpusDocuments:
     trail: numpy.ndarray
 
     def lengths(self, dataset) -> numpy.ndarray:
-        """Tokens per document without the dropped ones (int32), computed `SCAN_CHUNK` documents at a time. A
+        """Tokens per document without the dropped ones (int32), computed a million documents at a time. A
         uniform lead or trail only applies where there are tokens to drop."""
-        n = _document_count(dataset)
+        n, chunk = _document_count(dataset), 1 << 20
         out = numpy.empty(n, numpy.int32)
-        for lo in range(0, n, SCAN_CHUNK):
-            hi = min(n, lo + SCAN_CHUNK)
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
             raw = raw_lengths(dataset, numpy.arange(lo, hi))
             lead = numpy.minimum(self.lead[lo:hi], raw)
             out[lo:hi] = raw - lead - numpy.minimum(self.trail[lo:hi], raw - lead)
@@ -86,19 +89,45 @@ def raw_lengths(dataset, docs: numpy.ndarray) -> numpy.ndarray:
     return (offset(first_sequence[docs + 1]) - offset(first_sequence[docs])) // dataset.index.dtype_size
 
 
-def special_tokens_of(dataset, tokens: numpy.ndarray, docs: numpy.ndarray, tokenizer) -> Tuple[numpy.ndarray, ...]:
-    """(lead, trail) of the given documents, reading their first and last tokens: lead 1 where a document starts
-    with [CLS]; trail 1 where what is left of it ends with [SEP] or EOD."""
+def special_tokens_of(dataset, prefix: str, docs: numpy.ndarray, tokenizer, read) -> Tuple[numpy.ndarray, ...]:
+    """(lead, trail) of the given documents, reading their first and last tokens with `read` (`tokens_at` or
+    `tokens_in_span`): lead 1 where a document starts with [CLS]; trail 1 where what is left of it ends with
+    [SEP] or EOD."""
     lead, trail = numpy.zeros(docs.shape[0], numpy.int8), numpy.zeros(docs.shape[0], numpy.int8)
-    raw, pointers = raw_lengths(dataset, docs), dataset.index.sequence_pointers
+    raw, pointers, itemsize = raw_lengths(dataset, docs), dataset.index.sequence_pointers, dataset.index.dtype_size
     full = raw > 0
     if not full.any():
         return lead, trail
-    first = pointers[numpy.minimum(dataset.document_indices[docs], pointers.shape[0] - 1)] // tokens.itemsize
-    lead[full] = tokens[first[full]] == tokenizer.cls_id
+    first = pointers[numpy.minimum(dataset.document_indices[docs], pointers.shape[0] - 1)] // itemsize
+    ends = numpy.concatenate([first[full], first[full] + raw[full] - 1])
+    found = read(get_bin_path(prefix), dataset.index.dtype, ends)
+    lead[full] = found[:ends.shape[0] // 2] == tokenizer.cls_id
+    last = numpy.zeros(docs.shape[0], found.dtype)
+    last[full] = found[ends.shape[0] // 2:]
     tail = raw - lead > 0
-    trail[tail] = numpy.isin(tokens[first[tail] + raw[tail] - 1], [tokenizer.sep_id, tokenizer.eod_id])
+    trail[tail] = numpy.isin(last[tail], [tokenizer.sep_id, tokenizer.eod_id])
     return lead, trail
+
+
+def tokens_at(path: str, dtype, positions: numpy.ndarray) -> numpy.ndarray:
+    """A few tokens anywhere in a ``.bin``: one read each. (Through a memory map, each would map a whole
+    read-ahead window into the process: a few thousand reads showed as 1.6 GB.)"""
+    size = numpy.dtype(dtype).itemsize
+    with open(path, "rb") as f:
+        return numpy.frombuffer(b"".join(os.pread(f.fileno(), size, int(p) * size) for p in positions), dtype)
+
+
+def tokens_in_span(path: str, dtype, positions: numpy.ndarray) -> numpy.ndarray:
+    """Many tokens close together: the span they cover is mapped, read and unmapped, so what the process holds is
+    that span at most (the scan keeps spans short by going through the documents in order)."""
+    size = numpy.dtype(dtype).itemsize
+    lo = int(positions.min()) * size // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    hi = (int(positions.max()) + 1) * size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), hi - lo, access=mmap.ACCESS_READ, offset=lo) as span:
+        view = numpy.frombuffer(span, dtype)
+        found = view[positions - lo // size]
+        del view  # the map closes only once no array looks into it
+    return found
 
 
 def corpus_key(prefix: str, tokenizer) -> str:
@@ -137,15 +166,15 @@ def corpus_documents(dataset, prefix: Optional[str], tokenizer, cache_dir: Optio
 def _work_out(dataset, prefix: str, tokenizer, key: str, base: str) -> None:
     """Check the whole index, find the special tokens the documents carry, write the cache (JSON last)."""
     check_indexed_files(get_idx_path(prefix), get_bin_path(prefix))
+    os.makedirs(os.path.dirname(base), exist_ok=True)
     n = _document_count(dataset)
     record = read_record(prefix)
     description = {"prefix": os.path.abspath(prefix), "documents": n}
     if record is not None and "append_eod" in record:  # our own data: only an EOD to drop
         description.update(lead=0, trail=int(record["append_eod"]), how="the tokenizer record")
     else:
-        tokens = numpy.memmap(get_bin_path(prefix), dtype=dataset.index.dtype, mode="r")
         sample = numpy.unique(numpy.linspace(0, n - 1, min(n, SAMPLED_DOCUMENTS)).astype(numpy.int64))
-        lead, trail = special_tokens_of(dataset, tokens, sample, tokenizer)
+        lead, trail = special_tokens_of(dataset, prefix, sample, tokenizer, tokens_at)
         raw = raw_lengths(dataset, sample)
         conventions = [_agreed(lead[raw > 0]), _agreed(trail[raw - lead > 0])]
         if None not in conventions:
@@ -159,7 +188,7 @@ def _work_out(dataset, prefix: str, tokenizer, key: str, base: str) -> None:
         else:
             logger.info("%s: documents differ in the [CLS] / [SEP] / EOD they carry: reading each one's first and "
                         "last token once (cached)", prefix)
-            _scan(dataset, tokens, tokenizer, base, key)
+            _scan(dataset, prefix, tokenizer, base, key)
             description.update(lead="per-document", trail="per-document", how="a scan of every document")
     write_json_atomic(base + ".json", description)
 
@@ -171,7 +200,7 @@ def _agreed(values: numpy.ndarray) -> Optional[int]:
     return int(values[0]) if (values == values[0]).all() else None
 
 
-def _scan(dataset, tokens, tokenizer, base: str, key: str) -> None:
+def _scan(dataset, prefix: str, tokenizer, base: str, key: str) -> None:
     """Every document's (lead, trail) into ``{base}-lead.npy`` / ``-trail.npy``, `SCAN_CHUNK` documents at a time.
     The arrays are written in place under ``.partial`` names and ``{base}-scan.json`` says how many documents are
     done after each chunk, so a scan that is killed resumes at its last chunk."""
@@ -190,8 +219,8 @@ def _scan(dataset, tokens, tokenizer, base: str, key: str) -> None:
     bar.update(done)
     for lo in range(done, n, SCAN_CHUNK):
         hi = min(n, lo + SCAN_CHUNK)
-        arrays["lead"][lo:hi], arrays["trail"][lo:hi] = special_tokens_of(dataset, tokens, numpy.arange(lo, hi),
-                                                                          tokenizer)
+        arrays["lead"][lo:hi], arrays["trail"][lo:hi] = special_tokens_of(dataset, prefix, numpy.arange(lo, hi),
+                                                                          tokenizer, tokens_in_span)
         for array in arrays.values():
             array.flush()
         write_json_atomic(state_path, {"key": key, "done": hi})

@@ -2,8 +2,9 @@
 
 megatron-core reads the index with asserts and memory-maps the ``.bin`` without checking its size,
 so a truncated ``.bin`` surfaces as garbage tokens or a crash deep in training. ``check_sizes``
-verifies the pair up front in constant time; ``check_indexed`` also reads the whole index, in chunks. ``commit_pair`` publishes a pair written under temporary names so an
-interrupted run never leaves files that look like a complete dataset.
+verifies the pair up front in constant time; ``check_indexed`` also reads the whole index, in
+chunks. ``commit_pair`` publishes a pair written under temporary names so an interrupted run never
+leaves files that look like a complete dataset.
 """
 
 import os
