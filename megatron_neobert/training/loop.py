@@ -12,7 +12,7 @@ history of the run.
 import dataclasses
 import math
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -204,14 +204,13 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 num_zeros=num_zeros, params_norm=params_norm(chunks) if args.log_params_norm else None)
 
 
-def train(args, forward_step: ForwardStep = mlm_forward_step,
-          on_step: Optional[Callable[[dict], None]] = None) -> dict:
+def train(args, forward_step: ForwardStep = mlm_forward_step) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
     [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
-    function), for training and validation. `on_step(record)` is called after each step.
+    function), for training and validation.
     """
     started = time.time()
     # The handler first: a pre-emption signal during the set-up must not kill the rank either.
@@ -226,7 +225,7 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
         forked_children_die_with_rank()
         watchdog = ProgressWatchdog(args.distributed_timeout_minutes)
         lock = claim_save_dir(args)
-        return _train(args, tokenizer, forward_step, on_step, handler, watchdog, started)
+        return _train(args, tokenizer, forward_step, handler, watchdog, started)
     finally:
         if watchdog:
             watchdog.close()
@@ -236,7 +235,7 @@ def train(args, forward_step: ForwardStep = mlm_forward_step,
             handler.__exit__(None, None, None)
 
 
-def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
+def _train(args, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
     checkpoint, common = (read_verified_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
                           if args.load else (None, None))
@@ -341,8 +340,6 @@ def _train(args, tokenizer, forward_step: ForwardStep, on_step, handler: Optiona
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
             history["train"].append(record)
-            if on_step:
-                on_step(record)
             report = state.iteration % args.log_interval == 0 or state.iteration == args.train_iters
             log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)
             if report:
