@@ -115,10 +115,6 @@ def hf_weights(config):
     return random_hf_state_dict(config, seed=3)
 
 
-# One worker makes the round trip (4 ranks) for every test that reads it: pytest.ini distributes by xdist group.
-ROUND_TRIP = pytest.mark.xdist_group("round_trip")
-
-
 @pytest.fixture(scope="module")
 def round_trip(tmp_path_factory, config, hf_weights):
     tmp = tmp_path_factory.mktemp("round_trip")
@@ -129,7 +125,6 @@ def round_trip(tmp_path_factory, config, hf_weights):
     return tmp, summary, export
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     tmp, summary, _ = round_trip
@@ -159,7 +154,6 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     tmp, _, export = round_trip
@@ -179,7 +173,6 @@ def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     assert leftovers(tmp, {"official", "mcore", "hf"}) == []
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
     tmp, _, _ = round_trip
@@ -215,7 +208,6 @@ def packed_batch(enc):
     return [dict(tokens=torch.cat(docs)[None], cu_seqlens=torch.cumsum(lengths, 0).to(torch.int32))]
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_logits_equal_hf_logits_packed_and_padded(round_trip, tp):
@@ -235,7 +227,6 @@ def test_megatron_logits_equal_hf_logits_packed_and_padded(round_trip, tp):
         torch.testing.assert_close(megatron, hf[real], rtol=1e-4, atol=1e-4)
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round_trip, hf_weights):
     from sentence_transformers import SentenceTransformer
@@ -285,7 +276,6 @@ def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
     torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-5)
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path, capfd):
     """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it at another layout (PP=2, with the checkpoint's
@@ -363,7 +353,6 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     return dst
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 @pytest.mark.parametrize("case, message", [
     ("empty folder", "not a megatron-core distributed checkpoint"),
@@ -417,7 +406,6 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporary folder left
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
@@ -434,7 +422,6 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     assert sorted(os.listdir(tmp_path)) == ["vocab"]
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_export_needs_the_tokenizer_unless_told(round_trip, tmp_path):
     """A tokenizer the checkpoint names but this machine lacks is an error naming it; --no-tokenizer exports
@@ -459,7 +446,6 @@ def test_export_needs_the_tokenizer_unless_told(round_trip, tmp_path):
         mcore_to_hf(src, tmp_path / "both", tokenizer=SAMPLE_TOKENIZER, no_tokenizer=True)
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
     """A lone conversion needs no rendezvous even when the shell exports MASTER_PORT (and no RANK)."""
@@ -472,7 +458,6 @@ def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
     assert "28 tensors" in out.stdout and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_cli_output_to_a_log_is_plain_lines(round_trip, tmp_path):
     """To a pipe (as to a log file): progress as plain lines, without a bar's carriage returns, and none of the
@@ -486,7 +471,6 @@ def test_cli_output_to_a_log_is_plain_lines(round_trip, tmp_path):
     assert "Warning" not in out.stderr, out.stderr
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
     dst = tmp_path / "hf"
@@ -502,7 +486,6 @@ def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
         hf_to_mcore(round_trip[0] / "official", round_trip[0] / "mcore")
 
 
-@ROUND_TRIP
 @pytest.mark.integration
 def test_cli(round_trip, tmp_path, capsys, hf_weights):
     out = tmp_path / "bf16"

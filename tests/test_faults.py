@@ -47,10 +47,6 @@ def train_here(data, *extra) -> dict:
     return run_train(argv(data, *extra))
 
 
-# One worker makes the run for every test that reads it: pytest.ini distributes by xdist group.
-ONE_RANK_RUN = pytest.mark.xdist_group("one_rank_run")
-
-
 @pytest.fixture(scope="module")
 def one_rank_run(data, tmp_path_factory):
     """(history, root) of 8 steps on one rank, a checkpoint every 2."""
@@ -89,7 +85,6 @@ def damage(folder: str, how: str) -> str:
     return name
 
 
-@ONE_RANK_RUN
 @pytest.mark.parametrize("how,problem", [("overwrite 4 KB", "is corrupted"), ("truncate shard", "is truncated"),
                                          ("truncate common.pt", "is truncated"), ("missing", "is missing")])
 def test_a_damaged_checkpoint_is_named_and_the_previous_one_offered(how, problem, one_rank_run, data, tmp_path):
@@ -107,7 +102,6 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_one_offered(how, problem
         assert losses(resumed) == losses(reference, 6)
 
 
-@ONE_RANK_RUN
 def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data, tmp_path):
     """Earlier versions stored Q/K rows interleaved without saying so: loading them as rotate-half
     rows would train on silently wrong attention."""
@@ -125,7 +119,6 @@ def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data
         train_here(data, "--train-iters", "10", "--load", root, "--no-verify-checkpoint")
 
 
-@ONE_RANK_RUN
 @pytest.mark.integration
 def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run, data, tmp_path):
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
@@ -139,7 +132,6 @@ def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run
     assert len(errors) == 1 and "--ckpt-step 4" in errors[0], cli.stderr[-3000:]
 
 
-@ONE_RANK_RUN
 def test_disk_full_during_a_save_leaves_the_last_checkpoint(one_rank_run, data, tmp_path, monkeypatch):
     """First less free space than the last checkpoint took (refused before writing); then
     megatron-core's writer processes (forked: they inherit the patch) run out of space half-way
@@ -186,7 +178,6 @@ def test_a_nonfinite_last_step_still_saves_the_last_finite_state(data, tmp_path)
     assert losses(resumed) == [r["loss"] for r in uninterrupted[5:]]
 
 
-@ONE_RANK_RUN
 def test_a_nonfinite_stop_after_a_resume_names_the_checkpoint_it_resumed_from(one_rank_run, data):
     _, root = one_rank_run
     _, error = run_train_until_nonfinite(argv(data, "--train-iters", "12", "--load", root,
@@ -194,7 +185,6 @@ def test_a_nonfinite_stop_after_a_resume_names_the_checkpoint_it_resumed_from(on
     assert error.endswith(f"stopping at iteration 10 without saving. Last good checkpoint: {iteration_dir(root, 8)}")
 
 
-@ONE_RANK_RUN
 def test_a_save_folder_with_another_runs_checkpoints_is_refused(one_rank_run, data, tmp_path):
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
     with pytest.raises(TrainingError, match=rf"--save {re.escape(root)} holds another run's checkpoints "
@@ -253,7 +243,6 @@ def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, t
     assert read("sentence_bert_config.json")["max_seq_length"] == 64
 
 
-@ONE_RANK_RUN
 def test_an_optimizer_state_of_another_setup_is_refused_with_the_way_out(one_rank_run, data):
     _, root = one_rank_run
     with pytest.raises(TrainingError, match=r"holds optimizer state of another setup \(--use-distributed-optimizer "

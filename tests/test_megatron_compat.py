@@ -38,10 +38,6 @@ def bert_example_argv(data, root, *extra):
             "--data-cache-path", cache, "--num-workers", "0", "--seed", "7", *extra]
 
 
-# One worker makes the run (2 ranks) for every test that reads it: pytest.ini distributes by xdist group.
-BERT_RUN = pytest.mark.xdist_group("bert_run")
-
-
 @pytest.fixture(scope="module")
 def bert_run(data, tmp_path_factory):
     """(root folder, history) of the Megatron-LM-style run on 2 ranks."""
@@ -50,7 +46,6 @@ def bert_run(data, tmp_path_factory):
     return root, history
 
 
-@BERT_RUN
 @pytest.mark.integration
 def test_megatron_lm_bert_command_line_trains_saves_and_goes_on(bert_run, data):
     root, history = bert_run
@@ -86,7 +81,6 @@ MEGATRON_LM_FIELDS = {
 }
 
 
-@BERT_RUN
 @pytest.mark.integration
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
@@ -112,7 +106,6 @@ def test_saved_args_read_with_megatron_lm_rules(bert_run):
     assert common["num_floating_point_operations_so_far"] > 0
 
 
-@BERT_RUN
 @pytest.mark.integration
 def test_tensorboard_has_megatron_lm_tags(bert_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

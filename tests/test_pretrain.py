@@ -18,9 +18,6 @@ from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_t
                             run_train_with_signal, tiny_argv)
 
 pytestmark = pytest.mark.integration
-# The tests that read one module-scoped run share an xdist group, so that one worker makes the run (pytest.ini
-# distributes by group): a run per worker would repeat the slowest 4-rank runs.
-TP2_PP2_RUN, DISTOPT_RUN = pytest.mark.xdist_group("tp2_pp2_run"), pytest.mark.xdist_group("distopt_run")
 
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
@@ -71,8 +68,7 @@ def mean(xs):
     return sum(xs) / len(xs)
 
 
-@pytest.mark.parametrize("run", [pytest.param("tp2_pp2_run", marks=TP2_PP2_RUN),
-                                 pytest.param("distopt_run", marks=DISTOPT_RUN)])
+@pytest.mark.parametrize("run", ["tp2_pp2_run", "distopt_run"])
 def test_loss_falls_on_four_ranks(run, request):
     history, save = request.getfixturevalue(run)
     curve = losses(history)
@@ -94,10 +90,9 @@ def restart_from(save: str, iteration: int, dst: str) -> str:
 
 
 @pytest.mark.parametrize("source,layout,ranks,exact", [
-    pytest.param("tp2_pp2_run", TP2_PP2, 4, True, marks=TP2_PP2_RUN),
-    pytest.param("tp2_pp2_run", [], 2, False, marks=TP2_PP2_RUN),  # TP2 x PP2 -> DP2
-    pytest.param("distopt_run", ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 2, False,
-                 marks=DISTOPT_RUN),
+    ("tp2_pp2_run", TP2_PP2, 4, True),
+    ("tp2_pp2_run", [], 2, False),  # TP2 x PP2 -> DP2
+    ("distopt_run", ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"], 2, False),
     # TP1 -> TP2 keeps the checkpoint's 8320 vocabulary rows (and their Adam moments)
     ("tp1_run", [*VOCAB_8200, "--tensor-model-parallel-size", "2"], 2, False),
 ])
@@ -234,7 +229,6 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert not os.path.exists(iteration_dir(save, 6)) and not os.path.exists(iteration_dir(save, 8))
 
 
-@DISTOPT_RUN
 @pytest.mark.parametrize("with_optimizer", [True, False])
 def test_stage2_continues_at_a_longer_length_on_the_length_blend(with_optimizer, distopt_run, data, tmp_path):
     """Stage 2 from a stage-1 checkpoint: length 128 (stage 1: 64), a 0.2 / 0.4 / 0.4 blend of
