@@ -1,4 +1,5 @@
-"""The flags a Megatron-LM user brings, with Megatron-LM's meanings (core_v0.16).
+"""The flags a Megatron-LM user brings, with Megatron-LM's meanings (core_v0.16): their checks and
+resolution (called by `settings.settings_from_args` on its copy of the command line), the recipe's defaults.
 
 NeoBERT's recipe sets other defaults than Megatron-LM for some of them: `--help` shows both, and
 the trainer prints, at start-up, the recipe defaults that the command line (and --config) left in
