@@ -8,9 +8,14 @@
 2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length;
 3. the layout builder at scale: packed and padded layouts of --layout-documents synthetic
    documents (RefinedWeb-like lengths: lognormal, mean about 650 tokens), time and peak memory
-   measured in a fresh process, and the cost per document extrapolated to 1B documents.
+   measured in a fresh process, and the cost per document extrapolated to 1B documents;
+4. beside it, the trainer's real dataset build of a corpus of as many documents, written as Megatron-LM's
+   tool writes it (no record) and as ours (with our record), the .bin sparse: cold (no cache) and warm
+   (cached) starts, time, peak memory, private and memory-mapped memory, extrapolated to 1B documents;
+5. the start of a --data-args-path blend of --blend-prefixes small corpora, cold and cached.
 
     python tools/benchmark_data.py [--corpus X.parquet] [--tokenizer-model DIR] [--workers 2]
+        [--layout-documents 20000000] [--blend-prefixes 1000] [--scratch DIR]
 """
 
 import os
@@ -91,6 +96,111 @@ def layout_at_scale(documents, seq_length, mode):
     return json.loads(out.stdout)
 
 
+def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
+    """A corpus as Megatron-LM's tool writes it: an ``.idx`` of `documents` single-sequence documents of
+    RefinedWeb-like lengths (lognormal, mean about 650 tokens), written a chunk at a time, and a sparse ``.bin`` of
+    their size (its tokens read as zeros; it costs no disk). With `record`, our tokenizer record beside it (our own
+    data). Returns the number of tokens."""
+    import json
+    import struct
+
+    import numpy
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+
+    rng, itemsize = numpy.random.default_rng(seed), 2
+    lengths = [numpy.maximum(1, rng.lognormal(6.0, 1.0, min(chunk, documents - lo))).astype(numpy.int32)
+               for lo in range(0, documents, chunk)]
+    with open(prefix + ".idx", "wb") as f:
+        f.write(_INDEX_HEADER + struct.pack("<QBQQ", 1, DType.code_from_dtype(numpy.uint16), documents,
+                                            documents + 1))
+        for part in lengths:
+            f.write(part.tobytes())
+        tokens = 0
+        for part in lengths:
+            pointers = numpy.zeros(part.shape[0], numpy.int64)
+            numpy.cumsum(part[:-1], out=pointers[1:])
+            f.write(((pointers + tokens) * itemsize).tobytes())
+            tokens += int(part.sum(dtype=numpy.int64))
+        for lo in range(0, documents + 1, chunk):
+            f.write(numpy.arange(lo, min(documents + 1, lo + chunk), dtype=numpy.int64).tobytes())
+    with open(prefix + ".bin", "wb") as f:
+        f.truncate(tokens * itemsize)
+    if record is not None:
+        with open(prefix + ".tokenizer.json", "w") as f:
+            json.dump(record, f)
+    return tokens
+
+
+_BUILD_SCRIPT = """
+import json, resource, sys, time, os, numpy, psutil
+from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
+from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+from megatron_neobert.training.arguments import parse_args
+args = parse_args(json.loads(sys.argv[1]))
+tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+private = psutil.Process().memory_full_info().uss
+start = time.perf_counter()
+datasets = build_trainer_datasets(args, tokenizer)
+seconds = time.perf_counter() - start
+parts = getattr(datasets[0], "datasets", [datasets[0]])
+mapped = sum(getattr(part, name).nbytes for part in parts for name in LAYOUT_FIELDS) + sum(
+    os.path.getsize(part.dataset_path + ".idx") for part in parts)
+print(json.dumps({"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "private_added_mb": (psutil.Process().memory_full_info().uss - private) / 2**20,
+                  "mapped_mb": mapped / 2**20, "samples": len(datasets[0])}))
+"""
+
+
+def trainer_build(flags):
+    """The trainer's dataset build (blend, split, document tables, layouts, caches) in a fresh process:
+    seconds, peak resident memory of the whole process, private memory the build added, train samples."""
+    import json
+    import subprocess
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+    out = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, json.dumps(flags)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
+    if out.returncode:
+        raise RuntimeError(f"the dataset build failed: {out.stderr.strip().splitlines()[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def build_at_scale(documents, seq_length, tokenizer_model, folder):
+    """Cold (no cache) and warm trainer builds of a `documents`-document corpus, as Megatron-LM writes it and
+    with our record, length `seq_length`, split 100,0,0 (one epoch)."""
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    from megatron_neobert.data.records import tokenizer_record
+    record = tokenizer_record(build_tokenizer("HuggingFaceTokenizer", tokenizer_model), append_eod=False)
+    results = {}
+    for name, rec in (("Megatron-LM's", None), ("ours", {**record, "max_token_id": 0})):
+        prefix = os.path.join(folder, "megatron" if rec is None else "ours")
+        write_sparse_corpus(prefix, documents, record=rec)
+        flags = ["--data-path", prefix, "--split", "100,0,0", "--seq-length", str(seq_length), "--train-iters", "10",
+                 "--global-batch-size", "1", "--micro-batch-size", "1", "--eval-iters", "0",
+                 "--lr-warmup-iters", "0", "--data-cache-path", os.path.join(folder, f"cache_{len(results)}"),
+                 "--tokenizer-model", tokenizer_model]
+        results[name] = [trainer_build(flags), trainer_build(flags)]  # cold, then warm
+        for suffix in (".bin", ".idx"):
+            os.remove(prefix + suffix)
+    return results
+
+
+def blend_start(prefixes, tokenizer_model, folder):
+    """A --data-args-path blend of `prefixes` small corpora: the first build and a start with the caches."""
+    paths = []
+    for i in range(prefixes):
+        paths.append(os.path.join(folder, f"shard{i:05d}"))
+        write_sparse_corpus(paths[-1], 2_000, seed=i)
+    args_file = os.path.join(folder, "blend.txt")
+    with open(args_file, "w") as f:
+        f.writelines(f"1 {p}\n" for p in paths)
+    flags = ["--data-args-path", args_file, "--split", "99,1,0", "--seq-length", "1024", "--train-iters", "1000",
+             "--global-batch-size", "256", "--micro-batch-size", "8", "--eval-iters", "1", "--eval-interval", "500",
+             "--lr-warmup-iters", "0", "--data-cache-path", os.path.join(folder, "cache"),
+             "--tokenizer-model", tokenizer_model]
+    return trainer_build(flags), trainer_build(flags)
+
+
 def main(argv=None):
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="RefinedWeb-style Parquet file to tokenize")
@@ -102,7 +212,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3,
                         help="best of N timings (the cores may be shared with other work)")
     parser.add_argument("--layout-documents", type=int, default=20_000_000,
-                        help="synthetic documents for the layout benchmark (0: skip it)")
+                        help="synthetic documents for the layout benchmark and the trainer's build beside it (0: skip "
+                             "both)")
+    parser.add_argument("--blend-prefixes", type=int, default=1000,
+                        help="corpora in the --data-args-path blend whose start is timed (0: skip it)")
+    parser.add_argument("--scratch", default=None,
+                        help="folder for the synthetic corpora (sparse files; the default is a temporary folder)")
     args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq
@@ -169,6 +284,37 @@ def main(argv=None):
                   f"{r['samples']:>13,}{per_doc * 1e6:>8.2f}{per_doc * 1e9 / 60:>7.1f} min")
         print(f"   (mean document length {r['mean_length']:.0f} tokens; peak = resident memory "
               "added by the build, input lengths excluded)")
+        with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
+            report_build(build_at_scale(n, args.seq_length, args.tokenizer_model, tmp), n, args.seq_length)
+    if args.blend_prefixes:
+        with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
+            cold, warm = blend_start(args.blend_prefixes, args.tokenizer_model, tmp)
+        print(f"\n5. a --data-args-path blend of {args.blend_prefixes:,} corpora (2,000 documents each), split 99,1,0: "
+              f"first build {cold['seconds']:.1f} s, start with the caches {warm['seconds']:.1f} s "
+              f"({warm['seconds'] / args.blend_prefixes * 1e3:.2f} ms a corpus), peak {warm['peak_mb']:,.0f} MB")
+
+
+def report_build(results, documents, seq_length):
+    print(f"\n4. the trainer's dataset build of the same number of documents, length {seq_length}, split 100,0,0 "
+          "(blend, split, document table, layout, caches), a fresh process each: cold (no cache), warm (cached)")
+    print(f"   {'data':<15}{'start':<7}{'seconds':>9}{'peak MB':>9}{'private MB':>12}{'mapped MB':>11}"
+          f"{'us/doc':>8}")
+    for name, (cold, warm) in results.items():
+        for start, r in (("cold", cold), ("warm", warm)):
+            print(f"   {name if start == 'cold' else '':<15}{start:<7}{r['seconds']:>9.3f}{r['peak_mb']:>9,.0f}"
+                  f"{r['private_added_mb']:>12,.0f}{r['mapped_mb']:>11,.0f}{r['seconds'] / documents * 1e6:>8.3f}")
+    print("   peak: resident memory of the whole process (torch and megatron-core are about 400 MB of it); private: "
+          "what the build\n   added that no other process shares; mapped: the layout arrays and the .idx, "
+          "memory-mapped (page cache, shared by a node's ranks)")
+    cold, warm = results["Megatron-LM's"]
+    scale = 1e9 / documents
+    built_gb = (warm["peak_mb"] + (cold["peak_mb"] - warm["peak_mb"]) * scale) / 1024
+    mapped_gb = warm["mapped_mb"] * scale / 1024
+    print(f"   at 1B documents, Megatron-LM's data: the cold build, once, in one process (rank 0, or "
+          f"tools/build_data_cache.py ahead of the job)\n   about {cold['seconds'] * scale / 60:.0f} min and "
+          f"{built_gb:,.0f} GB; a start with the caches: {warm['private_added_mb']:.0f} MB of each rank's own (it "
+          f"does not grow with the corpus)\n   and {mapped_gb:,.0f} GB memory-mapped, the same pages for the 8 ranks "
+          f"of a node: {mapped_gb:,.0f} GB of page cache a node, not {8 * mapped_gb:,.0f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Build the MLM datasets' layout caches ahead of training, in one process, with the training
-command's own flags (same data, split, length, seed, --train-iters, --data-cache-path), so that
-rank 0 of the job only loads them instead of building them under the process group's timeout:
+"""Build the MLM datasets' caches ahead of training, in one process, with the training command's own
+flags (same data, split, length, seed, --train-iters, --data-cache-path): each corpus's document
+table (its index checked in full, the special tokens its documents carry) and the layouts. Rank 0
+of the job then only loads them instead of building them under the process group's timeout:
 
     python tools/build_data_cache.py --data-path 0.6 data/rw_content_document 0.4 data/rw1024 \
         --data-cache-path data/cache --seq-length 1024 --train-iters 100000 --global-batch-size 2048

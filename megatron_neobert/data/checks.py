@@ -3,8 +3,6 @@
 - ``check_vocabulary``: token ids the trainer's tokenizer (hence the model) cannot embed stop the
   run before training, naming the dataset; read from the record beside the ``.idx``. Data without
   a record (another tool's) is checked as samples are read: ``unknown_token_error``.
-- ``special_token_trims``: documents that already carry [CLS] / [SEP] / EOD (``--append-eod``, or
-  a tool whose tokenizer adds special tokens) lose them, since every piece gets its own.
 - ``split_as_corpus``: a length subset takes the documents of the corpus's split, so a blend of
   a corpus and its subsets never trains on a validation document.
 """
@@ -13,7 +11,6 @@ import logging
 import os
 
 import numpy
-from megatron.core.datasets.indexed_dataset import get_bin_path
 
 from megatron_neobert.data.length_subset import SOURCE_IDS_SUFFIX
 from megatron_neobert.data.records import read_record, record_path
@@ -45,31 +42,6 @@ def unknown_token_error(prefix: str, document: int, tokens: numpy.ndarray, known
     return ValueError(f"dataset {prefix}: document {document} holds token id {bad:,}, beyond the {known:,} ids "
                       f"of the tokenizer {tokenizer.tokenizer_model!r} (tokenized with another vocabulary, or "
                       f"Megatron-LM's --append-eod [EOS] at vocab + 1): preprocess it with the training tokenizer")
-
-
-def special_token_trims(dataset, prefix: str, tokenizer, lengths: numpy.ndarray):
-    """(tokens to skip at each document's start, lengths without the special tokens)."""
-    lead = numpy.zeros(lengths.shape[0], numpy.int8)
-    if prefix is None:
-        return lead, lengths
-    record = read_record(prefix)
-    if record is not None and "append_eod" in record:  # our own data: only an EOD to drop
-        return lead, lengths - (lengths > 0) if record["append_eod"] else lengths
-    # Another tool's data: look at each document's first and last token.
-    tokens = numpy.memmap(get_bin_path(prefix), dtype=dataset.index.dtype, mode="r")
-    pointers = dataset.index.sequence_pointers
-    first = pointers[numpy.minimum(dataset.document_indices[:-1], len(pointers) - 1)] // tokens.itemsize
-    full = lengths > 0
-    lead[full] = tokens[first[full]] == tokenizer.cls_id
-    trimmed = lengths - lead
-    last = first + lengths - 1
-    tail = full & (trimmed > 0)
-    trail = numpy.zeros_like(full)
-    trail[tail] = numpy.isin(tokens[last[tail]], [tokenizer.sep_id, tokenizer.eod_id])
-    if lead.any() or trail.any():
-        logger.info("%s: dropping %d [CLS] and %d [SEP]/EOD already in documents (each piece "
-                    "gets its own)", prefix, int(lead.sum()), int(trail.sum()))
-    return lead, trimmed - trail
 
 
 def split_as_corpus(prefix: str, indices: numpy.ndarray, split_matrix, split_index: int

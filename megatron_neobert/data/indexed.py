@@ -1,9 +1,10 @@
 """Checks and safe writing for megatron-core ``.bin/.idx`` indexed datasets.
 
 megatron-core reads the index with asserts and memory-maps the ``.bin`` without checking its size,
-so a truncated ``.bin`` surfaces as garbage tokens or a crash deep in training. ``check_indexed``
-verifies the pair up front. ``commit_pair`` publishes a pair written under temporary names so an
-interrupted run never leaves files that look like a complete dataset.
+so a truncated ``.bin`` surfaces as garbage tokens or a crash deep in training. ``check_sizes``
+verifies the pair up front in constant time; ``check_indexed`` also reads the whole index, in
+chunks. ``commit_pair`` publishes a pair written under temporary names so an interrupted run never
+leaves files that look like a complete dataset.
 """
 
 import os
@@ -31,40 +32,73 @@ def check_indexed(prefix: str) -> None:
     check_indexed_files(get_idx_path(prefix), get_bin_path(prefix))
 
 
-def check_indexed_files(idx_path: str, bin_path: str) -> None:
+def check_indexed_files(idx_path: str, bin_path: str, chunk: int = 1 << 22) -> None:
+    """Every check: `check_sizes`, then the index arrays themselves (lengths, pointers and document indices agree),
+    read through a memory map `chunk` sequences at a time so that memory stays flat at any corpus size."""
+    index = check_sizes(idx_path, bin_path)
+    lengths, pointers, docs = index.sequence_lengths, index.sequence_pointers, index.document_indices
+    for lo in range(0, docs.shape[0], chunk):
+        part = docs[max(lo - 1, 0):lo + chunk]
+        if numpy.any(part[1:] < part[:-1]):
+            raise IndexedDataError(f"{idx_path}: document indices are inconsistent")
+    for lo in range(0, lengths.shape[0], chunk):
+        length = lengths[lo:lo + chunk]
+        if numpy.any(length < 0):
+            raise IndexedDataError(f"{idx_path}: negative sequence lengths")
+        pointer = pointers[lo:lo + chunk + 1]
+        step = numpy.diff(pointer) if pointer.shape[0] > 1 else pointer[:0]
+        if numpy.any(step != length[:step.shape[0]].astype(numpy.int64) * index.dtype_size):
+            raise IndexedDataError(f"{idx_path}: sequence pointers do not follow the lengths")
+
+
+class IndexArrays:
+    """The arrays of a megatron-core index, memory-mapped (no copy; megatron-core's reader does the same)."""
+
+    def __init__(self, idx_path: str) -> None:
+        version, code, n_seq, n_doc = read_header(idx_path)
+        if version != 1:
+            raise IndexedDataError(f"{idx_path}: unsupported index version {version}")
+        try:
+            self.dtype_size = DType.size(code)
+        except ValueError:
+            raise IndexedDataError(f"{idx_path}: unknown token dtype code {code}") from None
+        self.dtype_name = numpy.dtype(DType.dtype_from_code(code)).name
+        self.body_bytes = 4 * n_seq + 8 * n_seq + 8 * n_doc
+        size = os.path.getsize(idx_path)
+        # A multimodal index appends one int8 mode per sequence.
+        if size not in (34 + self.body_bytes, 34 + self.body_bytes + n_seq):
+            raise IndexedDataError(f"{idx_path} is {size} bytes; {n_seq} sequences and "
+                                   f"{n_doc - 1} documents need {34 + self.body_bytes}: truncated or corrupt")
+        self.sequence_lengths = _mapped(idx_path, numpy.int32, 34, n_seq)
+        self.sequence_pointers = _mapped(idx_path, numpy.int64, 34 + 4 * n_seq, n_seq)
+        self.document_indices = _mapped(idx_path, numpy.int64, 34 + 12 * n_seq, n_doc)
+
+
+def _mapped(path: str, dtype, offset: int, count: int) -> numpy.ndarray:
+    return numpy.memmap(path, dtype, "r", offset, (count,)) if count else numpy.zeros(0, dtype)
+
+
+def check_sizes(idx_path: str, bin_path: str) -> IndexArrays:
+    """The checks that read a few bytes whatever the corpus's size (every rank, every start): both files exist,
+    the header is megatron-core's, the ``.idx`` has the size its counts give, its document indices start at 0
+    and end at the last sequence, and the ``.bin`` ends where the last sequence does. Returns the index."""
     for path in (idx_path, bin_path):
         if not os.path.isfile(path):
             raise IndexedDataError(f"{path} not found")
-    idx_size = os.path.getsize(idx_path)
-    version, code, n_seq, n_doc = read_header(idx_path)
-    if version != 1:
-        raise IndexedDataError(f"{idx_path}: unsupported index version {version}")
-    try:
-        itemsize = DType.size(code)
-    except ValueError:
-        raise IndexedDataError(f"{idx_path}: unknown token dtype code {code}") from None
-    body = 4 * n_seq + 8 * n_seq + 8 * n_doc
-    # A multimodal index appends one int8 mode per sequence.
-    if idx_size not in (34 + body, 34 + body + n_seq):
-        raise IndexedDataError(f"{idx_path} is {idx_size} bytes; {n_seq} sequences and "
-                               f"{n_doc - 1} documents need {34 + body}: truncated or corrupt")
-    lengths = numpy.fromfile(idx_path, dtype=numpy.int32, count=n_seq, offset=34)
-    pointers = numpy.fromfile(idx_path, dtype=numpy.int64, count=n_seq, offset=34 + 4 * n_seq)
-    docs = numpy.fromfile(idx_path, dtype=numpy.int64, count=n_doc, offset=34 + 12 * n_seq)
-    if n_doc < 1 or docs[0] != 0 or docs[-1] != n_seq or numpy.any(numpy.diff(docs) < 0):
+    index = IndexArrays(idx_path)
+    lengths, pointers, docs = index.sequence_lengths, index.sequence_pointers, index.document_indices
+    n_seq = lengths.shape[0]
+    if docs.shape[0] < 1 or docs[0] != 0 or docs[-1] != n_seq:
         raise IndexedDataError(f"{idx_path}: document indices are inconsistent")
-    if numpy.any(lengths < 0):
-        raise IndexedDataError(f"{idx_path}: negative sequence lengths")
-    expected = int(lengths.astype(numpy.int64).sum()) * itemsize
-    if n_seq and (pointers[0] != 0 or numpy.any(pointers[1:] != numpy.cumsum(
-            lengths[:-1].astype(numpy.int64)) * itemsize)):
+    expected = int(pointers[-1]) + int(lengths[-1]) * index.dtype_size if n_seq else 0
+    if n_seq and pointers[0] != 0:
         raise IndexedDataError(f"{idx_path}: sequence pointers do not follow the lengths")
     bin_size = os.path.getsize(bin_path)
     if bin_size != expected:
         raise IndexedDataError(
             f"{bin_path} is {bin_size} bytes but {idx_path} describes {expected} bytes "
-            f"({n_seq} sequences of {numpy.dtype(DType.dtype_from_code(code)).name}): the .bin is "
-            "truncated or the .idx belongs to another .bin")
+            f"({n_seq} sequences of {index.dtype_name}): the .bin is truncated or the .idx belongs to another .bin")
+    return index
 
 
 def read_header(idx_path: str):
@@ -77,8 +111,9 @@ def read_header(idx_path: str):
 
 
 def open_indexed(prefix: str, mmap: bool = True) -> IndexedDataset:
-    """Check, then open with megatron-core's reader."""
-    check_indexed(prefix)
+    """`check_sizes`, then open with megatron-core's reader. The full check of the index arrays is the MLM
+    dataset's, once per corpus (``documents.py``), and the writers'."""
+    check_sizes(get_idx_path(prefix), get_bin_path(prefix))
     return IndexedDataset(prefix, multimodal=False, mmap=mmap)
 
 

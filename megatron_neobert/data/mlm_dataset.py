@@ -34,9 +34,10 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from megatron_neobert.data.checks import check_vocabulary, special_token_trims, split_as_corpus, unknown_token_error
+from megatron_neobert.atomic_write import write_text_atomic
+from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
+from megatron_neobert.data.documents import corpus_documents
 from megatron_neobert.data.indexed import open_indexed
-from megatron_neobert.data.length_subset import document_lengths
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
 
 # Part of the cache file names: a cache of another packer or seeding is never read as this one's.
 LAYOUT_VERSION = 2
+LAYOUT_FIELDS = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
 
 
 def sample_stream(unique_identifiers: Dict) -> int:
@@ -106,6 +108,8 @@ class MockDocuments:
         rng = numpy.random.default_rng(self.seed)
         self.sequence_lengths = rng.integers(1, 2 * seq_length, self.size, dtype=numpy.int32)
         self.document_indices = numpy.arange(self.size + 1, dtype=numpy.int64)
+        # megatron-core's index reader's fields that document lengths are read from (8-byte ids)
+        self.index = _MockIndex(8 * numpy.concatenate([[0], numpy.cumsum(self.sequence_lengths[:-1])]))
         self._starts = rng.integers(0, 2**31, self.size, dtype=numpy.int64)
         special = numpy.zeros(tokenizer.vocab_size, bool)
         special[[i for i in tokenizer.special_ids if i < tokenizer.vocab_size]] = True
@@ -117,6 +121,12 @@ class MockDocuments:
         return self._ids[(self._starts[idx] + offset + numpy.arange(length)) % self._ids.shape[0]]
 
 
+@dataclass(frozen=True)
+class _MockIndex:
+    sequence_pointers: numpy.ndarray
+    dtype_size: int = 8
+
+
 class MLMDataset(MegatronDataset):
     """Samples: ``tokens`` and ``labels`` (int64 [S]) plus ``cu_seqlens`` (int32, packed) or
     ``attention_mask`` (bool [S], padded)."""
@@ -124,14 +134,13 @@ class MLMDataset(MegatronDataset):
     def __init__(self, indexed_dataset: IndexedDataset, dataset_path: Optional[str],
                  indexed_indices: numpy.ndarray, num_samples: Optional[int], index_split: Split,
                  config: MLMDatasetConfig) -> None:
-        if dataset_path is not None:
-            indexed_indices = split_as_corpus(dataset_path, indexed_indices, config.split_matrix,
-                                              index_split.value)
         super().__init__(indexed_dataset, dataset_path, indexed_indices, num_samples,
                          index_split, config)
         tok = config.tokenizer
-        self._doc_lead, self._doc_lengths = special_token_trims(
-            indexed_dataset, dataset_path, tok, document_lengths(indexed_dataset))
+        # Nothing here reads or copies per document once the caches exist: the trims come from the corpus's
+        # cache (a single value unless its documents differ) and the layout is memory-mapped.
+        self._documents = corpus_documents(indexed_dataset, dataset_path, tok, self._cache_dir(), _is_rank0())
+        self._doc_lead = self._documents.lead
         self._doc_first_sequence = indexed_dataset.document_indices[:-1]
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
         self._special[list(tok.special_ids)] = True
@@ -139,6 +148,8 @@ class MLMDataset(MegatronDataset):
         self._stream = sample_stream(self.unique_identifiers)
         self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
             self._build_layout())
+        # The split's document ids (megatron-core's arange, 4 bytes a document) only serve to build the layout.
+        self.indices = None
 
     # ---- megatron-core hooks ---------------------------------------------------------------
     @staticmethod
@@ -217,70 +228,117 @@ class MLMDataset(MegatronDataset):
         return tokens, labels
 
     # ---- layout and its cache --------------------------------------------------------------
-    def _build_layout(self):
-        names = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
-        cache = self.config.path_to_cache
-        if cache is None and self.dataset_path is not None:
-            cache = os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
-                                 f"{type(self).__name__}_indices")
-        if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
-            return self._compute_layout()
-        base = (f"{self.unique_description_hash}-{type(self).__name__}-layout{LAYOUT_VERSION}-"
-                f"{self.index_split.name}")
-        paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in names}
-        description = os.path.join(cache, f"{base}-description.txt")
-        hit = all(os.path.isfile(p) for p in [description, *paths.values()])
-        is_rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        if hit or not is_rank0:
-            # Non-zero ranks reach this after the builder's barrier, when rank 0 has written.
-            logger.info("load the %s %s layout from %s", type(self).__name__,
-                        self.index_split.name, cache)
-            return tuple(numpy.load(paths[name], mmap_mode="r") for name in names)
-        start = time.time()
-        arrays = self._compute_layout()
-        os.makedirs(cache, exist_ok=True)
-        for name, array in zip(names, arrays):
-            tmp = paths[name] + f".tmp{os.getpid()}.npy"
-            numpy.save(tmp, array)
-            os.replace(tmp, paths[name])  # readers never see half a file
-        with open(description + f".tmp{os.getpid()}", "w") as f:
-            f.write(self.unique_description)
-        os.replace(description + f".tmp{os.getpid()}", description)
-        logger.info("built the %s %s layout: %d samples in %.1f s (cached in %s)",
-                    type(self).__name__, self.index_split.name, len(arrays[-1]),
-                    time.time() - start, cache)
-        return arrays
+    def _cache_dir(self) -> Optional[str]:
+        """--data-cache-path, else a cache/ folder beside the data (None for mock data without one)."""
+        if self.config.path_to_cache is None and self.dataset_path is not None:
+            return os.path.join(os.path.dirname(os.path.abspath(self.dataset_path)), "cache",
+                                f"{type(self).__name__}_indices")
+        return self.config.path_to_cache
 
-    def _compute_layout(self):
-        """Lay out as many epochs as ``num_samples`` needs (one when None)."""
-        docs = numpy.asarray(self.indices, numpy.int64)
-        if docs.size == 0 or self._doc_lengths[docs].sum() == 0:
+    def _build_layout(self):
+        cache = self._cache_dir()
+        if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
+            epochs = list(self._epochs())
+            return tuple(numpy.concatenate([[0]] * (name == "sample_ptr") + [epoch[i] for epoch in epochs])
+                         for i, name in enumerate(LAYOUT_FIELDS))
+        # The corpus's key in the name: a layout of data since rewritten at the same path is never read.
+        base = (f"{self.unique_description_hash}-{self._documents.key[:12]}-{type(self).__name__}-"
+                f"layout{LAYOUT_VERSION}-{self.index_split.name}")
+        paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in LAYOUT_FIELDS}
+        description = os.path.join(cache, f"{base}-description.txt")
+        if not all(os.path.isfile(p) for p in [description, *paths.values()]) and _is_rank0():
+            # Non-zero ranks load after the builder's barrier, when rank 0 has written.
+            self._write_layout(cache, paths, description)
+        logger.info("load the %s %s layout from %s", type(self).__name__, self.index_split.name, cache)
+        return tuple(numpy.load(paths[name], mmap_mode="r") for name in LAYOUT_FIELDS)
+
+    def _write_layout(self, cache: str, paths: Dict[str, str], description: str) -> None:
+        """Each epoch's arrays appended to the cache files as it is laid out, so that building holds one epoch
+        at a time; the files get their final names only when complete (readers never see half a file)."""
+        start = time.time()
+        os.makedirs(cache, exist_ok=True)
+        tmp = {name: f"{path}.tmp{os.getpid()}.npy" for name, path in paths.items()}
+        files = {name: StreamedNpy(path) for name, path in tmp.items()}
+        try:
+            files["sample_ptr"].append(numpy.zeros(1, numpy.int64))
+            for epoch in self._epochs():
+                for name, array in zip(LAYOUT_FIELDS, epoch):
+                    files[name].append(array)
+            for name in LAYOUT_FIELDS:
+                files[name].close()
+                os.replace(tmp[name], paths[name])
+        finally:
+            for name in LAYOUT_FIELDS:
+                files[name].discard()
+        write_text_atomic(description, self.unique_description)
+        logger.info("built the %s %s layout: %d samples in %.1f s (cached in %s)", type(self).__name__,
+                    self.index_split.name, files["shuffle_index"].size, time.time() - start, cache)
+
+    def _epochs(self):
+        """As many epochs as ``num_samples`` needs (one when None), each as its part of the layout arrays: the
+        sample pointers (past the leading 0) and the shuffle already offset by the epochs before it."""
+        docs = self.indices  # megatron-core's int32 ids: half the memory of int64 in the orders below
+        if self.dataset_path is not None:
+            docs = split_as_corpus(self.dataset_path, docs, self.config.split_matrix, self.index_split.value)
+        lengths = self._documents.lengths(self.dataset)
+        if docs.size == 0 or lengths[docs].sum() == 0:
             raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
                              "tokens; give it a larger share in --split or more data")
-        layouts, shuffles, total, epoch = [], [], 0, 0
+        samples = pieces = epoch = 0
         while True:
             rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
             order = docs[rng.permutation(docs.size)]
             lay = (pack_documents if self.config.packed else chunk_documents)(
-                self._doc_lengths[order], self.config.sequence_length)
-            # Positions in the epoch order -> document ids of the indexed dataset.
-            lay = lay._replace(piece_doc=numpy.where(lay.piece_doc == PAD_PIECE, PAD_PIECE,
-                                                     order[numpy.maximum(lay.piece_doc, 0)]))
+                lengths[order], self.config.sequence_length)
+            # Positions in the epoch order -> document ids of the indexed dataset, in place: padding pieces
+            # point one past the order, where it holds PAD_PIECE.
+            piece_doc, order = lay.piece_doc, numpy.append(order, PAD_PIECE)
+            piece_doc[piece_doc == PAD_PIECE] = order.shape[0] - 1
+            for at in range(0, piece_doc.shape[0], 1 << 22):  # in slices: no temporary as large as the pieces
+                piece_doc[at:at + (1 << 22)] = order[piece_doc[at:at + (1 << 22)]]
             n = lay.sample_ptr.shape[0] - 1
             # Shuffle samples within the epoch so one long document's chunks spread over batches.
-            shuffles.append(total + rng.permutation(n))
-            layouts.append(lay)
-            total += n
-            epoch += 1
-            if self.num_samples is None or total >= self.num_samples:
-                break
-        pieces = numpy.cumsum([0] + [lay.piece_doc.shape[0] for lay in layouts])
-        sample_ptr = numpy.concatenate(
-            [layouts[0].sample_ptr[:1]] + [lay.sample_ptr[1:] + off
-                                           for lay, off in zip(layouts, pieces)])
-        cat = lambda field: numpy.concatenate([getattr(lay, field) for lay in layouts])
-        return (sample_ptr, cat("piece_doc"), cat("piece_start"), cat("piece_len"),
-                numpy.concatenate(shuffles))
+            shuffle = samples + rng.permutation(n)
+            yield lay.sample_ptr[1:] + pieces, piece_doc, lay.piece_start, lay.piece_len, shuffle
+            samples, pieces, epoch = samples + n, pieces + piece_doc.shape[0], epoch + 1
+            if self.num_samples is None or samples >= self.num_samples:
+                return
+
+
+class StreamedNpy:
+    """A 1-D ``.npy`` file written in parts: the data after a header of fixed size (128 bytes for any 1-D shape),
+    the header written last, when the length is known."""
+
+    HEADER_BYTES = 128
+
+    def __init__(self, path: str) -> None:
+        self.path, self.size, self.dtype = path, 0, None
+        self.file = open(path, "wb")
+        self.file.seek(self.HEADER_BYTES)
+
+    def append(self, array: numpy.ndarray) -> None:
+        self.dtype = self.dtype or array.dtype
+        numpy.ascontiguousarray(array, self.dtype).tofile(self.file)
+        self.size += array.shape[0]
+
+    def close(self) -> None:
+        self.file.seek(0)
+        numpy.lib.format.write_array_header_1_0(self.file, {
+            "descr": numpy.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (self.size,)})
+        if self.file.tell() != self.HEADER_BYTES:
+            raise RuntimeError(f"{self.path}: a .npy header of {self.file.tell()} bytes, not {self.HEADER_BYTES}")
+        self.file.close()
+
+    def discard(self) -> None:
+        """Close and remove the file unless it was completed and moved."""
+        if not self.file.closed:
+            self.file.close()
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+def _is_rank0() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
 class _BlendedDataset(BlendedDataset):

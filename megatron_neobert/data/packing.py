@@ -64,14 +64,18 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
     """
     if seq_length < 8:
         raise ValueError(f"packed samples need seq_length >= 8, got {seq_length}")
-    lengths = numpy.asarray(lengths, numpy.int64)
+    lengths = numpy.asarray(lengths)  # int32 is enough: positions are summed in int64
     order = numpy.flatnonzero(lengths > 0)
     if not order.size:
         raise ValueError("no non-empty document to pack")
     doc_of, starts = _stream(lengths, order, seq_length)
-    end_of_epoch = int(starts[order.size])
+    n_own = order.size
+    end_of_epoch = int(starts[n_own])
+    del lengths, order  # the stream holds what is needed of them: peak memory
     # h[d]: the coordinate of document d's start when each document start costs 2 ([CLS]/[SEP]).
-    h = starts[:-1] + 2 * numpy.arange(doc_of.shape[0], dtype=numpy.int64)
+    h = numpy.arange(doc_of.shape[0], dtype=numpy.int64)
+    h *= 2
+    h += starts[:-1]
     ends, end_docs = [], []  # where samples end (token positions) and the document holding it
     splits, pads = [], []  # in-sample splits (token positions), (sample, tokens) paddings
     n_ends, start, target = 0, 0, seq_length  # target: the current sample's end coordinate
@@ -107,10 +111,9 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
         start = end
         # The next sample starts on a document start (its [CLS] is already counted) or inside one.
         target = int(h[k]) + seq_length if end == starts[k] else end + 2 * k + seq_length
-    del h  # free the chunk lists and h before the pieces are made: peak memory
+    del h
     ends, end_docs = numpy.concatenate(ends), numpy.concatenate(end_docs)
-    return _pieces(ends, end_docs, numpy.asarray(splits, numpy.int64), pads, starts, doc_of,
-                   order.size)
+    return _pieces(ends, end_docs, numpy.asarray(splits, numpy.int64), pads, starts, doc_of, n_own)
 
 
 def _close_sample(starts, first, d, free, splits, pads, sample):
@@ -176,7 +179,7 @@ def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
     opens_sample = numpy.zeros(n_docs + n_inner, bool)
     opens_sample[~opens_doc] = inner_is_end
     opens_sample[first[end_docs[aligned][:-1 if aligned[-1] else None]]] = True
-    del inner, inner_is_end, opens_doc
+    del inner, inner_is_end, opens_doc, first, end_docs, aligned
     sample_ptr = numpy.concatenate([[0], numpy.flatnonzero(opens_sample), [n_docs + n_inner]])
     del opens_sample
     piece_len = numpy.empty(lo.shape[0], numpy.int32)
@@ -184,8 +187,13 @@ def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
     piece_len[-1] = last - lo[-1]
     index = numpy.int32 if n_docs < 2**31 else numpy.int64
     doc = numpy.repeat(numpy.arange(n_docs, dtype=index), per_doc)
-    lo -= starts[doc]
-    piece_doc, piece_start, piece_wrapped = doc_of[doc], lo, doc >= n_own
+    del per_doc
+    piece_doc = numpy.empty(doc.shape[0], doc_of.dtype)
+    for at in range(0, doc.shape[0], 1 << 22):  # in slices: no temporary as large as the pieces
+        piece = doc[at:at + (1 << 22)]
+        piece_doc[at:at + piece.shape[0]] = doc_of[piece]
+        lo[at:at + piece.shape[0]] -= starts[piece]
+    piece_start, piece_wrapped = lo, doc >= n_own
     del doc
     if pads:
         pad_sample, pad_len = (numpy.asarray(x, numpy.int64) for x in zip(*pads))

@@ -243,7 +243,7 @@ def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, m
     first = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
                                        split="90,5,5"), [None] * 3)
     assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 3 * 5
-    monkeypatch.setattr(mlm.MLMDataset, "_compute_layout",
+    monkeypatch.setattr(mlm.MLMDataset, "_epochs",
                         lambda self: pytest.fail("layout recomputed despite the cache"))
     again = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
                                        split="90,5,5"), [None] * 3)
@@ -465,7 +465,7 @@ def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_p
              "--global-batch-size", "8", "--micro-batch-size", "8", "--eval-interval", "10",
              "--eval-iters", "2", "--lr-warmup-iters", "2", "--split", "90,10,0"]
     assert main(flags) == 0
-    monkeypatch.setattr(mlm.MLMDataset, "_compute_layout",
+    monkeypatch.setattr(mlm.MLMDataset, "_epochs",
                         lambda self: pytest.fail("layout built again"))
     train, valid, _ = build_trainer_datasets(parse_settings(flags), sample_tokenizer)
     assert len(train) == 160 and len(valid) >= 48
