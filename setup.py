@@ -27,7 +27,9 @@ setup(
         "tensorboard",
         "safetensors",
         "tokenizers",
-        "transformers>=4.48",
+        # The HF modeling file's helpers (capture_outputs, create_bidirectional_mask, the attention interface's
+        # get_interface) are all in transformers from 5.2.0 on.
+        "transformers>=5.2",
         "sentencepiece",
         "pyarrow",
         "zstandard",

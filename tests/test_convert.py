@@ -22,10 +22,10 @@ from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
 from convert_cases import load_and_forward
-from megatron_neobert.conversion.convert import (ConversionError, arch_for_hf_config, build_single_rank_model,
-                                                 hf_config_for_arch, hf_state_dict_from_mcore, hf_to_mcore,
-                                                 mcore_state_dict_from_hf, mcore_to_hf)
+from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
+                                                 hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
+from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
@@ -185,8 +185,7 @@ def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
 
 
 def test_qk_rows_are_stored_rotate_half_per_head_and_permuted_back_bit_exact(config, hf_weights):
-    arch = arch_for_hf_config(config)
-    mcore = mcore_state_dict_from_hf(hf_weights, arch, config, PADDED_VOCAB)
+    mcore = mcore_state_dict_from_hf(hf_weights, config, PADDED_VOCAB)
     heads, d = config.num_attention_heads, config.hidden_size // config.num_attention_heads
     for i in range(config.num_hidden_layers):
         hf = hf_weights[f"model.transformer_encoder.{i}.qkv.weight"].view(heads, 3, d, -1)
@@ -195,7 +194,7 @@ def test_qk_rows_are_stored_rotate_half_per_head_and_permuted_back_bit_exact(con
             assert torch.equal(ours[:, part, :d // 2], hf[:, part, 0::2])
             assert torch.equal(ours[:, part, d // 2:], hf[:, part, 1::2])
         assert torch.equal(ours[:, 2], hf[:, 2])  # v as it is
-    back = hf_state_dict_from_mcore(mcore, arch)
+    back = hf_state_dict_from_mcore(mcore, config)
     assert set(back) == set(hf_weights) and all(torch.equal(back[k], v) for k, v in hf_weights.items())
 
 
@@ -316,7 +315,7 @@ def test_250m_preset_converts_to_the_official_keys_and_shapes(single_rank):
     arch = get_arch("neobert-250m")
     with torch.device("meta"):  # the real megatron-core model and mapping, without 1 GB of weights
         model = build_single_rank_model(arch, vocab_size=30592)  # 30522 padded to a multiple of 128
-    hf = hf_state_dict_from_mcore(model.state_dict(), arch)
+    hf = hf_state_dict_from_mcore(model.state_dict(), hf_config_for_arch(arch))
     assert len(hf) == 172
     assert {k: tuple(v.shape) for k, v in hf.items()} == official_250m_shapes()
     assert sum(v.numel() for v in hf.values()) == 245_136_954

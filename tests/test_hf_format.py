@@ -1,4 +1,5 @@
-"""Tests of megatron_neobert/conversion/hf_format.py: mcore <-> HF mappings, folder export and import."""
+"""Tests of megatron_neobert/conversion/state_dict_mapping.py (mcore <-> HF state dicts) and hf_format.py
+(folder export and import)."""
 
 import json
 import os
@@ -14,13 +15,16 @@ from megatron_neobert.conversion import modeling_neobert as mn
 from megatron_neobert.conversion.hf_format import (
     AUTO_MAP,
     expected_hf_shapes,
-    hf_to_mcore_state_dict,
-    mcore_to_hf_state_dict,
     neobert_config_from_dims,
     read_hf_folder,
     write_hf_folder,
 )
 from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTLMHead
+from megatron_neobert.conversion.state_dict_mapping import (
+    hf_state_dict_from_mcore,
+    mcore_state_dict_from_hf,
+    rotate_half_order,
+)
 
 from hf_fixtures import VOCAB, make_tokenizer, tiny_config  # tests/ is on sys.path (conftest.py)
 
@@ -62,21 +66,21 @@ def exported(tmp_path_factory, hf_sd, cfg, tokenizer_dir):
 
 
 def test_hf_mcore_hf_round_trip_is_bit_exact(cfg, hf_sd):
-    mcore = hf_to_mcore_state_dict(hf_sd, cfg, padded_vocab_size=PADDED)
+    mcore = mcore_state_dict_from_hf(hf_sd, cfg, padded_vocab_size=PADDED)
     assert mcore["embedding.word_embeddings.weight"].shape == (PADDED, cfg.hidden_size)
     assert mcore["output_layer.weight"].shape == (PADDED, cfg.hidden_size) and mcore["output_layer.bias"].shape == (PADDED,)
     for name in ("embedding.word_embeddings.weight", "output_layer.weight", "output_layer.bias"):
         assert mcore[name][cfg.vocab_size:].abs().max() == 0  # padding rows are zeros
     assert "decoder.layers.1.input_layernorm.weight" in mcore and "decoder.layers.1.pre_mlp_layernorm.weight" in mcore
     assert len(mcore) == len(hf_sd)
-    back = mcore_to_hf_state_dict(mcore, cfg, cfg.vocab_size)
+    back = hf_state_dict_from_mcore(mcore, cfg, cfg.vocab_size)
     assert set(back) == set(hf_sd)
     for k, v in hf_sd.items():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
 
 
 def test_mcore_hf_mcore_round_trip_with_te_names_and_extra_state(cfg, hf_sd):
-    mcore = hf_to_mcore_state_dict(hf_sd, cfg, padded_vocab_size=PADDED)
+    mcore = mcore_state_dict_from_hf(hf_sd, cfg, padded_vocab_size=PADDED)
     te = {}
     for k, v in mcore.items():  # Transformer Engine spec: layer norms fused into the following linear
         k = k.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight")
@@ -84,41 +88,42 @@ def test_mcore_hf_mcore_round_trip_with_te_names_and_extra_state(cfg, hf_sd):
         te[k] = v
     te["decoder.layers.0.self_attention.core_attention._extra_state"] = torch.zeros(3)
     te["decoder.layers.0.mlp.linear_fc1._extra_state"] = None
-    hf = mcore_to_hf_state_dict(te, cfg)
-    again = hf_to_mcore_state_dict(hf, cfg, padded_vocab_size=PADDED)
+    hf = hf_state_dict_from_mcore(te, cfg)
+    again = mcore_state_dict_from_hf(hf, cfg, padded_vocab_size=PADDED)
     assert set(again) == set(mcore)
     for k, v in mcore.items():
         assert torch.equal(again[k], v), k
 
 
 def test_mcore_to_hf_errors(cfg, hf_sd):
-    mcore = hf_to_mcore_state_dict(hf_sd, cfg, padded_vocab_size=PADDED)
+    mcore = mcore_state_dict_from_hf(hf_sd, cfg, padded_vocab_size=PADDED)
     both = dict(mcore, **{"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight": torch.ones(cfg.hidden_size)})
     with pytest.raises(ValueError, match="both"):
-        mcore_to_hf_state_dict(both, cfg)
+        hf_state_dict_from_mcore(both, cfg)
     with pytest.raises(ValueError, match="decoder.layers.2"):
-        mcore_to_hf_state_dict(dict(mcore, **{"decoder.layers.2.mlp.linear_fc2.weight": torch.zeros(1)}), cfg)
+        hf_state_dict_from_mcore(dict(mcore, **{"decoder.layers.2.mlp.linear_fc2.weight": torch.zeros(1)}), cfg)
     missing = {k: v for k, v in mcore.items() if k != "decoder.layers.1.mlp.linear_fc2.weight"}
     with pytest.raises(KeyError, match="decoder.layers.1.mlp.linear_fc2.weight"):
-        mcore_to_hf_state_dict(missing, cfg)
+        hf_state_dict_from_mcore(missing, cfg)
     with pytest.raises(ValueError, match="fewer than vocab_size"):
-        mcore_to_hf_state_dict(mcore, cfg, vocab_size=PADDED + 1)
+        hf_state_dict_from_mcore(mcore, cfg, vocab_size=PADDED + 1)
     with pytest.raises(ValueError, match="smaller than vocab_size"):
-        hf_to_mcore_state_dict(hf_sd, cfg, padded_vocab_size=cfg.vocab_size - 1)
+        mcore_state_dict_from_hf(hf_sd, cfg, padded_vocab_size=cfg.vocab_size - 1)
 
 
 def test_megatron_qkv_and_fc1_layouts_are_the_published_ones(cfg, hf_sd):
     """Megatron's split of linear_qkv / linear_fc1 (written out as in megatron-core's attention.py and mlp.py)
     applied to the converted weights gives the same q, k, v and FFN output as the published reading."""
-    mcore = hf_to_mcore_state_dict(hf_sd, cfg)
+    mcore = mcore_state_dict_from_hf(hf_sd, cfg)
     nh, hn, H, Fw = cfg.num_attention_heads, cfg.dim_head, cfg.hidden_size, cfg.ffn_hidden_size
     x = torch.randn(5, 2, H)  # megatron's [seq, batch, hidden]
     mixed = x @ mcore["decoder.layers.0.self_attention.linear_qkv.weight"].T
     mixed = mixed.view(5, 2, nh, (1 + 2) * hn)  # num_query_groups == num_heads: one q head per group
     q_m, k_m, v_m = torch.split(mixed, [hn, hn, hn], dim=3)
     w = hf_sd["model.transformer_encoder.0.qkv.weight"].view(nh, 3, hn, H)  # published: per head [q; k; v]
-    for j, m in enumerate((q_m, k_m, v_m)):
-        torch.testing.assert_close(m, (x @ w[:, j].reshape(nh * hn, H).T).view(5, 2, nh, hn))
+    order = rotate_half_order(hn)  # megatron-core's q and k dimensions are the published ones in rotate-half order
+    for j, (m, dims) in enumerate(((q_m, order), (k_m, order), (v_m, torch.arange(hn)))):
+        torch.testing.assert_close(m, (x @ w[:, j].reshape(nh * hn, H).T).view(5, 2, nh, hn)[..., dims])
 
     fc1 = mcore["decoder.layers.0.mlp.linear_fc1.weight"]
     x_glu, x_linear = torch.chunk(x @ fc1.T, 2, dim=-1)
@@ -279,7 +284,7 @@ def test_read_headless_checkpoint(tmp_path, cfg, hf_sd):
     assert set(sd) == set(expected_hf_shapes(cfg, with_head=False))
     assert torch.equal(sd["model.encoder.weight"], hf_sd["model.encoder.weight"])
     with pytest.raises(KeyError, match="MLM head"):
-        hf_to_mcore_state_dict(sd, cfg)
+        mcore_state_dict_from_hf(sd, cfg)
 
 
 def test_read_errors(tmp_path, exported, cfg, hf_sd):

@@ -415,7 +415,7 @@ def test_gradient_checkpointing_gives_same_gradients(cfg, sd):
     grads = []
     for ckpt in (False, True):
         model = load_model(NeoBERTLMHead, cfg, sd).train()
-        if ckpt:  # transformers 5 renamed the switch; 4.x only has the old name
+        if ckpt:  # newer releases renamed the switch; 5.2 only has the old name
             (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
             assert model.model.gradient_checkpointing
         model(ids, attention_mask=mask, labels=ids).loss.backward()

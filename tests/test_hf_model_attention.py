@@ -2,14 +2,10 @@
 mask formats, padding-free batches and their memory, recorded outputs on the graph, gradient checkpointing,
 losses with num_items_in_batch, and the question-answering / multiple-choice heads."""
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
-from packaging import version
-from transformers import DataCollatorWithFlattening
+from transformers import DataCollatorWithFlattening, PreTrainedModel
 
 from megatron_neobert.parallel.cpu import cuda_redirection_paused
 from megatron_neobert.conversion.modeling_neobert import (
@@ -23,7 +19,6 @@ from megatron_neobert.conversion.modeling_neobert import (
 from test_hf_model import ATOL, VOCAB, load_model, pad, random_official_state_dict, sentences, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-TRANSFORMERS_5 = version.parse(transformers.__version__).major >= 5
 
 
 @pytest.fixture(autouse=True)
@@ -169,8 +164,6 @@ def test_wrong_masks_are_refused(sd):
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_padding_free_batch_equals_padded(sd, impl, flash_kwargs):
     """DataCollatorWithFlattening's batches (position_ids restarting, or cu_seq_lens_q/k) equal the padded batch."""
-    if flash_kwargs and "return_flash_attn_kwargs" not in inspect.signature(DataCollatorWithFlattening).parameters:
-        pytest.skip("this transformers' DataCollatorWithFlattening cannot return cu_seq_lens_q/k")
     model = model_with(sd, NeoBERTLMHead, attn_implementation=impl)
     seqs = sentences([9, 4, 7, 1, 12], seed=5)
     ids, mask = pad(seqs)
@@ -199,7 +192,6 @@ class RecordedAttention:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-@pytest.mark.skipif(not TRANSFORMERS_5, reason="registering an attention function needs transformers' AttentionInterface")
 def test_packed_attention_memory_grows_with_documents_not_batch_squared(sd):
     from transformers import AttentionInterface
 
@@ -239,7 +231,8 @@ def test_returned_hidden_states_and_attentions_are_on_the_graph(sd):
     assert out.hidden_states[-1] is out.last_hidden_state
 
 
-@pytest.mark.skipif(not TRANSFORMERS_5, reason="every_n_layers is a transformers 5 argument")
+@pytest.mark.skipif(not hasattr(PreTrainedModel, "activation_checkpointing_enable"),
+                    reason="every_n_layers came with activation_checkpointing_enable, after transformers 5.12")
 def test_gradient_checkpointing_every_n_layers(sd):
     cfg = dict(num_hidden_layers=4)
     sd4 = random_official_state_dict(tiny_config(**cfg))

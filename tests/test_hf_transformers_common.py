@@ -4,7 +4,7 @@ The tests come from the source distribution of the *installed* transformers, fet
 `pip download` into ~/.cache (never copied into this repository), and run against a small NeoBERT tester with
 NeoBERT registered in the auto mappings the way an in-library model is. The sdist ships only the top-level
 `tests/test_*.py` files, not the helper packages they import, so three imports get stand-ins here:
-- `exporters.test_export.ExportTesterMixin`: an empty mixin (the export tests: test_hf_model_export.py);
+- `exporters.test_export.ExportTesterMixin`: an empty mixin (the export tests: test_hf_model_attention.py);
 - `generation.test_utils.GenerationTesterMixin`: an empty class (an encoder never generates);
 - `utils.test_configuration_utils.config_common_kwargs`: generic config arguments with non-default values.
 Every test that does not apply to NeoBERT is skipped below with its reason.
@@ -168,8 +168,8 @@ SKIP_REASONS = {
     "test_can_load_with_device_context_manager": "needs an accelerator",
     "test_can_load_with_global_device_set": "needs an accelerator",
     "test_flash_attn_": "needs flash-attn on a GPU",
-    "test_flex_attention_with_grads": "needs an accelerator (flex attention is checked on CPU in test_hf_model_export.py)",
-    "test_sdpa_can_compile_dynamic": "needs an accelerator (compile is checked on CPU in test_hf_model_export.py)",
+    "test_flex_attention_with_grads": "needs an accelerator (flex attention is checked on CPU in test_hf_model_attention.py)",
+    "test_sdpa_can_compile_dynamic": "needs an accelerator (compile is checked on CPU in test_hf_model_attention.py)",
     "test_sdpa_can_dispatch_on_flash": "needs an accelerator",
     "test_model_parallelism": "needs several accelerators",
     "test_cpu_offload": "needs accelerate, not a dependency of this project",

@@ -100,7 +100,7 @@ def test_rope_on_rotate_half_rows_matches_the_interleaved_complex_rotation(singl
     on them is NeoBERT's interleaved rotation of the rows in HF order."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
-    from megatron_neobert.conversion.convert import rotate_half_order
+    from megatron_neobert.conversion.state_dict_mapping import rotate_half_order
 
     model = small_model()
     assert not model.config.rotary_interleaved
@@ -136,12 +136,14 @@ def test_mlm_loss_runs_only_on_labelled_positions(single_rank):
 def hf_logits(model, arch, ids, mask):
     """The same weights in our Hugging Face modeling file: an implementation written independently of
     megatron-core's layers."""
-    from megatron_neobert.conversion.convert import hf_config_for_arch, hf_state_dict_from_mcore
+    from megatron_neobert.conversion.convert import hf_config_for_arch
     from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+    from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore
 
     state = {k: v for k, v in model.state_dict().items() if "_extra_state" not in k}
-    hf = NeoBERTLMHead(hf_config_for_arch(arch)).eval()
-    hf.load_state_dict(hf_state_dict_from_mcore(state, arch))
+    config = hf_config_for_arch(arch)
+    hf = NeoBERTLMHead(config).eval()
+    hf.load_state_dict(hf_state_dict_from_mcore(state, config))
     with torch.no_grad():
         return hf(input_ids=ids, attention_mask=mask).logits
 

@@ -12,9 +12,8 @@ staging checkpoint (megatron-core does the resharding, as the trainer's `--load`
 it again from that layout, with the trainer's common "args". Everything is written inside a
 temporary sibling of the target, renamed at the end.
 
-Both directions reorder each head's q and k rows: the HF layout is NeoBERT's (RoPE on interleaved
-pairs), the megatron-core model's is rotate-half (see `rotate_half_order`), so that megatron-core's
-fused RoPE applies; a pure permutation, so round trips are bit-exact.
+Both directions map the state dicts with `state_dict_mapping.py` (names, vocabulary padding, and each head's
+q and k rows, which megatron-core stores in rotate-half RoPE order; round trips are bit-exact).
 
 Both directions check everything they can (checkpoint layout, architecture, vocabulary, shards,
 preset) before writing anything.
@@ -35,10 +34,10 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, hf_to_mcore_state_dict,
-                                                   mcore_to_hf_state_dict, neobert_config_from_dims,
-                                                   read_hf_folder, replace_folder, write_hf_folder)
+from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, neobert_config_from_dims, read_hf_folder,
+                                                   replace_folder, write_hf_folder)
 from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.progress import progress_bar
@@ -294,46 +293,6 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
 # --------------------------------------------------------------------------------------------------
 
 
-def rotate_half_order(dim_head: int) -> torch.Tensor:
-    """Rows of one head's q (or k) in megatron-core's rotate-half order, as indices into NeoBERT's
-    interleaved order: RoPE turns HF's pair (2i, 2i+1) and megatron-core's (i, i + d/2) by the same
-    angle, so row i is HF row 2i and row i + d/2 is HF row 2i + 1."""
-    return torch.cat([torch.arange(0, dim_head, 2), torch.arange(1, dim_head, 2)])
-
-
-def _permute_qk_rows(state_dict: Dict[str, torch.Tensor], key_format: str, num_layers: int, heads: int,
-                     order: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """A copy of `state_dict` whose fused QKV weights (rows [q; k; v] per head) have each head's q
-    and k rows reordered by `order`; v and every other tensor are kept as they are."""
-    out = dict(state_dict)
-    for i in range(num_layers):
-        key = key_format.format(i)
-        qkv = state_dict[key]
-        per_head = qkv.reshape(heads, 3, -1, *qkv.shape[1:])
-        permuted = per_head.clone()
-        permuted[:, :2] = per_head[:, :2, order]
-        out[key] = permuted.reshape(qkv.shape)
-    return out
-
-
-def hf_state_dict_from_mcore(mcore_sd: Dict[str, torch.Tensor], arch: NeoBERTArch) -> Dict[str, torch.Tensor]:
-    """The published HF tensors of a TP=1/PP=1 megatron-core state dict (vocabulary padding cut;
-    q and k rows back in NeoBERT's interleaved RoPE order)."""
-    hf = mcore_to_hf_state_dict(mcore_sd, hf_config_for_arch(arch))
-    to_interleaved = torch.argsort(rotate_half_order(arch.kv_channels))
-    return _permute_qk_rows(hf, "model.transformer_encoder.{}.qkv.weight", arch.num_layers,
-                            arch.num_attention_heads, to_interleaved)
-
-
-def mcore_state_dict_from_hf(hf_sd: Dict[str, torch.Tensor], arch: NeoBERTArch, config: NeoBERTConfig,
-                             padded_vocab: int) -> Dict[str, torch.Tensor]:
-    """The TP=1/PP=1 megatron-core state dict of published HF tensors (vocabulary padded to
-    `padded_vocab`; q and k rows in megatron-core's rotate-half RoPE order)."""
-    mcore = hf_to_mcore_state_dict(hf_sd, config, padded_vocab_size=padded_vocab)
-    return _permute_qk_rows(mcore, "decoder.layers.{}.self_attention.linear_qkv.weight", arch.num_layers,
-                            arch.num_attention_heads, rotate_half_order(arch.kv_channels))
-
-
 def _resolve_tokenizer(tokenizer: Optional[str], args: dict, workdir: Path, no_tokenizer: bool) -> Optional[Path]:
     """A local folder of tokenizer files: `tokenizer` (folder or hub name) or the one the checkpoint's args
     name. An export without one is an error unless `no_tokenizer`: loading it would fail later with a
@@ -390,11 +349,11 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
     if save.exists() and not overwrite:
         raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
     arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
-    hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, arch), DTYPES[dtype], progress, "mcore -> HF")
+    config = hf_config_for_arch(arch)
+    hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, config), DTYPES[dtype], progress, "mcore -> HF")
     with tempfile.TemporaryDirectory() as workdir:
         tok = _resolve_tokenizer(tokenizer, args, Path(workdir), no_tokenizer)
-        write_hf_folder(save, hf_sd, hf_config_for_arch(arch), tokenizer_path=tok, dtype=DTYPES[dtype],
-                        overwrite=overwrite)
+        write_hf_folder(save, hf_sd, config, tokenizer_path=tok, dtype=DTYPES[dtype], overwrite=overwrite)
     return ConversionSummary("mcore-to-hf", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
                              dtype, _disk_size(save))
 
@@ -486,7 +445,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
         _init_single_rank()
         model = build_single_rank_model(arch, padded, DTYPES[dtype])
-        mcore_sd = mcore_state_dict_from_hf(hf_sd, arch, config, padded)
+        mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
         params = dict(model.state_dict())
         unexpected = sorted(set(mcore_sd) - set(params))
         if unexpected:

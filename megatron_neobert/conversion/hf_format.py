@@ -1,8 +1,6 @@
-"""Hugging Face folders for NeoBERT, and the pure state-dict mappings to and from megatron-core.
-
-The HF side always uses the published `chandar-lab/NeoBERT` key names (see `expected_hf_shapes`). The
-megatron-core side is the TP=1/PP=1 `state_dict()` of our GPT-style encoder with the local layer spec;
-Transformer Engine layer-norm names are accepted on input.
+"""Hugging Face folders for NeoBERT: the published layout (`chandar-lab/NeoBERT` key names, see
+`expected_hf_shapes`), config.json, writing and reading a folder. The mapping to and from megatron-core state
+dicts is `state_dict_mapping.py`.
 """
 
 import hashlib
@@ -150,89 +148,6 @@ def neobert_config_from_dims(
         rope_theta=rope_theta,
         **config_kwargs,
     )
-
-
-# --------------------------------------------------------------------------------------------------------
-# megatron-core <-> HF state dicts
-# --------------------------------------------------------------------------------------------------------
-
-# Per-layer names: (megatron local spec, Transformer Engine alias or None) -> HF suffix. Same layouts but one:
-# - linear_qkv rows are grouped per query group ([q_g; k_g; v_g], each dim_head rows); with one head per
-#   group (no GQA) that is the published `qkv.view(heads, 3, dim_head, H)` layout, except that each
-#   head's q and k rows are in rotate-half order (convert.py permutes them; q.k is unchanged).
-# - linear_fc1 of a gated MLP is [gate; up], with silu applied to the first half, like `ffn.w12`.
-_LAYER_MAP = (
-    ("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight", "attention_norm.weight"),
-    ("self_attention.linear_qkv.weight", None, "qkv.weight"),
-    ("self_attention.linear_proj.weight", None, "wo.weight"),
-    ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight", "ffn_norm.weight"),
-    ("mlp.linear_fc1.weight", None, "ffn.w12.weight"),
-    ("mlp.linear_fc2.weight", None, "ffn.w3.weight"),
-)
-
-
-def mcore_to_hf_state_dict(mcore_sd: StateDict, config: NeoBERTConfig, vocab_size: Optional[int] = None) -> StateDict:
-    """megatron-core (TP=1, PP=1) -> published HF keys. The padded vocabulary is cut to `vocab_size`
-    (default `config.vocab_size`). Returned tensors may be views of the inputs."""
-    vocab_size = config.vocab_size if vocab_size is None else vocab_size
-    src = {k: v for k, v in mcore_sd.items() if not k.endswith("_extra_state")}
-    used = set()
-
-    def take(*names):
-        present = [n for n in names if n is not None and n in src]
-        if len(present) > 1:
-            raise ValueError(f"megatron-core state dict holds both {present[0]} and {present[1]}")
-        if not present:
-            raise KeyError(f"megatron-core state dict lacks {' / '.join(n for n in names if n)}")
-        used.add(present[0])
-        return src[present[0]]
-
-    def cut_vocab(t, name):
-        if t.shape[0] < vocab_size:
-            raise ValueError(f"{name} has {t.shape[0]} rows, fewer than vocab_size={vocab_size}")
-        return t[:vocab_size]
-
-    hf = {"model.encoder.weight": cut_vocab(take("embedding.word_embeddings.weight"), "embedding.word_embeddings.weight")}
-    for i in range(config.num_hidden_layers):
-        for local, te, hf_name in _LAYER_MAP:
-            p = f"decoder.layers.{i}."
-            hf[f"model.transformer_encoder.{i}.{hf_name}"] = take(p + local, p + te if te else None)
-    hf["model.layer_norm.weight"] = take("decoder.final_layernorm.weight")
-    hf["decoder.weight"] = cut_vocab(take("output_layer.weight"), "output_layer.weight")
-    hf["decoder.bias"] = cut_vocab(take("output_layer.bias"), "output_layer.bias")
-
-    leftover = sorted(set(src) - used)
-    if leftover:
-        raise ValueError(
-            f"unexpected megatron-core keys {_abbrev(leftover)} (is num_hidden_layers={config.num_hidden_layers} right?)"
-        )
-    validate_hf_state_dict(hf, config, where="converted megatron-core state dict")
-    return hf
-
-
-def hf_to_mcore_state_dict(hf_sd: StateDict, config: NeoBERTConfig, padded_vocab_size: Optional[int] = None) -> StateDict:
-    """Published HF keys -> megatron-core local-spec names. Vocabulary rows are zero-padded to
-    `padded_vocab_size` (default: no padding)."""
-    if "decoder.weight" not in hf_sd or "decoder.bias" not in hf_sd:
-        raise KeyError("the HF state dict has no MLM head (decoder.weight / decoder.bias); megatron needs its output_layer")
-    validate_hf_state_dict(hf_sd, config)
-    padded = config.vocab_size if padded_vocab_size is None else padded_vocab_size
-    if padded < config.vocab_size:
-        raise ValueError(f"padded_vocab_size={padded} is smaller than vocab_size={config.vocab_size}")
-
-    def pad_vocab(t):
-        if padded == t.shape[0]:
-            return t
-        return torch.cat([t, t.new_zeros((padded - t.shape[0],) + tuple(t.shape[1:]))], dim=0)
-
-    out = {"embedding.word_embeddings.weight": pad_vocab(hf_sd["model.encoder.weight"])}
-    for i in range(config.num_hidden_layers):
-        for local, _, hf_name in _LAYER_MAP:
-            out[f"decoder.layers.{i}.{local}"] = hf_sd[f"model.transformer_encoder.{i}.{hf_name}"]
-    out["decoder.final_layernorm.weight"] = hf_sd["model.layer_norm.weight"]
-    out["output_layer.weight"] = pad_vocab(hf_sd["decoder.weight"])
-    out["output_layer.bias"] = pad_vocab(hf_sd["decoder.bias"])
-    return out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -526,8 +441,6 @@ __all__ = [
     "expected_hf_shapes",
     "validate_hf_state_dict",
     "neobert_config_from_dims",
-    "mcore_to_hf_state_dict",
-    "hf_to_mcore_state_dict",
     "hf_config_dict",
     "write_hf_folder",
     "read_hf_folder",

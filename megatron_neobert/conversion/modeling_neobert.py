@@ -5,41 +5,44 @@ Module names reproduce the published `chandar-lab/NeoBERT` checkpoint keys exact
 (`model.encoder`, `model.transformer_encoder.{i}.{attention_norm,qkv,wo,ffn_norm,ffn.w12,ffn.w3}`,
 `model.layer_norm`, `decoder`), so this file is a drop-in replacement for the published `model.py`.
 
-Differences from the published code:
-- no xformers, runs on CPU; attention goes through transformers' attention interface
-  (`attn_implementation` = "eager", "sdpa", "flash_attention_2", "flex_attention"); `output_attentions=True`
-  computes that call eagerly;
-- `attention_mask` is optional and takes the formats transformers takes: [batch, length] 0/1 or bool, or a
-  4D additive (0 / large negative or -inf) or bool mask; anything else is refused with an error;
+Written on transformers' own helpers, as its `modeling_modernbert.py` is: the attention interface
+(`attn_implementation` = "eager", "sdpa", "flash_attention_2", "flex_attention"), `create_bidirectional_mask`,
+`capture_outputs` (hidden states and attention weights), `GradientCheckpointingLayer`, `can_return_tuple`,
+`TransformersKwargs` and `self.loss_function`. Requires transformers >= 5.2.0, the first release with all of them
+(what later releases add to these helpers, such as hidden states selected by index or checkpointing every n layers,
+works where the installed release has it).
+
+What is NeoBERT's own, and differs from the published code:
+- no xformers, runs on CPU; `output_attentions=True` computes that call eagerly, whatever the implementation;
+- RoPE rotates interleaved pairs (2i, 2i+1), as the published complex form does; cos/sin are computed from the
+  config in each forward (no buffers), so loading on the meta device never leaves stale tables behind; optional
+  RoPE scaling (linear / NTK-aware / YaRN) evaluates beyond the trained length;
+- `attention_mask` is optional and takes the formats transformers takes: [batch, length] 0/1 or bool, or a 4D
+  additive (0 / large negative or -inf) or bool mask; anything else is refused with an error. Positions count real
+  tokens only, so left and right padding give the same result;
+- padding-free batches (`DataCollatorWithFlattening`: `position_ids` restarting at 0, or `cu_seq_lens_q/k` +
+  `max_length_q/k`, or our `cu_seqlens` / `max_seqlen`): tokens never attend across documents on any
+  implementation. flash-attn's varlen kernel runs them as they are; the others regroup the documents into a
+  [documents, longest document] batch, so memory grows with the documents, never with the square of the batch;
 - the padded path has no data-dependent control flow when traced, so `torch.export` and
   `torch.compile(fullgraph=True)` work on padded batches;
-- padding-free batches (`DataCollatorWithFlattening`: `position_ids` restarting at 0, or `cu_seq_lens_q/k` +
-  `max_length_q/k`, or our `cu_seqlens` / `max_seqlen`): tokens never attend across documents. flash-attn's
-  varlen kernel runs them as they are; the other implementations regroup the documents into a
-  [documents, longest document] batch, so memory grows with the documents, never with the square of the whole
-  batch;
-- RoPE cos/sin are computed from the config in each forward (no buffers), so loading on the meta device
-  (transformers 5.x) can never leave stale or uninitialised tables behind;
-- optional RoPE scaling (linear / NTK-aware / YaRN) to evaluate beyond the trained length;
 - heads for question answering and multiple choice, `classifier_pooling` = "cls" | "mean", and losses that
-  honour the Trainer's `num_items_in_batch` (exact gradient accumulation).
-
-Supported transformers: 4.48 and later, 5.x included. Features that need newer releases are guarded:
-`output_hidden_states` given as a list of layer indices and hook-free output recording use transformers 5's
-`capture_outputs` (4.x records with plain forward hooks); `every_n_layers` gradient checkpointing needs
-transformers 5; flex attention needs transformers >= 4.48 with torch >= 2.5.
+  honour the Trainer's `num_items_in_batch` (exact gradient accumulation), regression and multi-label included.
 
 This file must stay self-contained (torch + transformers only): it is copied into exported checkpoint folders.
 """
 
-import functools
+import copy
 import math
-from typing import Optional, Tuple, TypedDict, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.loss.loss_utils import fixed_cross_entropy
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
@@ -49,28 +52,10 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from typing_extensions import Unpack
-
-try:  # transformers >= 4.52
-    from transformers.modeling_layers import GradientCheckpointingLayer
-except ImportError:
-
-    class GradientCheckpointingLayer(nn.Module):
-        """What transformers >= 4.52 provides: `gradient_checkpointing_enable()` sets `gradient_checkpointing` and
-        `_gradient_checkpointing_func` on every module that has the attribute, and the layer checkpoints itself."""
-
-        gradient_checkpointing = False
-
-        def __call__(self, *args, **kwargs):
-            if self.gradient_checkpointing and self.training:
-                return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
-            return super().__call__(*args, **kwargs)
-
-
-try:  # transformers 5
-    from transformers.utils.output_capturing import capture_outputs
-except ImportError:
-    capture_outputs = None
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, is_tracing
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 _ROPE_SCALING_TYPES = ("linear", "ntk", "yarn")
 
@@ -81,7 +66,7 @@ def swiglu_hidden_size(intermediate_size: int, multiple_of: int = 8) -> int:
     return multiple_of * ((width + multiple_of - 1) // multiple_of)
 
 
-class NeoBERTConfig(PretrainedConfig):
+class NeoBERTConfig(PreTrainedConfig):
     r"""Configuration of a NeoBERT encoder. Field names and defaults follow the published `config.json`.
 
     Args:
@@ -98,12 +83,12 @@ class NeoBERTConfig(PretrainedConfig):
     """
 
     model_type = "neobert"
-    # Declared as a field: transformers 5.x refuses to save configs holding generation parameters
-    # (`max_length` is one) unless the config class declares them itself.
+    # Declared as a field: transformers refuses to save configs holding generation parameters (`max_length` is one)
+    # unless the config class declares them itself.
     max_length: int = 4096
-    # transformers 5.x turns `rope_scaling` into a deprecated alias of its own `rope_parameters` schema, which
-    # knows nothing of our "ntk" type. A plain class attribute shadows that property so our field is stored
-    # and serialised like any other one, identically in 4.x and 5.x.
+    # transformers turns `rope_scaling` into a deprecated alias of its own `rope_parameters` schema, which knows
+    # nothing of our "ntk" type. A plain class attribute shadows that property so our field is stored and
+    # serialised like any other one.
     rope_scaling = None
 
     def __init__(
@@ -130,8 +115,7 @@ class NeoBERTConfig(PretrainedConfig):
         legacy = kwargs.pop("kwargs", None)
         if isinstance(legacy, dict) and "classifier_dropout" in legacy:
             classifier_dropout = legacy["classifier_dropout"]
-        # The MLM decoder is a separate matrix with its own bias: never tie it to the embedding (4.x ties
-        # output/input embeddings whenever this flag is true).
+        # The MLM decoder is a separate matrix with its own bias: never tie it to the embedding.
         kwargs["tie_word_embeddings"] = False
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 
@@ -282,20 +266,6 @@ MASK_FORMATS = (
 )
 
 
-def _is_tracing(tensor: Optional[torch.Tensor] = None) -> bool:
-    """Under torch.compile / torch.export / jit or fx tracing: no Python branch may read tensor values then."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return True
-    if getattr(torch.compiler, "is_exporting", lambda: False)():
-        return True
-    from torch.fx import _symbolic_trace
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    # is_fx_symbolic_tracing where torch has it: is_fx_tracing logs a warning on every first call.
-    fx_tracing = getattr(_symbolic_trace, "is_fx_symbolic_tracing", _symbolic_trace.is_fx_tracing)
-    return fx_tracing() or isinstance(tensor, FakeTensor)
-
-
 def _additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # A large finite negative instead of -inf: a row with no visible key gives uniform weights, not NaN.
     zero = torch.zeros((), dtype=dtype, device=keep.device)
@@ -306,81 +276,65 @@ def _is_flash(attn_implementation: str) -> bool:
     return "flash" in attn_implementation
 
 
-@functools.lru_cache(maxsize=None)
-def _flex_takes_block_masks() -> bool:
-    """Whether transformers' flex attention takes a BlockMask (recent releases); 4.48's only takes a 4D additive tensor."""
-    import inspect
-
-    from transformers.integrations.flex_attention import flex_attention_forward
-
-    return "BlockMask" in str(inspect.signature(flex_attention_forward).parameters["attention_mask"].annotation)
-
-
-def _flex_key_padding_mask(keep: torch.Tensor, dtype: torch.dtype):
-    """Flex attention's mask for a [batch, length] keep mask: a block mask, or a 4D additive view."""
-    batch, length = keep.shape
-    if not _flex_takes_block_masks():
-        return _additive_mask(keep, dtype)[:, None, None, :].expand(batch, 1, length, length)
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(lambda b, h, q, kv: keep[b, kv], batch, None, length, length, device=keep.device)
-
-
-def padded_attention_mask(attention_mask, batch, length, num_heads, dtype, attn_implementation):
-    """The mask the attention interface takes for a padded batch, and the [batch, length] keep mask (None for 4D).
-
-    Values are checked (0/1 for 2D, no positive value in an additive 4D mask) only when not traced, so a padded
-    batch compiles and exports without data-dependent branches.
-    """
-    mask = attention_mask
-    if mask.dim() == 2:
-        if tuple(mask.shape) != (batch, length):
-            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, the input is [batch, length] = [{batch}, {length}]")
-        if mask.dtype != torch.bool:
-            if mask.dtype.is_complex:
-                raise ValueError(f"{MASK_FORMATS}; got a complex mask")
-            if not _is_tracing(mask) and bool(((mask != 0) & (mask != 1)).any()):
-                raise ValueError(
-                    f"{MASK_FORMATS}. This [batch, length] mask holds values other than 0 and 1 (an additive 0/-inf "
-                    f"mask?): give an additive mask the 4D shape [batch, 1, 1, length], or convert it to 0/1"
-                )
-        keep = mask.bool()
-        if _is_flash(attn_implementation):
-            return keep, keep  # flash-attn unpads the batch with it
-        if not _is_tracing(mask) and bool(keep.all()):
-            return None, keep  # nothing to mask: the unmasked (fastest) kernels
-        if attn_implementation == "flex_attention":
-            return _flex_key_padding_mask(keep, dtype), keep
-        return _additive_mask(keep, dtype)[:, None, None, :], keep
-    if mask.dim() == 4:
-        b, h, q, k = mask.shape
-        if b not in (1, batch) or h not in (1, num_heads) or q not in (1, length) or k != length:
+def checked_padding_mask(mask: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """The [batch, length] keep mask of a 2D `attention_mask`. Its values are checked (0/1) only when not traced, so
+    a padded batch compiles and exports without data-dependent branches."""
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, the input is [batch, length] = [{batch}, {length}]")
+    if mask.dtype != torch.bool:
+        if mask.dtype.is_complex:
+            raise ValueError(f"{MASK_FORMATS}; got a complex mask")
+        if not is_tracing(mask) and bool(((mask != 0) & (mask != 1)).any()):
             raise ValueError(
-                f"4D attention_mask has shape {tuple(mask.shape)}, which does not broadcast to [batch, heads, length, "
-                f"length] = [{batch}, {num_heads}, {length}, {length}]"
+                f"{MASK_FORMATS}. This [batch, length] mask holds values other than 0 and 1 (an additive 0/-inf "
+                f"mask?): give an additive mask the 4D shape [batch, 1, 1, length], or convert it to 0/1"
             )
-        if _is_flash(attn_implementation):
+    return mask.bool()
+
+
+def additive_4d_mask(mask: torch.Tensor, batch: int, length: int, num_heads: int, dtype: torch.dtype,
+                     attn_implementation: str) -> torch.Tensor:
+    """A 4D `attention_mask` as an additive bias, which eager, sdpa and flex attention all take (transformers passes a
+    4D mask on as it is, and eager attention adds its mask to the scores)."""
+    b, h, q, k = mask.shape
+    if b not in (1, batch) or h not in (1, num_heads) or q not in (1, length) or k != length:
+        raise ValueError(
+            f"4D attention_mask has shape {tuple(mask.shape)}, which does not broadcast to [batch, heads, length, "
+            f"length] = [{batch}, {num_heads}, {length}, {length}]"
+        )
+    if _is_flash(attn_implementation):
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} takes a [batch, length] padding mask, not a 4D one; "
+            f"use 'sdpa', 'eager' or 'flex_attention' for arbitrary masks"
+        )
+    if mask.dtype == torch.bool:
+        bias = _additive_mask(mask, dtype)
+    elif mask.dtype.is_floating_point:
+        if not is_tracing(mask) and bool((mask > 0).any()):
             raise ValueError(
-                f"attn_implementation={attn_implementation!r} takes a [batch, length] padding mask, not a 4D one; "
-                f"use 'sdpa', 'eager' or 'flex_attention' for arbitrary masks"
+                f"{MASK_FORMATS}. This 4D float mask has positive values (a 0/1 mask?): a 4D float mask is "
+                f"additive; give 0/1 masks as [batch, length] or as bool"
             )
-        if mask.dtype == torch.bool:
-            bias = _additive_mask(mask, dtype)
-        elif mask.dtype.is_floating_point:
-            if not _is_tracing(mask) and bool((mask > 0).any()):
-                raise ValueError(
-                    f"{MASK_FORMATS}. This 4D float mask has positive values (a 0/1 mask?): a 4D float mask is "
-                    f"additive; give 0/1 masks as [batch, length] or as bool"
-                )
-            bias = mask.to(dtype).clamp(min=torch.finfo(dtype).min)  # -inf rows would give NaN
-        else:
-            raise ValueError(f"{MASK_FORMATS}; got a 4D {mask.dtype} mask")
-        if attn_implementation == "flex_attention":
-            if h != 1:
-                raise ValueError("flex_attention takes a 4D attention_mask with one head dimension [batch, 1, ...]")
-            bias = bias.expand(batch, 1, length, length)  # flex indexes it per (batch, query, key)
-        return bias, None
-    raise ValueError(f"{MASK_FORMATS}; got shape {tuple(mask.shape)}")
+        bias = mask.to(dtype).clamp(min=torch.finfo(dtype).min)  # -inf rows would give NaN
+    else:
+        raise ValueError(f"{MASK_FORMATS}; got a 4D {mask.dtype} mask")
+    if attn_implementation == "flex_attention":
+        if h != 1:
+            raise ValueError("flex_attention takes a 4D attention_mask with one head dimension [batch, 1, ...]")
+        bias = bias.expand(batch, 1, length, length)  # flex indexes it per (batch, query, key)
+    return bias
+
+
+def key_padding_mask(keep: torch.Tensor, dtype: torch.dtype, attn_implementation: str):
+    """The mask of a regrouped pack ([documents, longest] keep mask): flex attention's block mask, else a
+    [documents, 1, 1, longest] additive bias. Not `create_bidirectional_mask`'s [documents, 1, longest, longest]:
+    this one grows with the tokens, not with the documents times the longest one squared."""
+    if attn_implementation == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        documents, longest = keep.shape
+        return create_block_mask(lambda b, h, q, kv: keep[b, kv], documents, None, longest, longest, device=keep.device)
+    return _additive_mask(keep, dtype)[:, None, None, :]
 
 
 class PackedDocuments:
@@ -416,6 +370,31 @@ class PackedDocuments:
             return None
         cu = torch.cat([starts.flatten().nonzero().flatten(), position_ids.new_tensor([batch * length])])
         return cls(cu, None, batch * length)
+
+    @classmethod
+    def of_inputs(cls, attention_mask, position_ids, batch: int, length: int, device, cu_seqlens, max_seqlen,
+                  kwargs: dict) -> Optional["PackedDocuments"]:
+        """The documents given as `cu_seqlens` (ours, or transformers' `cu_seq_lens_q/k`), or by restarting
+        `position_ids` without an attention mask; None for a padded or plain batch."""
+        cu_seq_lens_q, cu_seq_lens_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+        if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+            if cu_seqlens is not None:
+                raise ValueError("Give the documents as cu_seqlens or as cu_seq_lens_q/k, not both")
+            if cu_seq_lens_q is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q, cu_seq_lens_k):
+                raise ValueError("NeoBERT is self-attention only: cu_seq_lens_q and cu_seq_lens_k must be equal")
+            cu_seqlens = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
+            max_length_q = kwargs.get("max_length_q")
+            max_seqlen = max_length_q if max_length_q is not None else kwargs.get("max_length_k")
+        if cu_seqlens is not None:
+            if attention_mask is not None and not bool(attention_mask.bool().all()):
+                raise ValueError(
+                    "Packed inputs (cu_seqlens) take no padding mask: leave padding out of the pack, or put it "
+                    "after cu_seqlens[-1] where it forms its own document."
+                )
+            return cls(cu_seqlens.to(device), max_seqlen, batch * length)
+        if attention_mask is None and position_ids is not None and not is_tracing(position_ids):
+            return cls.from_position_ids(position_ids.to(device).reshape(-1, length).expand(batch, length))
+        return None
 
     def regrouped(self):
         """index [documents, longest] of each document's tokens (0 past its end), valid [documents, longest], and
@@ -480,25 +459,18 @@ class NeoBERTAttention(nn.Module):
         self.is_causal = False
         self.scaling = config.dim_head**-0.5
 
-    @staticmethod
-    def _interface(attn_implementation: str):
-        if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # transformers >= 4.56: validates the name
-            return ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
-        return eager_attention_forward if attn_implementation == "eager" else ALL_ATTENTION_FUNCTIONS[attn_implementation]
-
     def forward(self, query, key, value, attention_mask=None, documents: Optional[PackedDocuments] = None,
                 attn_implementation: str = "eager", position_ids=None):
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
         if documents is not None:
-            return self._packed(query, key, value, documents, attn_implementation)
-        interface = self._interface(attn_implementation)
+            return self._packed(interface, query, key, value, documents, attn_implementation)
         extra = {"position_ids": position_ids} if _is_flash(attn_implementation) else {}
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         return interface(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False, **extra)
 
-    def _packed(self, query, key, value, documents: PackedDocuments, attn_implementation: str):
+    def _packed(self, interface, query, key, value, documents: PackedDocuments, attn_implementation: str):
         batch, length, heads, dim = query.shape
         q, k, v = (t.reshape(batch * length, heads, dim) for t in (query, key, value))
-        interface = self._interface(attn_implementation)
         weights = None
         if _is_flash(attn_implementation):  # varlen kernel on the flat tokens
             cu, longest = documents.cu_seqlens, documents.max_seqlen
@@ -507,12 +479,7 @@ class NeoBERTAttention(nn.Module):
                                max_length_q=longest, max_length_k=longest)
         else:  # regroup into [documents, longest document]: memory grows with the documents, not the batch squared
             index, valid, grid = documents.regrouped()
-            if attn_implementation == "flex_attention":
-                # A key-padding block mask, as for padded batches (a document block mask over the flat tokens
-                # fails to build in torch's CPU inductor backend).
-                mask = _flex_key_padding_mask(valid, q.dtype)
-            else:
-                mask = _additive_mask(valid, q.dtype)[:, None, None, :]
+            mask = key_padding_mask(valid, q.dtype, attn_implementation)
             out, grouped_weights = interface(self, *(t[index].transpose(1, 2) for t in (q, k, v)), mask,
                                              dropout=0.0, scaling=self.scaling, is_causal=False)
             out = out.reshape(-1, heads, dim)[grid]
@@ -561,65 +528,12 @@ class NeoBERTEncoderBlock(GradientCheckpointingLayer):
         return hidden_states + self.ffn(self.ffn_norm(hidden_states))
 
 
-def _record_outputs_with_hooks(forward):
-    """transformers 4.x stand-in for transformers 5's `capture_outputs`: the same hidden states (each block's input,
-    then the final normed output) and attention weights, recorded by forward hooks."""
-
-    @functools.wraps(forward)
-    def wrapper(self, *args, **kwargs):
-        return_dict = kwargs.pop("return_dict", None)
-        want_hidden = kwargs.get("output_hidden_states") or (
-            kwargs.get("output_hidden_states") is None and self.config.output_hidden_states)
-        want_attentions = kwargs.get("output_attentions") or (
-            kwargs.get("output_attentions") is None and self.config.output_attentions)
-        hidden, attentions, handles = [], [], []
-        if want_hidden:
-            for layer in self.transformer_encoder:
-                handles.append(layer.register_forward_pre_hook(lambda module, inputs: hidden.append(inputs[0])))
-        if want_attentions:
-            for layer in self.transformer_encoder:
-                handles.append(layer.attention.register_forward_hook(
-                    lambda module, inputs, output: attentions.append(output[1])))
-        try:
-            out = forward(self, *args, **kwargs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        if want_hidden:
-            out["hidden_states"] = tuple(hidden) + (out.last_hidden_state,)
-        if want_attentions:
-            out["attentions"] = tuple(attentions)
-        return out if self._return_dict(return_dict) else out.to_tuple()
-
-    return wrapper
-
-
-_record_outputs = capture_outputs if capture_outputs is not None else _record_outputs_with_hooks
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None, loss=F.cross_entropy, **kw):
-    """`loss` over the flattened items: their mean, or with the HF Trainer's `num_items_in_batch` (items in the
-    whole accumulated batch) their sum divided by it, so gradient accumulation gives the full batch's gradient."""
-    labels = labels.to(logits.device)
-    if num_items_in_batch is None:
-        return loss(logits.float(), labels, **kw)
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(logits.device)
-    return loss(logits.float(), labels, reduction="sum", **kw) / num_items_in_batch
-
-
-class NeoBERTKwargs(TypedDict, total=False):
-    """Keyword arguments the heads pass on to `NeoBERT.forward`."""
+class NeoBERTKwargs(TransformersKwargs, total=False):
+    """transformers' keyword arguments (`num_items_in_batch`, `output_hidden_states`, `output_attentions`,
+    `cu_seq_lens_q/k`, `max_length_q/k`), and NeoBERT's own name for packed documents."""
 
     cu_seqlens: torch.Tensor
     max_seqlen: int
-    cu_seq_lens_q: torch.Tensor
-    cu_seq_lens_k: torch.Tensor
-    max_length_q: int
-    max_length_k: int
-    token_type_ids: torch.Tensor
-    output_hidden_states: Union[bool, list]
-    output_attentions: bool
 
 
 class NeoBERTPreTrainedModel(PreTrainedModel):
@@ -628,8 +542,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["NeoBERTEncoderBlock"]
     _supports_sdpa = True
-    _supports_flash_attn = True  # transformers 5 spelling
-    _supports_flash_attn_2 = True  # transformers 4 spelling
+    _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": NeoBERTEncoderBlock, "attentions": NeoBERTAttention}
@@ -637,7 +550,7 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
 
     def _init_weights(self, module):
-        # torch.nn.init is looked up at call time, so transformers 5.x's guard (skip loaded tensors) applies.
+        # torch.nn.init is looked up at call time, so transformers' guard (skip loaded tensors) applies.
         if isinstance(module, nn.Linear):
             nn.init.uniform_(module.weight, -self.config.decoder_init_range, self.config.decoder_init_range)
             if module.bias is not None:
@@ -649,9 +562,6 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
                     module.weight[module.padding_idx].zero_()
         elif isinstance(module, NeoBERTRMSNorm):
             nn.init.ones_(module.weight)
-
-    def _return_dict(self, return_dict: Optional[bool]) -> bool:
-        return return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
 
 
 class NeoBERT(NeoBERTPreTrainedModel):
@@ -675,7 +585,7 @@ class NeoBERT(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value):
         self.encoder = value
 
-    @_record_outputs
+    @capture_outputs
     def forward(
         self,
         input_ids: Optional[torch.Tensor] = None,
@@ -684,14 +594,8 @@ class NeoBERT(NeoBERTPreTrainedModel):
         inputs_embeds: Optional[torch.Tensor] = None,
         cu_seqlens: Optional[torch.Tensor] = None,
         max_seqlen: Optional[int] = None,
-        cu_seq_lens_q: Optional[torch.Tensor] = None,
-        cu_seq_lens_k: Optional[torch.Tensor] = None,
-        max_length_q: Optional[int] = None,
-        max_length_k: Optional[int] = None,
-        token_type_ids: Optional[torch.Tensor] = None,  # BERT tokenizers' output; NeoBERT has no token types
-        output_hidden_states=None,  # recorded by the decorator
-        output_attentions: Optional[bool] = None,
-    ):
+        **kwargs: Unpack[NeoBERTKwargs],
+    ) -> BaseModelOutput:
         """
         Args:
             attention_mask: [batch, length] 1 (or True) for real tokens, 0 for padding; or a 4D additive / bool mask
@@ -699,10 +603,10 @@ class NeoBERT(NeoBERTPreTrainedModel):
             position_ids: RoPE positions; by default 0.. per sequence, counting real tokens only (so left and right
                 padding give the same result). Without an attention_mask, positions that restart (padding-free
                 batches from `DataCollatorWithFlattening`) start a new document.
-            cu_seqlens / max_seqlen (or HF's cu_seq_lens_q/k, max_length_q/k): packed documents. `cu_seqlens` holds
-                the cumulative document lengths over the flattened `batch * length` tokens; tokens never attend
-                across documents and positions restart at each one. Tokens after `cu_seqlens[-1]` form one more
-                document.
+            cu_seqlens / max_seqlen (or transformers' cu_seq_lens_q/k, max_length_q/k): packed documents.
+                `cu_seqlens` holds the cumulative document lengths over the flattened `batch * length` tokens;
+                tokens never attend across documents and positions restart at each one. Tokens after
+                `cu_seqlens[-1]` form one more document.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
@@ -710,21 +614,26 @@ class NeoBERT(NeoBERTPreTrainedModel):
         if x.dim() == 2:  # a single unbatched sequence
             x = x[None]
         batch, length, _ = x.shape
-        if output_attentions is None:
-            output_attentions = self.config.output_attentions
-        # Attention weights exist only on the eager path; other implementations return none.
-        attn_implementation = "eager" if output_attentions else self.config._attn_implementation
+        # Attention weights exist only on the eager path (as `capture_outputs` reads the flag): a call that returns
+        # them runs eagerly, whatever the model's implementation.
+        attn_implementation = ("eager" if kwargs.get("output_attentions", self.config.output_attentions)
+                               else self.config._attn_implementation)
 
-        documents = self._documents(attention_mask, position_ids, batch, length, x.device, cu_seqlens, max_seqlen,
-                                    cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+        documents = PackedDocuments.of_inputs(attention_mask, position_ids, batch, length, x.device, cu_seqlens,
+                                              max_seqlen, kwargs)
         mask = None
         if documents is not None:
             if position_ids is None:
                 position_ids = documents.position_ids
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            mask = additive_4d_mask(attention_mask.to(x.device), batch, length, self.config.num_attention_heads,
+                                    x.dtype, attn_implementation)
         elif attention_mask is not None:
-            mask, keep = padded_attention_mask(attention_mask.to(x.device), batch, length,
-                                               self.config.num_attention_heads, x.dtype, attn_implementation)
-            if position_ids is None and keep is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError(f"{MASK_FORMATS}; got shape {tuple(attention_mask.shape)}")
+            keep = checked_padding_mask(attention_mask.to(x.device), batch, length)
+            mask = create_bidirectional_mask(self._config_for(attn_implementation), x, keep)
+            if position_ids is None:
                 position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
         elif position_ids is not None and not _is_flash(attn_implementation):
             # Traced (so no data-dependent documents): restarting positions become a dense per-row document mask.
@@ -744,26 +653,26 @@ class NeoBERT(NeoBERTPreTrainedModel):
                       position_ids=position_ids)
         return BaseModelOutput(last_hidden_state=self.layer_norm(x))
 
-    @staticmethod
-    def _documents(attention_mask, position_ids, batch, length, device, cu_seqlens, max_seqlen, cu_seq_lens_q,
-                   cu_seq_lens_k, max_length_q, max_length_k) -> Optional[PackedDocuments]:
-        if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
-            if cu_seqlens is not None:
-                raise ValueError("Give the documents as cu_seqlens or as cu_seq_lens_q/k, not both")
-            if cu_seq_lens_q is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q, cu_seq_lens_k):
-                raise ValueError("NeoBERT is self-attention only: cu_seq_lens_q and cu_seq_lens_k must be equal")
-            cu_seqlens = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
-            max_seqlen = max_length_q if max_length_q is not None else max_length_k
-        if cu_seqlens is not None:
-            if attention_mask is not None and not bool(attention_mask.bool().all()):
-                raise ValueError(
-                    "Packed inputs (cu_seqlens) take no padding mask: leave padding out of the pack, or put it "
-                    "after cu_seqlens[-1] where it forms its own document."
-                )
-            return PackedDocuments(cu_seqlens.to(device), max_seqlen, batch * length)
-        if attention_mask is None and position_ids is not None and not _is_tracing(position_ids):
-            return PackedDocuments.from_position_ids(position_ids.to(device).reshape(-1, length).expand(batch, length))
-        return None
+    def _config_for(self, attn_implementation: str) -> NeoBERTConfig:
+        """The config `create_bidirectional_mask` reads the implementation from: a copy naming eager when this call
+        runs eagerly to return attention weights."""
+        if attn_implementation == self.config._attn_implementation:
+            return self.config
+        config = copy.copy(self.config)
+        config._attn_implementation = attn_implementation
+        return config
+
+
+def items_mean(loss, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """`loss` over the items: their mean, or with the HF Trainer's `num_items_in_batch` (items in the whole
+    accumulated batch) their sum divided by it, so gradient accumulation gives the full batch's gradient.
+    transformers' regression and multi-label losses always take each micro-batch's mean."""
+    labels = labels.to(logits.device)
+    if num_items_in_batch is None:
+        return loss(logits.float(), labels)
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return loss(logits.float(), labels, reduction="sum") / num_items_in_batch
 
 
 class NeoBERTLMHead(NeoBERTPreTrainedModel):
@@ -773,6 +682,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         super().__init__(config)
         self.model = NeoBERT(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        # The published class name does not say which loss it takes (transformers reads it from "...ForMaskedLM").
+        self.loss_type = "ForMaskedLM"
         self.post_init()
 
     def get_output_embeddings(self):
@@ -781,9 +692,9 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
     def set_output_embeddings(self, value):
         self.decoder = value
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None,
-                **kwargs: Unpack[NeoBERTKwargs]):
+                **kwargs: Unpack[NeoBERTKwargs]) -> MaskedLMOutput:
         """`labels`: token ids to predict, -100 where no prediction is scored. Other keyword arguments go to
         `NeoBERT.forward` (packed documents, output_hidden_states, output_attentions)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -791,9 +702,8 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         logits = self.decoder(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = token_loss(logits.view(-1, logits.shape[-1]), labels.view(-1), num_items_in_batch, ignore_index=-100)
-        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
-        return result if self._return_dict(return_dict) else result.to_tuple()
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
@@ -846,9 +756,9 @@ class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
 class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
     """Classification / regression from the first ([CLS]) token, or the mean over tokens (`classifier_pooling`)."""
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None,
-                **kwargs: Unpack[NeoBERTKwargs]):
+                **kwargs: Unpack[NeoBERTKwargs]) -> SequenceClassifierOutput:
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs))
 
@@ -863,24 +773,25 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
                 else:
                     problem_type = "multi_label_classification"
                 self.config.problem_type = problem_type
+            num_items_in_batch = kwargs.get("num_items_in_batch")
             if problem_type == "regression":
-                loss = token_loss(logits.view(labels.shape), labels.float(), num_items_in_batch, loss=F.mse_loss)
+                loss = items_mean(F.mse_loss, logits.view(labels.shape), labels.float(), num_items_in_batch)
             elif problem_type == "single_label_classification":
-                loss = token_loss(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
+                # Upcast as transformers' masked-LM and token losses do (a bf16 model outside autocast).
+                loss = self.loss_function(labels=labels, pooled_logits=logits.float(), config=self.config, **kwargs)
             else:
-                loss = token_loss(logits, labels.float(), num_items_in_batch, loss=F.binary_cross_entropy_with_logits)
+                loss = items_mean(F.binary_cross_entropy_with_logits, logits, labels.float(), num_items_in_batch)
 
-        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                          attentions=out.attentions)
-        return result if self._return_dict(return_dict) else result.to_tuple()
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)
 
 
 class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
     """Per-token classification; `labels` of -100 (e.g. padding, sub-word continuations) are not scored."""
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None,
-                **kwargs: Unpack[NeoBERTKwargs]):
+                **kwargs: Unpack[NeoBERTKwargs]) -> TokenClassifierOutput:
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
         logits = self._head(out.last_hidden_state)
         loss = None
@@ -889,10 +800,9 @@ class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
             if attention_mask is not None and attention_mask.dim() == 2:
                 # Padding never counts, whatever label the collator left there.
                 labels = labels.masked_fill(~attention_mask.to(labels.device).bool(), -100)
-            loss = token_loss(logits.view(-1, self.num_labels), labels.view(-1), num_items_in_batch)
-        result = TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                       attentions=out.attentions)
-        return result if self._return_dict(return_dict) else result.to_tuple()
+            loss = self.loss_function(logits, labels, config=self.config, **kwargs)
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                     attentions=out.attentions)
 
 
 class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
@@ -901,25 +811,20 @@ class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config, num_outputs=2)
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                start_positions=None, end_positions=None, num_items_in_batch=None,
-                return_dict: Optional[bool] = None,
-                **kwargs: Unpack[NeoBERTKwargs]):
+                start_positions=None, end_positions=None,
+                **kwargs: Unpack[NeoBERTKwargs]) -> QuestionAnsweringModelOutput:
         """`start_positions` / `end_positions`: token indices of the answer span; positions outside the sequence
         are clamped to its length and not scored (as in transformers' question-answering models)."""
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        start_logits, end_logits = self._head(out.last_hidden_state).unbind(-1)
+        start_logits, end_logits = (t.contiguous() for t in self._head(out.last_hidden_state).unbind(-1))
         loss = None
         if start_positions is not None and end_positions is not None:
-            length = start_logits.shape[1]
-            start = start_positions.view(-1).clamp(0, length)
-            end = end_positions.view(-1).clamp(0, length)
-            loss = (token_loss(start_logits, start, num_items_in_batch, ignore_index=length)
-                    + token_loss(end_logits, end, num_items_in_batch, ignore_index=length)) / 2
-        result = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits.contiguous(),
-                                              end_logits=end_logits.contiguous(), hidden_states=out.hidden_states,
-                                              attentions=out.attentions)
-        return result if self._return_dict(return_dict) else result.to_tuple()
+            loss = self.loss_function(start_logits.float(), end_logits.float(), start_positions, end_positions,
+                                      **kwargs)
+        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                            hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
@@ -928,9 +833,9 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config, num_outputs=1)
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-                num_items_in_batch=None, return_dict: Optional[bool] = None,
-                **kwargs: Unpack[NeoBERTKwargs]):
+                **kwargs: Unpack[NeoBERTKwargs]) -> MultipleChoiceModelOutput:
         """`labels`: [batch] index of the right choice."""
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
@@ -944,10 +849,13 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
             attention_mask = flat(attention_mask)
         out = self._encode(flat(input_ids), attention_mask, flat(position_ids), flat(inputs_embeds), kwargs)
         logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs)).view(-1, num_choices)
-        loss = None if labels is None else token_loss(logits, labels.view(-1), num_items_in_batch)
-        result = MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                           attentions=out.attentions)
-        return result if self._return_dict(return_dict) else result.to_tuple()
+        loss = None
+        if labels is not None:
+            # transformers has no multiple-choice loss to look up: its cross-entropy, over the choices.
+            loss = fixed_cross_entropy(logits.float(), labels.view(-1).to(logits.device),
+                                       kwargs.get("num_items_in_batch"))
+        return MultipleChoiceModelOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                         attentions=out.attentions)
 
 
 __all__ = [

@@ -129,15 +129,16 @@ def _close_sample(starts, first, d, free, splits, pads, sample):
         end, needed = whole - 1, 1
     else:  # a 1-token last piece moves to the next sample: 4 tokens to fill
         end, needed = lo, 2
-    cuts = list(bounds[bounds < end]) + [end]
+    # A sample holds a few pieces: plain Python lists beat numpy calls here (this runs once per event).
+    cuts = [c for c in bounds.tolist() if c < end] + [end]
     made = []
     for _ in range(needed):
-        sizes = numpy.diff(cuts)
-        big = numpy.flatnonzero(sizes >= 2)
-        if not big.size:
+        sizes = [b - a for a, b in zip(cuts, cuts[1:])]
+        big = [i for i, size in enumerate(sizes) if size >= 2]
+        if not big:
             break
-        b = int(big[-1])
-        made.append(int(cuts[b]) + int(sizes[b]) // 2)
+        b = big[-1]
+        made.append(cuts[b] + sizes[b] // 2)
         cuts.insert(b + 1, made[-1])
     if len(made) == needed:
         splits.extend(sorted(made))
