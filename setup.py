@@ -53,5 +53,20 @@ setup(
         "test": ["pytest", "pytest-xdist", "parameterized", "wandb", "nltk",
                  f"transformers=={REVIEWED_TRANSFORMERS}"] + EVAL + DALI,
     },
-    entry_points={"console_scripts": ["neobert-pretrain=megatron_neobert.pretrain:cli"]},
+    # The commands of the library (tools/NAME.py runs the same one from a checkout); the benchmarks and the
+    # sample-corpus builder stay scripts in tools/, the project's harness.
+    entry_points={"console_scripts": [
+        "neobert-pretrain=megatron_neobert.pretrain:cli",
+        "neobert-preprocess-data=megatron_neobert.cli.preprocess_data:main",
+        "neobert-merge-datasets=megatron_neobert.cli.merge_datasets:main",
+        "neobert-build-data-cache=megatron_neobert.cli.build_data_cache:main",
+        "neobert-make-length-subset=megatron_neobert.cli.make_length_subset:main",
+        "neobert-convert-checkpoint=megatron_neobert.cli.convert_checkpoint:main",
+        "neobert-run-glue=megatron_neobert.cli.run_glue:cli",
+        "neobert-pseudo-perplexity=megatron_neobert.cli.pseudo_perplexity:cli",
+        "neobert-finetune-contrastive=megatron_neobert.cli.finetune_contrastive:cli",
+        "neobert-run-mteb=megatron_neobert.cli.run_mteb:cli",
+        "neobert-finetune-cde=megatron_neobert.cli.finetune_cde:cli",
+        "neobert-watch-run=megatron_neobert.cli.watch_run:main",
+    ]},
 )

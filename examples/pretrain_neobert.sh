@@ -8,7 +8,7 @@
 # Re-running the same command resumes from CHECKPOINT_DIR's latest complete checkpoint.
 set -euo pipefail
 
-: "${DATA_PATH:?set DATA_PATH to a preprocessed prefix (tools/preprocess_data.py), or a weighted blend}"
+: "${DATA_PATH:?set DATA_PATH to a preprocessed prefix (neobert-preprocess-data), or a weighted blend}"
 CHECKPOINT_DIR=${CHECKPOINT_DIR:-checkpoints/neobert-stage1}
 TENSORBOARD_DIR=${TENSORBOARD_DIR:-${CHECKPOINT_DIR}/tensorboard}
 TOKENIZER_MODEL=${TOKENIZER_MODEL:-bert-base-uncased}

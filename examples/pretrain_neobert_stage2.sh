@@ -3,7 +3,7 @@
 # (512 x 4096), each batch drawn from RefinedWeb / RefinedWeb1024+ / RefinedWeb2048+ with
 # probabilities 0.2 / 0.4 / 0.4. Make the subsets first:
 #
-#   python tools/make_length_subset.py --input-prefix data/refinedweb_content_document \
+#   neobert-make-length-subset --input-prefix data/refinedweb_content_document \
 #       --min-tokens 1024 --output-prefix data/refinedweb1024plus_content_document
 #   (and --min-tokens 2048 for refinedweb2048plus)
 #

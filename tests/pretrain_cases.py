@@ -1,5 +1,6 @@
 """Trainer runs for the tests, at module level so that spawned gloo ranks can import them."""
 
+import contextlib
 import errno
 import os
 import signal
@@ -8,6 +9,7 @@ import torch
 from megatron.core import dist_checkpointing
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.training import loop
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.checkpointing import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.loop import NonFiniteLossError, train
@@ -43,12 +45,29 @@ def real_tokens_per_step(argv: list, steps: int) -> list:
             for _ in range(steps)]
 
 
+@contextlib.contextmanager
+def after_each_step(callback):
+    """Inside the block, the trainer calls `callback(record)` after each training step (its train_step, wrapped)."""
+    step = loop.train_step
+
+    def train_step(*args, **kwargs):
+        record = step(*args, **kwargs)
+        callback(record)
+        return record
+    loop.train_step = train_step
+    try:
+        yield
+    finally:
+        loop.train_step = step
+
+
 def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signal.SIGTERM) -> dict:
     """Train; one rank sends itself `signum` after `at_iteration` (as a cluster scheduler would)."""
     def on_step(record):
         if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
             os.kill(os.getpid(), signum)
-    return train(parse_settings(argv), on_step=on_step)
+    with after_each_step(on_step):
+        return train(parse_settings(argv))
 
 
 def run_train_until_nonfinite(argv: list, nonfinite_at: list):
@@ -69,7 +88,8 @@ def run_train_until_nonfinite(argv: list, nonfinite_at: list):
         return output, (poisoned(loss_func) if next_iteration in nonfinite_at else loss_func)
 
     try:
-        train(parse_settings(argv), forward_step=forward_step, on_step=records.append)
+        with after_each_step(records.append):
+            train(parse_settings(argv), forward_step=forward_step)
     except NonFiniteLossError as err:
         return records, str(err)
     return records, None

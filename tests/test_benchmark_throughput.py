@@ -2,25 +2,21 @@
 it judges the project's targets from its measurements."""
 
 import json
-import os
-import sys
 
 import pytest
 import torch
 
-from megatron_neobert.evaluation.throughput import (Measurement, _attempt, check_targets, document_lengths,
-                                                    format_markdown, format_table, mlm_batch, plot, training_runs)
+from megatron_neobert.evaluation.throughput import (Measurement, _attempt, document_lengths, format_table, mlm_batch,
+                                                    plot, training_runs)
 from megatron_neobert.model import padded_vocab_size
 from megatron_neobert.training.metrics import step_flops
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+from tools import benchmark_throughput
+from tools.benchmark_throughput import check_targets, format_markdown
 
 H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_path, monkeypatch):
-    import benchmark_throughput
-
     # Inductor's code generation takes minutes on CPU even at these sizes, so the compiled variants go through
     # dynamo for real (graph capture, guards, graph breaks) and run the captured graphs with the eager backend.
     real_compile = torch.compile
@@ -61,8 +57,6 @@ def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_p
 
 
 def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explicit_flags_win():
-    import benchmark_throughput
-
     args = benchmark_throughput.parse_args(["--quick"])
     assert args.inference_seq_lengths == args.train_seq_lengths == [1024, 4096] and not args.compile
     assert (args.inference_steps, args.train_steps, args.train_tokens_per_micro_batch) == (5, 5, 32768)
@@ -71,8 +65,6 @@ def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explici
 
 
 def test_quick_run_of_a_tiny_preset_writes_its_figures_before_the_plot(tmp_path, monkeypatch):
-    import benchmark_throughput
-
     import megatron_neobert.evaluation.throughput as throughput
 
     def failing_plot(results, path):

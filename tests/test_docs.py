@@ -1,14 +1,15 @@
 """The examples of docs/glue.md, docs/embeddings.md and docs/mteb.md run as written: their Python blocks, then
-their command lines (each `python tools/NAME.py ...` runs that tool's main with the same arguments), with a tiny
-exported model as $MODEL, in a fresh folder."""
+their command lines (each `neobert-NAME ...` runs the main of megatron_neobert/cli/NAME.py, as its console script
+does, with the same arguments), with a tiny exported model as $MODEL, in a fresh folder."""
 
+import importlib
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-from embed_fixtures import load_tool, make_model_folder
+from embed_fixtures import make_model_folder
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
@@ -29,12 +30,12 @@ def model_dir(tmp_path_factory):
 
 
 def commands(script: str):
-    """The tool invocations of a bash block: continuation lines joined, one command per line."""
+    """The command lines of a bash block: continuation lines joined, one command per line."""
     for line in script.replace("\\\n", " ").splitlines():
         if line.strip():
             words = shlex.split(line)
-            assert words[0] == "python" and words[1].startswith("tools/"), line
-            yield Path(words[1]).stem, words[2:]
+            assert words[0].startswith("neobert-"), line
+            yield words[0].removeprefix("neobert-").replace("-", "_"), words[1:]
 
 
 @pytest.mark.parametrize("doc", sorted(OUTPUTS))
@@ -46,8 +47,8 @@ def test_doc_example_runs(doc, model_dir, tmp_path, monkeypatch, capsys):
         if kind == "python":
             exec(compile(body, f"{doc} example", "exec"), {"__name__": "__doc_example__"})
         else:
-            for tool, argv in commands(body.replace('"$MODEL"', str(model_dir))):
-                load_tool(tool).main(argv)
+            for command, argv in commands(body.replace('"$MODEL"', str(model_dir))):
+                importlib.import_module(f"megatron_neobert.cli.{command}").main(argv)
     missing = [p for p in OUTPUTS[doc] if not (tmp_path / p).exists()]
     assert not missing, missing
     printed = capsys.readouterr().out

@@ -3,25 +3,8 @@
 the default warmup, and with extra trainer flags passed through."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_quickstart(tmp_path, train_iters, *flags):
-    with socket.socket() as s:  # a free port for torchrun's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, WORK_DIR=str(tmp_path / "qs"), TRAIN_ITERS=str(train_iters), NPROC="2",
-               MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    env.pop("RANK", None)
-    return subprocess.run(["bash", str(REPO / "examples" / "quickstart.sh"), *flags], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+from quickstart_fingerprint import run_quickstart
 
 
 def test_short_run_with_exported_master_port_and_extra_flags(tmp_path):

@@ -1,7 +1,9 @@
 """Every tools/*.py: --help answers without importing megatron-core, torch or transformers (seconds each), shows a
 help text and the default of every flag; flags are dashed and the underscore spellings of earlier versions still
-parse; abbreviated flags are refused."""
+parse; abbreviated flags are refused. Every command of megatron_neobert/cli/ is a console script of setup.py and a
+tools/ script, and each console script's function answers --help."""
 
+import ast
 import json
 import os
 import subprocess
@@ -104,3 +106,44 @@ def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
     out = run_tool("run_glue.py", "--model", str(tmp_path / "m"), "--output-dir", str(tmp_path / "o"), "--task",
                    "SST-2", timeout=60)
     assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]
+
+
+def console_scripts() -> dict:
+    """name -> (module, function) of setup.py's console scripts."""
+    setup = next(node for node in ast.walk(ast.parse((REPO / "setup.py").read_text()))
+                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
+    entry_points = ast.literal_eval(next(k.value for k in setup.keywords if k.arg == "entry_points"))
+    return {name: tuple(target.split(":")) for name, target in
+            (line.split("=") for line in entry_points["console_scripts"])}
+
+
+def test_each_command_is_a_console_script_and_a_tools_script():
+    commands = sorted(p.stem for p in (REPO / "megatron_neobert" / "cli").glob("*.py") if p.stem != "__init__")
+    scripts = console_scripts()
+    assert {f"neobert-{c.replace('_', '-')}": f"megatron_neobert.cli.{c}" for c in commands} == {
+        name: module for name, (module, _) in scripts.items() if module.startswith("megatron_neobert.cli.")}
+    for command in commands:  # the same command from a checkout
+        assert f"from megatron_neobert.cli.{command} import main" in (REPO / "tools" / f"{command}.py").read_text()
+
+
+CONSOLE_PROBE = r"""
+import importlib, json, sys
+
+codes = {}
+for name, module, function in json.loads(sys.argv[1]):
+    sys.argv = [name, "--help"]
+    try:
+        getattr(importlib.import_module(module), function)()
+        codes[name] = "returned"
+    except SystemExit as exit:
+        codes[name] = exit.code
+print("CODES" + json.dumps(codes))
+"""
+
+
+def test_console_scripts_answer_help():
+    scripts = [(name, module, function) for name, (module, function) in console_scripts().items()]
+    out = subprocess.run([sys.executable, "-c", CONSOLE_PROBE, json.dumps(scripts)], cwd=REPO, env=ENV,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.split("CODES", 1)[1]) == {name: 0 for name, _, _ in scripts}

@@ -24,7 +24,6 @@ import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
 from megatron_neobert.cli import ArgumentParser  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402

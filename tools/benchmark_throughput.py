@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Inference and training throughput of NeoBERT against its baselines, side by side, judged
-against the project's targets (neobert-250m on one H100/H200).
+against the project's targets (neobert-250m on one H100/H200), with the tables for README.
 
     python tools/benchmark_throughput.py --fp8 --compile   # GPU: the paper's settings
     python tools/benchmark_throughput.py --quick --fp8     # GPU: lengths 1024 and 4096, a few minutes
@@ -9,14 +9,14 @@ against the project's targets (neobert-250m on one H100/H200).
 examples/benchmark_gpu.sh gives the runs behind README's figures.
 """
 
+import dataclasses
 import logging
-import os
 import shlex
 import sys
+from dataclasses import dataclass
+from typing import List, Optional
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
-
-from megatron_neobert.cli import ArgumentParser  # noqa: E402
+from megatron_neobert.cli import ArgumentParser
 
 
 # --quick: the first look on a GPU, within one 10-minute command (about 3 minutes for neobert-250m on an
@@ -24,6 +24,120 @@ from megatron_neobert.cli import ArgumentParser  # noqa: E402
 # no compile (each compiled variant costs minutes). Flags given with it still win.
 QUICK = dict(inference_seq_lengths=[1024, 4096], inference_max_batch=32, inference_steps=5,
              train_seq_lengths=[1024, 4096], train_tokens_per_micro_batch=32 * 1024, train_steps=5, compile=False)
+
+
+# ---- targets (the project's, for neobert-250m on one H100/H200) --------------------------------------
+TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
+TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
+MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.45, 3.0, 1.5
+
+
+@dataclass
+class TargetCheck:
+    target: str
+    threshold: str
+    measured: Optional[str]  # the figure and the row it comes from, when there is one
+    status: str  # "PASS", "FAIL" or "not measured (reason)"
+
+
+def _verdict(target: str, threshold: str, figure: str, passed: bool, scope: Optional[str]) -> TargetCheck:
+    # A figure from another GPU or model size says nothing about the target: shown, not judged.
+    return TargetCheck(target, threshold, figure, f"not measured ({scope})" if scope else "PASS" if passed else "FAIL")
+
+
+def _not_measured(target: str, threshold: str, reason: str) -> TargetCheck:
+    return TargetCheck(target, threshold, None, f"not measured ({reason})")
+
+
+def _failures(rows: list) -> str:
+    return "; ".join(f"{r.label} {r.error}" for r in rows if r.error)
+
+
+def check_targets(results: list, device: str, preset: str) -> List[TargetCheck]:
+    """The project's targets against a run's measurements (evaluation.throughput.Measurement rows).
+    `device`: the GPU's name (or "cpu")."""
+    scope = None
+    if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
+        scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"
+    train = [r for r in results if r.benchmark == "training" and r.seq_length == TRAIN_TARGET_LENGTH]
+    ours = [r for r in train if r.model.startswith("megatron") and r.error is None]
+    bf16 = [r for r in ours if r.precision != "fp8"]  # fp32 on CPU
+    not_run = f"training at length {TRAIN_TARGET_LENGTH} not run"
+    checks = []
+
+    target, threshold = f"training MFU, bf16, length {TRAIN_TARGET_LENGTH}", f">= {MIN_MFU:.0%}"
+    best = max((r for r in bf16 if r.mfu is not None), key=lambda r: r.mfu, default=None)
+    if best:
+        checks.append(_verdict(target, threshold, f"{best.mfu:.1%} ({best.label})", best.mfu >= MIN_MFU, scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else
+                                    f"no peak TFLOP/s known for {device}" if bf16 else
+                                    _failures(train) or "no bf16 run of ours"))
+
+    target, threshold = f"FP8 vs bf16 tokens/s, length {TRAIN_TARGET_LENGTH}", "> 1.00x"
+    fp8 = [r for r in train if r.precision == "fp8"]
+    pairs = [(r, b) for r in fp8 if r.error is None for b in bf16 if (b.model, b.compiled) == (r.model, r.compiled)]
+    if pairs:
+        f8, b = max(pairs, key=lambda p: p[0].tokens_per_s)
+        ratio = f8.tokens_per_s / b.tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({f8.label} / {b.label})", ratio > 1.0, scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else _failures(fp8) or
+                                    ("no bf16 run to compare with" if fp8 else "no FP8 run (--fp8)")))
+
+    target, threshold = (f"training tokens/s vs the reference, length {TRAIN_TARGET_LENGTH}",
+                         f">= {MIN_TRAINING_SPEEDUP:.1f}x")
+    reference = [r for r in train if r.model == "reference-hf-padded" and not r.compiled and r.error is None]
+    if reference and bf16:
+        best = max(bf16, key=lambda r: r.tokens_per_s)
+        ratio = best.tokens_per_s / reference[0].tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({best.label})", ratio >= MIN_TRAINING_SPEEDUP,
+                               scope))
+    else:
+        checks.append(_not_measured(target, threshold, not_run if not train else
+                                    _failures(train) or "no reference run, or no bf16 run of ours"))
+
+    target, threshold = (f"inference tokens/s vs ModernBERT-base, length {INFERENCE_TARGET_LENGTH}",
+                         f">= {MIN_INFERENCE_SPEEDUP:.1f}x")
+    inference = [r for r in results if r.benchmark == "inference" and r.seq_length == INFERENCE_TARGET_LENGTH]
+    neobert = [r for r in inference if r.model.startswith("neobert") and r.error is None]
+    modernbert = [r for r in inference if r.model == "modernbert-base" and r.error is None]
+    if neobert and modernbert:
+        ours_best = max(neobert, key=lambda r: r.tokens_per_s)
+        theirs_best = max(modernbert, key=lambda r: r.tokens_per_s)
+        ratio = ours_best.tokens_per_s / theirs_best.tokens_per_s
+        checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({ours_best.label} / {theirs_best.label})",
+                               ratio >= MIN_INFERENCE_SPEEDUP, scope))
+    else:
+        checks.append(_not_measured(target, threshold, f"inference at length {INFERENCE_TARGET_LENGTH} not run"
+                                    if not inference else _failures(inference) or "no ModernBERT-base run"))
+    return checks
+
+
+def format_targets(checks: List[TargetCheck]) -> str:
+    return "\n".join(f"{c.target}: {c.measured or '-'} (target {c.threshold}) {c.status}" for c in checks)
+
+
+def _markdown_row(cells: List[str], width: int) -> str:
+    return "| " + " | ".join(cells + [""] * (width - len(cells))) + " |"
+
+
+def format_markdown(results: list, checks: List[TargetCheck], meta: dict) -> str:
+    """The results table and the targets, ready to paste into README."""
+    from megatron_neobert.evaluation.throughput import COLUMNS, table_cells
+
+    n = len(COLUMNS)
+    table = [_markdown_row(COLUMNS, n), _markdown_row(["---"] * n, n)]
+    table += [_markdown_row(table_cells(r), n) for r in results]
+    targets = [_markdown_row(["target", "measured", "threshold", "result"], 4), _markdown_row(["---"] * 4, 4)]
+    targets += [_markdown_row([c.target, c.measured or "-", c.threshold, c.status], 4) for c in checks]
+    header = f"Measured on {meta['device']} (torch {meta['torch']}): `{meta['command']}`"
+    return "\n".join([header, ""] + table + [""] + targets) + "\n"
+
+
+def as_json(results: list, checks: List[TargetCheck], meta: dict) -> dict:
+    return {"meta": meta, "results": [dict(dataclasses.asdict(r), label=r.label) for r in results],
+            "targets": [dataclasses.asdict(c) for c in checks]}
 
 
 def build_parser() -> ArgumentParser:
@@ -84,9 +198,8 @@ def main(argv=None):
     import torch
 
     from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
-    from megatron_neobert.evaluation.throughput import (as_json, baseline_attention, benchmark_inference,
-                                                        benchmark_training, check_targets, format_markdown,
-                                                        format_table, format_targets, plot)
+    from megatron_neobert.evaluation.throughput import (baseline_attention, benchmark_inference, benchmark_training,
+                                                        format_table, plot)
     from megatron_neobert.kernels import kernel_report
     from megatron_neobert.model import get_arch
 

@@ -1,61 +1,6 @@
-#!/usr/bin/env python
-"""Contextual Document Embeddings (CDE) training with NeoBERT stages: k-means pseudo-context batches, a first
-stage that embeds J context documents, a second stage that reads them before the document tokens.
+"""Runs megatron_neobert/cli/finetune_cde.py (the neobert-finetune-cde command) from a checkout."""
 
-    python tools/finetune_cde.py --model neobert-hf --output neobert-cde \
-        --dataset msmarco=data/msmarco.jsonl --batch-size 512 --context-size 512 --chunk-size 32
-
-The output holds first_stage/, second_stage/, the context projection and cde_config.json; load it with
-megatron_neobert.embeddings.cde.load_cde and evaluate with tools/run_mteb.py --cde.
-"""
-
-import logging
-import sys
-from dataclasses import fields
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megatron_neobert.cli import ArgumentParser, add_config_flags  # noqa: E402
-
-
-def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CONFIG_HELP, CDEConfig
-
-    p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
-    p.add_argument("--second-stage-model", default=None, help="a different folder for the second stage")
-    p.add_argument("--output", required=True, help="CDE folder to write (replaced atomically)")
-    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE",
-                   help="query-document pairs: a .jsonl/.parquet file (docs/embeddings.md) or a hub dataset "
-                        "owner/name[:config]; repeat for a mixture")
-    p.add_argument("--split", default="train", help="split of hub datasets")
-    p.add_argument("--checkpoint-dir", default=None, help="resumable checkpoints (default: <output>-checkpoints)")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    add_config_flags(p, CDEConfig(), CONFIG_HELP)
-    return p
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    from megatron_neobert.embeddings.cde import finetune_cde
-    from megatron_neobert.embeddings.config import CDEConfig
-    from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    datasets = []
-    for spec in args.dataset:
-        try:
-            name, source = parse_dataset_spec(spec)
-            datasets.append(load_pair_dataset(source, name=name, split=args.split, max_negatives=0))
-        except (ValueError, FileNotFoundError) as err:  # a bad spec, file, line or record
-            raise SystemExit(f"error: {err}") from None
-    config = CDEConfig(**{f.name: getattr(args, f.name) for f in fields(CDEConfig)})
-    out = finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
-                       device=args.device, checkpoint_dir=args.checkpoint_dir)
-    logging.info("wrote %s", out)
-    return out
-
+from megatron_neobert.cli.finetune_cde import main
 
 if __name__ == "__main__":
     main()

@@ -1,42 +1,8 @@
-"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
+"""Runs megatron_neobert/cli/make_length_subset.py (the neobert-make-length-subset command) from a checkout."""
 
-    python tools/make_length_subset.py --input-prefix data/refinedweb_content_document \
-        --min-tokens 1024 --output-prefix data/refinedweb1024plus_content_document
-
-Reads lengths from the .idx and copies token bytes; no tokenizer needed.
-"""
-
-import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
-
-from megatron_neobert.cli import ArgumentParser  # noqa: E402
-
-
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(description=__doc__)
-    parser.add_argument("--input-prefix", required=True, help="existing dataset (no .bin/.idx)")
-    parser.add_argument("--output-prefix", required=True, help="the subset to write: {prefix}.bin and .idx")
-    parser.add_argument("--min-tokens", type=int, required=True,
-                        help="keep documents with at least this many tokens (no [CLS]/[SEP])")
-    return parser
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from megatron_neobert.data.length_subset import make_length_subset
-
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        stats = make_length_subset(args.input_prefix, args.output_prefix, args.min_tokens)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"done: {stats.summary()} -> {args.output_prefix}.bin / .idx")
-    return 0
-
+from megatron_neobert.cli.make_length_subset import main
 
 if __name__ == "__main__":
     sys.exit(main())

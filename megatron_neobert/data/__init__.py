@@ -2,8 +2,8 @@
 
 - ``tokenizer.build_tokenizer``: Hugging Face or SentencePiece tokenizers with BERT special ids.
 - ``preprocess.preprocess_data``: RefinedWeb Parquet / JSON lines / datasets -> ``.bin/.idx``
-  (``tools/preprocess_data.py``); ``length_subset.make_length_subset``: RefinedWeb1024+ style
-  subsets (``tools/make_length_subset.py``).
+  (``neobert-preprocess-data``); ``length_subset.make_length_subset``: RefinedWeb1024+ style
+  subsets (``neobert-make-length-subset``).
 - ``mlm_dataset``: ``MLMDatasetConfig``, ``MLMDataset``, ``build_mlm_datasets`` (packed or padded
   MLM samples through ``BlendedMegatronDatasetBuilder``); ``blend.parse_data_path``.
 - ``loader``: ``collate_mlm_batch``, ``MLMPretrainingSampler``, ``build_data_loader`` (torch, or

@@ -30,7 +30,7 @@ import torch
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
-from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
@@ -80,18 +80,25 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
 
 
 # Part of the cache file names: a cache of another packer or seeding is never read as this one's.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 LAYOUT_FIELDS = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
 
 
 def sample_stream(unique_identifiers: Dict) -> int:
-    """The random stream of a dataset's layouts and masks: its identity (path, split, seed,
+    """The random stream of a dataset's layouts and masks: its identity (data set, split, seed,
     length, layout mode, tokenizer) without the number of samples asked for, so that sample i
     does not depend on --train-iters and a run extended by resuming sees the samples of a run
     planned longer from the start. Distinct per dataset and split: blends do not mask two
-    datasets' sample i identically."""
-    identity = {k: v for k, v in unique_identifiers.items() if k != "num_samples"}
-    text = json.dumps(identity, indent=4, default=lambda obj: obj.unique_identifiers)
+    datasets' sample i identically. Where the files lie is no part of it: the data set counts by
+    its file name and size, the tokenizer by its type and vocabulary size, not their folders, so the
+    same run from another working directory or checkout reads the same samples."""
+    identity = {k: v for k, v in unique_identifiers.items() if k not in ("num_samples", "dataset_path")}
+    path = unique_identifiers["dataset_path"]
+    if path is not None:  # None: mock data
+        identity["dataset"] = [os.path.basename(path), os.path.getsize(get_bin_path(path))]
+    identity["tokenizer"] = {k: v for k, v in unique_identifiers["tokenizer"].unique_identifiers.items()
+                             if k != "tokenizer_model"}
+    text = json.dumps(identity, indent=4)
     return int(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()[:8], 16)
 
 

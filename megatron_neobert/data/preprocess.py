@@ -1,6 +1,6 @@
 """Tokenize RefinedWeb-style text into megatron-core ``.bin/.idx`` datasets.
 
-The library side of ``tools/preprocess_data.py``. Output names and contents follow Megatron-LM's
+The library side of ``neobert-preprocess-data``. Output names and contents follow Megatron-LM's
 tool: ``{output_prefix}_{key}_document.bin/.idx``, one sequence per document (whole, never
 truncated: the MLM dataset cuts them into samples), and a document for every input record, so
 document i is record i. A text that gives no token (an empty one) is kept as an empty document,
@@ -17,7 +17,7 @@ Each input file becomes one *shard* per key in ``{output_prefix}_shards/`` (writ
 its input has the same path, size, modification time and SHA-256), so a killed job
 resumes where it stopped, and several nodes can share the files (``rank``/``world_size``: file i
 goes to rank ``i % world_size``). With one rank the shards are merged into the output pair and
-removed; with several, ``tools/merge_datasets.py`` merges them once every rank is done. An input
+removed; with several, ``neobert-merge-datasets`` merges them once every rank is done. An input
 that yields no document never replaces an existing dataset.
 
 Documents are tokenized in batches by worker processes (BERT WordPiece tokenizers encode each
@@ -422,8 +422,8 @@ def preprocess_data(
         stats.outputs = {key: shard_dir for key in json_keys}
         # The merge tool writes the prefix it is given, as Megatron-LM's does: give it the names
         # a single-rank run writes.
-        merges = "; ".join(shlex.join(["python", "tools/merge_datasets.py", "--shard-dir",
-                                       shard_dir, "--json-key", key, "--output-prefix", dataset])
+        merges = "; ".join(shlex.join(["neobert-merge-datasets", "--shard-dir", shard_dir, "--json-key", key,
+                                       "--output-prefix", dataset])
                            for key, dataset in datasets.items())
         logger.info("rank %d of %d: %s; merge the shards once every rank is done: %s",
                     rank, world_size, stats.summary(), merges)

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -146,12 +146,11 @@ def fine_tune(
     checkpoint_dir=None,
     device="cpu",
     progress: bool = True,
-    on_train_start: Optional[Callable] = None,
 ) -> dict:
     """Fine-tunes `model_path` (or `init_path`, e.g. an MNLI checkpoint) on one task; returns the run record.
 
     The tokenizer always comes from `model_path`. `checkpoint_dir`, when given, receives the weights of the
-    best evaluation. `on_train_start(model)` is called once the model is loaded and on `device`.
+    best evaluation.
     """
     from transformers import AutoTokenizer
 
@@ -171,8 +170,6 @@ def fine_tune(
 
     model = load_classifier(init_path or model_path, task, seed=spec.seed).to(device)
     model.train()
-    if on_train_start is not None:
-        on_train_start(model)
 
     steps_per_epoch = math.ceil(len(train) / spec.batch_size)
     every = eval_interval(steps_per_epoch, protocol.max_eval_interval)

@@ -1,8 +1,12 @@
-"""GLUE metrics as the paper reports them, in numpy (tests check them against scikit-learn and SciPy)."""
+"""GLUE metrics as the paper reports them, from scikit-learn and SciPy (the eval extra)."""
 
-from typing import Dict, Mapping, Sequence
+import math
+import warnings
+from typing import Callable, Dict, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
+from sklearn import metrics
 
 from .glue_data import GlueTask
 
@@ -13,50 +17,34 @@ PAPER_AVERAGE = 89.0
 
 
 def accuracy(preds, labels) -> float:
-    preds, labels = np.asarray(preds), np.asarray(labels)
-    return float((preds == labels).mean())
+    return float(metrics.accuracy_score(labels, preds))
 
 
 def f1_binary(preds, labels) -> float:
     """F1 of the positive class (label 1), 0 when there is no true or predicted positive."""
-    preds, labels = np.asarray(preds) == 1, np.asarray(labels) == 1
-    tp = float((preds & labels).sum())
-    denominator = float(preds.sum() + labels.sum())
-    return 2 * tp / denominator if denominator else 0.0
+    return float(metrics.f1_score(labels, preds, zero_division=0.0))
 
 
 def matthews_corrcoef(preds, labels) -> float:
-    """Multi-class Matthews correlation (Gorodkin's R_K); 0 when undefined, as scikit-learn returns."""
-    preds, labels = np.asarray(preds), np.asarray(labels)
-    classes = np.union1d(preds, labels)
-    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
-    np.add.at(confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, preds)), 1)
-    t, p = confusion.sum(1), confusion.sum(0)  # true / predicted counts per class
-    n, correct = confusion.sum(), np.trace(confusion)
-    cov_yy, cov_pp, cov_yp = n * n - t @ t, n * n - p @ p, correct * n - t @ p
-    return float(cov_yp / np.sqrt(cov_yy * cov_pp)) if cov_yy * cov_pp > 0 else 0.0
+    """Multi-class Matthews correlation (Gorodkin's R_K); 0 when undefined."""
+    return float(metrics.matthews_corrcoef(labels, preds))
+
+
+def _correlation(statistic: Callable, x, y) -> float:
+    """SciPy's correlation of x and y; 0 when undefined (a constant input, e.g. a run that predicts one score),
+    where SciPy gives nan, so that such a run still ranks below the others in the grid."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        r = float(statistic(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))[0])
+    return 0.0 if math.isnan(r) else r
 
 
 def pearson(x, y) -> float:
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    x, y = x - x.mean(), y - y.mean()
-    denominator = np.sqrt((x * x).sum() * (y * y).sum())
-    return float((x * y).sum() / denominator) if denominator > 0 else 0.0
-
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.arange(1, len(x) + 1)
-    # Ties share the mean of their ranks.
-    values, inverse = np.unique(x, return_inverse=True)
-    sums = np.bincount(inverse, weights=ranks)
-    counts = np.bincount(inverse)
-    return (sums / counts)[inverse]
+    return _correlation(stats.pearsonr, x, y)
 
 
 def spearman(x, y) -> float:
-    return pearson(_average_ranks(np.asarray(x, dtype=np.float64)), _average_ranks(np.asarray(y, dtype=np.float64)))
+    return _correlation(stats.spearmanr, x, y)
 
 
 def split_metrics(task: GlueTask, preds: Sequence, labels: Sequence) -> Dict[str, float]:

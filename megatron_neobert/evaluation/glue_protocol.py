@@ -1,6 +1,6 @@
 """The GLUE protocol's settings: the paper's grid, the shared protocol, one run's settings and its key.
 
-Free of torch so that tools/run_glue.py --help shows these defaults at once.
+Free of torch so that neobert-run-glue --help shows these defaults at once.
 """
 
 from dataclasses import dataclass

@@ -97,7 +97,7 @@ def run_pseudo_perplexity(hf_dir: Path, s: dict, device: str, workdir: Path) -> 
                                   progress=False)
     if not results:
         raise ValueError(f"no text of {s['texts']} has at least {s['min_length']} tokens")
-    # As tools/pseudo_perplexity.py: the buckets cut at the length cap, which is always an edge.
+    # As neobert-pseudo-perplexity: the buckets cut at the length cap, which is always an edge.
     edges = sorted({e for e in (s["buckets"] or DEFAULT_BUCKETS) if e < s["max_length"]} | {s["max_length"]})
     return [(f"pppl/len_{b['max_length']}", "pseudo_perplexity", b["pseudo_perplexity"])
             for b in bucket_results(results, edges)]

@@ -9,7 +9,6 @@ checkpoints) run unchanged with several gloo processes: in CI, and on a laptop t
 On a machine with CUDA it does nothing.
 """
 
-import contextlib
 import logging
 
 import torch
@@ -91,14 +90,3 @@ def enable_cpu_execution() -> bool:
     logger.info("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")
     return True
 
-
-@contextlib.contextmanager
-def cuda_redirection_paused():
-    """The function mode off inside the block, for code that never calls megatron-core and that
-    torch.compile, torch.export or torch.jit must trace (they cannot trace through the mode): a
-    process that converted a checkpoint (which turns the redirection on) and then compiles an HF model."""
-    if _mode is None:
-        yield
-        return
-    with torch.overrides._pop_mode_temporarily():
-        yield

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -217,14 +217,13 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
                 num_zeros=num_zeros, params_norm=params_norm(chunks) if settings.logging.log_params_norm else None)
 
 
-def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
-          on_step: Optional[Callable[[dict], None]] = None) -> dict:
+def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
     [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
-    function), for training and validation. `on_step(record)` is called after each step.
+    function), for training and validation.
     """
     started = time.time()
     configure_logging()
@@ -242,7 +241,7 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
         forked_children_die_with_rank()
         watchdog = ProgressWatchdog(faults.distributed_timeout_minutes)
         lock = claim_save_dir(settings.checkpoint)
-        return _train(settings, tokenizer, forward_step, on_step, handler, watchdog, started)
+        return _train(settings, tokenizer, forward_step, handler, watchdog, started)
     finally:
         if watchdog:
             watchdog.close()
@@ -252,7 +251,7 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
             handler.__exit__(None, None, None)
 
 
-def _train(settings: Settings, tokenizer, forward_step: ForwardStep, on_step, handler: Optional[ExitSignalHandler],
+def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
     options = settings.checkpoint
     verify = not options.no_verify_checkpoint
@@ -362,8 +361,6 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, on_step, ha
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
             history["train"].append(record)
-            if on_step:
-                on_step(record)
             report = state.iteration % settings.logging.log_interval == 0 or state.iteration == training.train_iters
             log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)
             if report:

@@ -220,6 +220,22 @@ torch.save([train[i] for i in (0, 7, 999)], {out!r})
     assert not torch.equal(other_seed[0]["tokens"], train[0]["tokens"])
 
 
+def test_samples_do_not_depend_on_where_the_files_lie(sample_tokenizer, indexed_prefix, tmp_path):
+    """The same data set and tokenizer copied to other folders (another working directory or checkout)
+    give the same layout and masks."""
+    import shutil
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    (tmp_path / "elsewhere").mkdir()
+    moved = _copy_dataset(indexed_prefix, str(tmp_path / "elsewhere" / os.path.basename(indexed_prefix)))
+    moved_tok = build_tokenizer("HuggingFaceTokenizer", shutil.copytree(SAMPLE_TOKENIZER, str(tmp_path / "tok")))
+    here = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=str(tmp_path / "c1")),
+                              [300, None, None])[0]
+    there = build_mlm_datasets(_config(moved_tok, [moved], cache=str(tmp_path / "c2")), [300, None, None])[0]
+    assert numpy.array_equal(here.shuffle_index, there.shuffle_index)
+    for i in (0, 7, 299):
+        assert all(torch.equal(here[i][k], there[i][k]) for k in here[i])
+
+
 def test_sample_i_does_not_depend_on_the_number_of_samples(sample_tokenizer, indexed_prefix, tmp_path):
     """Asking for more samples (a run extended by resuming) only appends: single datasets and
     weighted blends, packed and padded."""

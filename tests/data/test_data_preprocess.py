@@ -255,8 +255,8 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
         _run([src], str(tmp_path / "rw"), rank=0, world_size=2)
     hint = re.search(r"merge the shards once every rank is done: (.*)", caplog.text).group(1)
     command = shlex.split(hint)
-    assert command[:2] == ["python", "tools/merge_datasets.py"] and ";" not in hint
-    assert merge(command[2:]) == 0
+    assert command[0] == "neobert-merge-datasets" and ";" not in hint
+    assert merge(command[1:]) == 0
     # The names a single-rank run writes and docs/data.md gives, with the same bytes.
     assert listing(tmp_path) == ["reference_content_document.bin", "reference_content_document.idx",
                                  "reference_content_document.tokenizer.json", "rw_content_document.bin",

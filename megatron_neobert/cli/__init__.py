@@ -1,6 +1,7 @@
-"""What every tools/*.py shares: flags spelled with dashes as Megatron-LM's (the underscore spellings of
-earlier versions are still read, without showing in --help), no abbreviated flags (as Megatron-LM's), and every
-flag's default shown in --help.
+"""The package's commands, one module each (`main(argv)`, installed as the neobert-* console scripts; setup.py
+lists them), and what they and the scripts in tools/ share: flags spelled with dashes as Megatron-LM's (the
+underscore spellings of earlier versions are still read, without showing in --help), no abbreviated flags (as
+Megatron-LM's), and every flag's default shown in --help.
 
 Kept free of heavy imports (torch, transformers, megatron-core) so that `--help` answers at once.
 """

@@ -1,0 +1,38 @@
+"""Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
+several nodes) into one, in order, with megatron-core's IndexedDatasetBuilder.add_index.
+
+    neobert-merge-datasets --shard-dir data/rw_shards --json-key content \
+        --output-prefix data/rw_content_document
+    neobert-merge-datasets --input data/a_content_document data/b_content_document \
+        --output-prefix data/ab_content_document
+
+--shard-dir takes the shards of one --json-keys key listed there, refusing while one is missing;
+the output is written atomically and refused when the inputs hold no document or come from different tokenizers.
+"""
+
+import sys
+
+from megatron_neobert.cli import ArgumentParser
+
+
+def main(argv=None) -> int:
+    parser = ArgumentParser(description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", nargs="+", help="dataset prefixes, merged in this order")
+    source.add_argument("--shard-dir", help="a folder of preprocess_data.py shards")
+    parser.add_argument("--json-key", default="content", help="the key of the shards to merge")
+    parser.add_argument("--output-prefix", required=True,
+                        help="writes {prefix}.bin / .idx, as Megatron-LM's merge_datasets.py: "
+                             "give the dataset's whole name, e.g. data/rw_content_document")
+    args = parser.parse_args(argv)
+    from megatron_neobert.data.merge import merge_datasets
+    from megatron_neobert.data.preprocess import shards_of
+
+    try:
+        prefixes = args.input or shards_of(args.shard_dir, args.json_key)
+        documents = merge_datasets(prefixes, args.output_prefix)
+    except ValueError as err:  # IndexedDataError, different tokenizers, nothing to merge
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"merged {len(prefixes)} datasets, {documents:,} documents: {args.output_prefix}.bin / .idx")
+    return 0

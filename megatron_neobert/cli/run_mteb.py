@@ -1,0 +1,74 @@
+"""MTEB (mteb 2.x) evaluation of an exported NeoBERT embedding folder, with the paper's per-task instructions.
+
+    neobert-run-mteb --model neobert-embed --output results/neobert-embed            # MTEB(eng, v1)
+    neobert-run-mteb --model neobert-embed --output results/x --tasks STS12 NFCorpus --dtype bf16
+    neobert-run-mteb --model cde-folder --cde --output results/cde --tasks SciFact
+    # offline: tasks from local files (docs/mteb.md)
+    neobert-run-mteb --model neobert-embed --output results/local --local-task data/NFCorpus data/my-sts
+
+Writes summary.md / summary.json (by task type, beside the paper's numbers) and mteb's per-task results under
+--cache (default <output>/mteb_cache), keyed by a revision hashed from the weights, config, dtype and instructions.
+"""
+
+import logging
+from pathlib import Path
+
+from megatron_neobert.cli import ArgumentParser
+
+
+def build_parser() -> ArgumentParser:
+    from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
+
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True, help="exported NeoBERT folder (or a CDE folder with --cde)")
+    p.add_argument("--output", required=True, help="summary.md and summary.json go here")
+    p.add_argument("--tasks", nargs="+", default=None,
+                   help=f"MTEB task and/or benchmark names (default: {DEFAULT_BENCHMARK}, unless --local-task is given)")
+    p.add_argument("--local-task", nargs="+", default=[], action="extend", metavar="FOLDER",
+                   help="tasks from local files, no Hub needed: retrieval, STS or classification folders "
+                        "(docs/mteb.md gives the files)")
+    p.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="float16", help="the paper evaluates in float16")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's maximum)")
+    p.add_argument("--no-instructions", action="store_true", help="encode queries without the paper's instructions")
+    p.add_argument("--name", default=None, help="model name in mteb's cache (default: the folder name)")
+    p.add_argument("--cache", default=None, help="mteb's result cache (default: <output>/mteb_cache)")
+    p.add_argument("--overwrite", action="store_true", help="re-run tasks already in the cache")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--cde", action="store_true", help="the folder is a contextual (CDE) model")
+    p.add_argument("--cde-context-size", type=int, default=None,
+                   help="context documents per task (default: the J it was trained with)")
+    return p
+
+
+def main(argv=None, tasks=None):
+    """`tasks` (task objects) replaces --tasks and --local-task."""
+    args = build_parser().parse_args(argv)
+    from megatron_neobert.defaults import DEFAULT_BENCHMARK
+    from megatron_neobert.embeddings.mteb_eval import NeoBERTEncoder, resolve_tasks, run_mteb
+    from megatron_neobert.embeddings.mteb_local import local_task
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        if tasks is None:
+            names = args.tasks if args.tasks is not None else ([] if args.local_task else [DEFAULT_BENCHMARK])
+            tasks = [local_task(folder) for folder in args.local_task] + (resolve_tasks(names) if names else [])
+        common = dict(dtype=args.dtype, device=args.device, batch_size=args.batch_size, max_length=args.max_length,
+                      use_instructions=not args.no_instructions, name=args.name)
+        if args.cde:
+            from megatron_neobert.embeddings.cde import CDEEncoder
+
+            model = CDEEncoder(args.model, context_size=args.cde_context_size, tasks=tasks, **common)
+        else:
+            model = NeoBERTEncoder(args.model, **common)
+    except (ValueError, FileNotFoundError) as err:  # unknown task names, a bad task file or model folder
+        raise SystemExit(f"error: {err}") from None
+    summary = run_mteb(model, tasks, args.output, cache_dir=args.cache, overwrite=args.overwrite,
+                       encode_batch_size=args.batch_size)
+    print((Path(args.output) / "summary.md").read_text())
+    return summary
+
+
+def cli() -> None:
+    """The neobert-run-mteb command: main()'s results are printed and written, not its exit status."""
+    main()

@@ -1,0 +1,43 @@
+"""The package's import graph (tests/import_graph.py) has no cycles: each module can be read, tested and moved
+without the modules that import it."""
+
+from import_graph import PACKAGE_DIR, describe_cycle, import_graph, strongly_connected
+
+# The one cycle kept: the loader imports the DALI loader inside a function, only when --dataloader-type dali asks
+# for it, so that nvidia-dali stays optional; the DALI loader reuses the loader's sampler and collate function.
+ALLOWED = [["megatron_neobert.data.dali_loader", "megatron_neobert.data.loader"]]
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = [c for c in strongly_connected(graph) if c not in ALLOWED]
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) + "\n" + describe_cycle(graph, c)
+                                                      for c in cycles)
+
+
+def test_the_allowed_cycle_is_closed_only_by_a_function_level_import():
+    graph = import_graph()
+    assert all(imp.lazy for imp in graph["megatron_neobert.data.loader"]["megatron_neobert.data.dali_loader"])
+
+
+def test_the_graph_follows_relative_lazy_and_submodule_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\nimport os\n",                  # relative, a submodule by name
+        "b.py": "def f():\n    from pkg.sub.c import g\n",       # in a function, a name from a module
+        "sub/__init__.py": "from .c import g\n",                  # a package's relative import
+        "sub/c.py": "from ..a import x\ng = 1\n",                 # two levels up
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    graph = import_graph(package)
+    assert {m: sorted(t) for m, t in graph.items()} == {
+        "pkg": [], "pkg.a": ["pkg.b"], "pkg.b": ["pkg.sub.c"], "pkg.sub": ["pkg.sub.c"], "pkg.sub.c": ["pkg.a"]}
+    assert [imp.lazy for imp in graph["pkg.b"]["pkg.sub.c"]] == [True]
+    assert strongly_connected(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    assert describe_cycle(graph, ["pkg.a", "pkg.b", "pkg.sub.c"], package).splitlines() == [
+        "  pkg/a.py:1 imports pkg.b",
+        "  pkg/b.py:2 imports pkg.sub.c (in a function)",
+        "  pkg/sub/c.py:1 imports pkg.a"]
