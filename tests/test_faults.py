@@ -21,7 +21,7 @@ import time
 import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.checkpoint_integrity import MANIFEST
 from megatron_neobert.training.checkpointing import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.training.errors import TrainingError
@@ -263,9 +263,10 @@ def test_an_invalid_hf_config_json_is_named(tmp_path):
 
 
 def test_fault_flags_have_megatron_lm_defaults(data):
-    args = parse_args(argv(data))
-    assert args.exit_signal == "SIGTERM" and args.distributed_timeout_minutes == 10
-    assert args.exit_duration_in_mins is None and not args.no_verify_checkpoint
+    settings = parse_settings(argv(data))
+    faults = settings.faults
+    assert faults.exit_signal == "SIGTERM" and faults.distributed_timeout_minutes == 10
+    assert faults.exit_duration_in_mins is None and not settings.checkpoint.no_verify_checkpoint
 
 
 @pytest.mark.integration

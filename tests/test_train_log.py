@@ -6,8 +6,8 @@ import re
 import pytest
 
 from megatron_neobert.model.config import get_arch
-from megatron_neobert.training.arguments import parse_args
-from megatron_neobert.training.train_log import TrainingLog
+from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
 # What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
 ITERATION = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+(\d+)/\s*(\d+) \|")
@@ -41,9 +41,10 @@ def _parse(line):
 
 
 def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, capsys):
-    args = parse_args(["--mock-data", "--global-batch-size", "32", "--train-iters", "6", "--lr-warmup-iters", "0",
-                       "--log-params-norm", "--log-num-zeros-in-grad"])
-    log = TrainingLog(args, get_arch("neobert-tiny"), padded_vocab=8192)
+    configure_logging()  # the trainer's console: rank 0's INFO lines on stdout
+    settings = parse_settings(["--mock-data", "--global-batch-size", "32", "--train-iters", "6",
+                               "--lr-warmup-iters", "0", "--log-params-norm", "--log-num-zeros-in-grad"])
+    log = TrainingLog(settings, get_arch("neobert-tiny"), padded_vocab=8192)
     log.step(_record(1, 10.25, 1e-4), None, 0)
     log.step(_record(2, 10.75, 2e-4), None, 0)
     log.step(_record(3, float("nan"), 3e-4, skipped=True), 0.5, 1)
@@ -88,7 +89,7 @@ def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
                                                     "--log-world-size-to-tensorboard",
                                                     "--no-log-loss-scale-to-tensorboard",
                                                     "--log-validation-ppl-to-tensorboard"])):
-        log = TrainingLog(parse_args(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
+        log = TrainingLog(parse_settings(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
         log.writers.append(_Scalars())
         for it in range(1, 5):
             log.step(_record(it, 10.0, 1e-4), 0.5 if it % 2 == 0 else None, 0)

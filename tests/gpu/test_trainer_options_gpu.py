@@ -54,11 +54,11 @@ def first_batches(argv, loader: str, count: int = 4):
     """The trainer's first `count` micro-batches from `loader`, as (the devices of their tensors, the batches
     on the host)."""
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.arguments import parse_settings
     from megatron_neobert.training.data_setup import build_data
 
     initialize_model_parallel(1, 1)
-    _, batches, _ = build_data(parse_args(argv + ["--data-loader", loader]), 0, 0)
+    _, batches, _ = build_data(parse_settings(argv + ["--data-loader", loader]), 0, 0)
     out = [next(batches) for _ in range(count)]
     devices = {v.device.type for b in out for v in b.values() if torch.is_tensor(v)}
     return devices, [{k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()} for b in out]
