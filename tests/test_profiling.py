@@ -2,17 +2,18 @@
 runs on (a 2-rank run under the trainer is in test_pretrain.py)."""
 
 import json
+import logging
 
 import pytest
 import torch
 
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.profiling import StepProfiler
 
 
 def profiler(tmp_path, *flags):
-    return StepProfiler(parse_args(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0",
+    return StepProfiler(parse_settings(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0",
                                     "--tensorboard-dir", str(tmp_path), *flags]))
 
 
@@ -31,12 +32,13 @@ def traced_steps(path):
     return sorted(n for n in names if n and n.startswith("ProfilerStep#"))
 
 
-def test_the_window_holds_the_steps_after_the_start_to_the_end(single_rank, tmp_path, capsys):
+def test_the_window_holds_the_steps_after_the_start_to_the_end(single_rank, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="megatron_neobert")
     prof = profiler(tmp_path, "--profile", "--profile-step-start", "2", "--profile-step-end", "4")
     run_steps(prof, 1, 6)
     assert [p.name for p in tmp_path.iterdir()] == ["rank0_steps3-4.pt.trace.json"]
     assert traced_steps(tmp_path / "rank0_steps3-4.pt.trace.json") == ["ProfilerStep#0", "ProfilerStep#1"]
-    printed = capsys.readouterr().out
+    printed = caplog.text
     assert printed.count("profile of steps 3-4 on rank 0: trace ") == 1
     assert "top 15 operators by self cpu time" in printed and "aten::mm" in printed
 

@@ -105,7 +105,8 @@ def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
 
 def _report(flags, records, elapsed):
     """The console line a window of `records` ending in `elapsed` seconds gives, and the last value of each tag."""
-    log = TrainingLog(parse_args(["--mock-data", "--global-batch-size", "32", "--lr-warmup-iters", "0", *flags]),
+    configure_logging()  # the trainer's console: rank 0's INFO lines on stdout
+    log = TrainingLog(parse_settings(["--mock-data", "--global-batch-size", "32", "--lr-warmup-iters", "0", *flags]),
                       get_arch("neobert-tiny"), padded_vocab=8192)
     log.writers.append(_Scalars())
     for record in records[:-1]:
