@@ -396,7 +396,8 @@ def test_bert_word_piece_vocab_file_gives_the_same_ids(corpus_slice, expected_id
     assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids))
 
 
-def test_the_data_benchmark_runs_its_three_parts_on_the_same_tokens(corpus_slice, capsys):
+@pytest.mark.integration  # fresh processes build datasets (the trainer's path), 30-90 s
+def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, capsys):
     """tools/benchmark_data.py end to end on a slice: the plain loop, Megatron-LM's loop and
     preprocess_data must count the same tokens (the script asserts it) before any ratio is printed."""
     from tools.benchmark_data import main
