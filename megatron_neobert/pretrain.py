@@ -4,7 +4,7 @@
         --tokenizer-model bert-base-uncased --bf16 --use-distributed-optimizer --save ckpt --load ckpt
 
 The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as a library:
-`megatron_neobert.training.loop.train(parse_args(argv))`.
+`megatron_neobert.training.loop.train(parse_settings(argv))`.
 """
 
 import logging
@@ -14,27 +14,30 @@ import time
 import traceback
 from typing import List, Optional
 
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
 
+logger = logging.getLogger(__name__)
+
 
 def main(argv: Optional[List[str]] = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        args = parse_args(argv)  # --help and bad flags answer here, before megatron-core is imported
+        settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)
+    from megatron_neobert.training.train_log import configure_logging
+
+    configure_logging()  # before megatron-core's import, whose warnings it shows
     import torch
     from megatron.core import parallel_state
 
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
-    from megatron_neobert.training.train_log import print_rank_0
 
     try:
-        history = train(args)
+        history = train(settings)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)
@@ -44,7 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         kill_stopped_local_ranks()
         kill_children()
         return 1
-    print_rank_0(f"done: iteration {history['iteration']} ({history['exit']})")
+    logger.info(f"done: iteration {history['iteration']} ({history['exit']})")
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()

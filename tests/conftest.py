@@ -38,13 +38,16 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def single_rank():
-    """megatron-core parallel state for one CPU rank, inside the test process."""
+    """megatron-core parallel state for one CPU rank, inside the test process; made again where a trainer run in
+    this process (pretrain.main, which ends by destroying it) came before, whichever tests an xdist worker got."""
+    from megatron.core import parallel_state
+
     from megatron_neobert.parallel.launch import initialize_model_parallel
 
-    initialize_model_parallel(1, 1, seed=1)
-    yield
+    if not parallel_state.model_parallel_is_initialized():
+        initialize_model_parallel(1, 1, seed=1)
 
 
 @pytest.fixture(scope="module")

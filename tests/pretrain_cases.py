@@ -11,7 +11,7 @@ from megatron.core.utils import unwrap_model
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.training import loop
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.loop import NonFiniteLossError, train
 from megatron_neobert.training.model_setup import build_model_chunks, model_arch
@@ -29,7 +29,7 @@ def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
 
 
 def run_train(argv: list) -> dict:
-    return train(parse_args(argv))
+    return train(parse_settings(argv))
 
 
 def real_tokens_per_step(argv: list, steps: int) -> list:
@@ -39,9 +39,9 @@ def real_tokens_per_step(argv: list, steps: int) -> list:
     from megatron_neobert.training.data_setup import build_data
 
     initialize_model_parallel(1, 1)
-    args = parse_args(argv)
-    tokenizer, batches, _ = build_data(args, 0, 0)
-    micro_batches = args.global_batch_size // args.micro_batch_size
+    settings = parse_settings(argv)
+    tokenizer, batches, _ = build_data(settings, 0, 0)
+    micro_batches = settings.training.global_batch_size // settings.training.micro_batch_size
     return [sum(int((next(batches)["tokens"] != tokenizer.pad_id).sum()) for _ in range(micro_batches))
             for _ in range(steps)]
 
@@ -68,7 +68,7 @@ def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signa
         if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
             os.kill(os.getpid(), signum)
     with after_each_step(on_step):
-        return train(parse_args(argv))
+        return train(parse_settings(argv))
 
 
 def run_train_until_nonfinite(argv: list, nonfinite_at: list):
@@ -90,7 +90,7 @@ def run_train_until_nonfinite(argv: list, nonfinite_at: list):
 
     try:
         with after_each_step(records.append):
-            train(parse_args(argv), forward_step=forward_step)
+            train(parse_settings(argv), forward_step=forward_step)
     except NonFiniteLossError as err:
         return records, str(err)
     return records, None
@@ -101,9 +101,9 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
     from megatron_neobert.parallel.launch import initialize_model_parallel
     from megatron_neobert.model import transformer_config
 
-    args = parse_args(argv)
+    settings = parse_settings(argv)
     initialize_model_parallel(1, 1)
-    arch = model_arch(args)
+    arch = model_arch(settings.model)
     chunks = build_model_chunks(arch, transformer_config(arch), "local")
     weights = []
     for path in checkpoint_dirs:

@@ -98,6 +98,7 @@ def run_cli(command, env=None, timeout=120):
 NO_PROXY = {name: "" for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("network", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "",
                                                                  "HF_ENDPOINT": "http://127.0.0.1:9", **NO_PROXY}],
                          ids=["offline", "hub-unreachable"])
@@ -114,6 +115,7 @@ def test_a_missing_tokenizer_fails_at_once(data, tmp_path, network):
     assert seconds < 30, seconds
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["before the process group", "after it"])
 def test_only_rank_0_reports(data, checkpoint, tmp_path, case):
     """Two ranks meet the same fault; one line says it, and neither prints a traceback."""

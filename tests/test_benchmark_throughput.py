@@ -16,6 +16,7 @@ from tools.benchmark_throughput import check_targets, format_markdown
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+@pytest.mark.integration  # the tool end to end: a minute or more on 2 cores
 def test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown(tmp_path, monkeypatch):
     # Inductor's code generation takes minutes on CPU even at these sizes, so the compiled variants go through
     # dynamo for real (graph capture, guards, graph breaks) and run the captured graphs with the eager backend.
@@ -64,6 +65,7 @@ def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explici
     assert benchmark_throughput.parse_args([]).inference_seq_lengths == [512, 1024, 2048, 4096, 8192]
 
 
+@pytest.mark.integration
 def test_quick_run_of_a_tiny_preset_writes_its_figures_before_the_plot(tmp_path, monkeypatch):
     import megatron_neobert.evaluation.throughput as throughput
 

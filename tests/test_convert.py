@@ -126,6 +126,7 @@ def round_trip(tmp_path_factory, config, hf_weights):
     return tmp, summary, export
 
 
+@pytest.mark.integration
 def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     tmp, summary, _ = round_trip
     root = tmp / "mcore"
@@ -154,6 +155,7 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
 
 
+@pytest.mark.integration
 def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     tmp, _, export = round_trip
     back = load_file(str(tmp / "hf" / "model.safetensors"))
@@ -172,6 +174,7 @@ def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     assert leftovers(tmp, {"official", "mcore", "hf"}) == []
 
 
+@pytest.mark.integration
 def test_megatron_tp2_pp2_logits_equal_hf_logits(round_trip):
     tmp, _, _ = round_trip
     enc, micro = padded_batch()
@@ -206,6 +209,7 @@ def packed_batch(enc):
     return [dict(tokens=torch.cat(docs)[None], cu_seqlens=torch.cumsum(lengths, 0).to(torch.int32))]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_logits_equal_hf_logits_packed_and_padded(round_trip, tp):
     """The converted checkpoint loaded at TP 1 and TP 2 (megatron-core reshards), packed and padded
@@ -224,6 +228,7 @@ def test_megatron_logits_equal_hf_logits_packed_and_padded(round_trip, tp):
         torch.testing.assert_close(megatron, hf[real], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round_trip, hf_weights):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
@@ -249,6 +254,7 @@ def test_exported_folder_loads_with_auto_classes_and_sentence_transformers(round
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
     """Three trainer steps at TP=2 x PP=2 x VPP=2 (optimizer, scheduler and RNG state saved too) ->
     HF: the same MLM logits as megatron-core running the trainer's checkpoint at that layout."""
@@ -271,6 +277,7 @@ def test_trainer_checkpoint_exports_equal_logits(data, tmp_path):
     torch.testing.assert_close(megatron[real], hf[real], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_trainer_continues_from_converted_checkpoint(round_trip, data, hf_weights, tmp_path, capfd):
     """HF -> TP=2 x PP=2 checkpoint -> the trainer loads it at another layout (PP=2, with the checkpoint's
     8256 vocabulary rows, not the 8320 of TP=1) and takes a step at learning rate 0 -> its checkpoint
@@ -347,6 +354,7 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     return dst
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case, message", [
     ("empty folder", "not a megatron-core distributed checkpoint"),
     ("hf folder", "not a megatron-core distributed checkpoint"),
@@ -399,6 +407,7 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
     assert sorted(os.listdir(tmp_path)) == before  # nothing written, no temporary folder left
 
 
+@pytest.mark.integration
 def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
         hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
@@ -414,6 +423,7 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     assert sorted(os.listdir(tmp_path)) == ["vocab"]
 
 
+@pytest.mark.integration
 def test_export_needs_the_tokenizer_unless_told(round_trip, tmp_path):
     """A tokenizer the checkpoint names but this machine lacks is an error naming it; --no-tokenizer exports
     the weights alone, --tokenizer supplies another."""
@@ -437,6 +447,7 @@ def test_export_needs_the_tokenizer_unless_told(round_trip, tmp_path):
         mcore_to_hf(src, tmp_path / "both", tokenizer=SAMPLE_TOKENIZER, no_tokenizer=True)
 
 
+@pytest.mark.integration
 def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
     """A lone conversion needs no rendezvous even when the shell exports MASTER_PORT (and no RANK)."""
     env = dict(os.environ, MASTER_PORT="29533", PYTHONPATH=os.pathsep.join(sys.path))
@@ -448,6 +459,7 @@ def test_cli_ignores_an_exported_master_port(round_trip, tmp_path):
     assert "28 tensors" in out.stdout and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+@pytest.mark.integration
 def test_cli_output_to_a_log_is_plain_lines(round_trip, tmp_path):
     """To a pipe (as to a log file): progress as plain lines, without a bar's carriage returns, and none of the
     FutureWarnings megatron-core's checkpointing raises through torch (a user cannot act on them)."""
@@ -460,6 +472,7 @@ def test_cli_output_to_a_log_is_plain_lines(round_trip, tmp_path):
     assert "Warning" not in out.stderr, out.stderr
 
 
+@pytest.mark.integration
 def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
     dst = tmp_path / "hf"
     dst.mkdir()
@@ -474,6 +487,7 @@ def test_refuses_existing_target_unless_overwrite(round_trip, tmp_path):
         hf_to_mcore(round_trip[0] / "official", round_trip[0] / "mcore")
 
 
+@pytest.mark.integration
 def test_cli(round_trip, tmp_path, capsys, hf_weights):
     out = tmp_path / "bf16"
     assert cli(["--direction", "mcore-to-hf", "--load", str(round_trip[0] / "mcore"), "--save", str(out),

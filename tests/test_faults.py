@@ -21,7 +21,7 @@ import time
 import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.checkpoint.integrity import MANIFEST
 from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.training.errors import TrainingError
@@ -119,6 +119,7 @@ def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data
         train_here(data, "--train-iters", "10", "--load", root, "--no-verify-checkpoint")
 
 
+@pytest.mark.integration
 def test_the_damaged_checkpoint_error_is_one_line_and_exit_status_1(one_rank_run, data, tmp_path):
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
     damage(iteration_dir(root, 8), "truncate shard")
@@ -262,11 +263,13 @@ def test_an_invalid_hf_config_json_is_named(tmp_path):
 
 
 def test_fault_flags_have_megatron_lm_defaults(data):
-    args = parse_args(argv(data))
-    assert args.exit_signal == "SIGTERM" and args.distributed_timeout_minutes == 10
-    assert args.exit_duration_in_mins is None and not args.no_verify_checkpoint
+    settings = parse_settings(argv(data))
+    faults = settings.faults
+    assert faults.exit_signal == "SIGTERM" and faults.distributed_timeout_minutes == 10
+    assert faults.exit_duration_in_mins is None and not settings.checkpoint.no_verify_checkpoint
 
 
+@pytest.mark.integration
 def test_exit_duration_saves_and_stops_all_ranks_at_one_step(data, tmp_path):
     root = str(tmp_path / "ckpt")
     history = run_on_ranks(run_train, 2, argv(data, "--train-iters", "50", "--exit-duration-in-mins", "0.0001",
@@ -388,6 +391,7 @@ def stopped_iteration(job: Job) -> int:
     return int(job.wait_for(r"stopping at iteration (\d+) \(signal\)").group(1))
 
 
+@pytest.mark.integration
 def test_sigterm_to_torchrun_with_data_workers_saves_and_resumes_exactly(data, tmp_path, job_factory):
     """torchrun forwards SIGTERM to each rank's process group, DataLoader workers included."""
     root = str(tmp_path / "ckpt")
@@ -407,6 +411,7 @@ def test_sigterm_to_torchrun_with_data_workers_saves_and_resumes_exactly(data, t
     assert len(losses(resumed)) == 2 and losses(resumed) == losses(uninterrupted, stop)
 
 
+@pytest.mark.integration
 def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, job_factory):
     """No DataLoader workers: the signal reaches the rank and its checkpoint writers."""
     root = str(tmp_path / "ckpt")
@@ -444,6 +449,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.integration
 def test_children_the_main_thread_forks_die_with_the_rank_killed_by_sigkill():
     rank = subprocess.Popen([sys.executable, "-c", FORKING_RANK], stdout=subprocess.PIPE, text=True)
     try:
@@ -463,6 +469,7 @@ def test_children_the_main_thread_forks_die_with_the_rank_killed_by_sigkill():
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock(data, tmp_path, job_factory):
     root = str(tmp_path / "ckpt")
     job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
@@ -477,6 +484,7 @@ def test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock(data, tmp_path, jo
     assert latest >= 1 and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
 
 
+@pytest.mark.integration
 def test_kill_9_of_a_rank_leaves_no_process_behind(data, tmp_path, job_factory):
     root = str(tmp_path / "ckpt")
     job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
@@ -509,6 +517,7 @@ def ends_after_error(job: Job, error: str, within: float = 30) -> float:
     return time.monotonic() - start
 
 
+@pytest.mark.integration
 def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_path, job_factory):
     """The rank left waiting fails at the timeout, its workers with it, and kills the stopped rank beside it:
     torchrun would SIGTERM it, which a stopped process does not act on, and SIGKILL it only 30 s later."""
@@ -546,6 +555,7 @@ cli()
 """
 
 
+@pytest.mark.integration
 @ANY_WORKERS
 def test_a_full_disk_is_named_and_ends_the_job(workers, data, tmp_path, job_factory):
     root, rank = str(tmp_path / "ckpt"), tmp_path / "full_disk_rank.py"
@@ -586,6 +596,7 @@ def beyond_the_vocabulary(tmp_path_factory):
     return prefixes
 
 
+@pytest.mark.integration
 def test_ids_beyond_the_vocabulary_with_a_record_end_the_job_before_training(beyond_the_vocabulary, tmp_path,
                                                                              job_factory):
     prefix = beyond_the_vocabulary["record"]
@@ -597,6 +608,7 @@ def test_ids_beyond_the_vocabulary_with_a_record_end_the_job_before_training(bey
     assert not re.search(r"iteration +\d+/", job.output)
 
 
+@pytest.mark.integration
 @ANY_WORKERS
 def test_ids_beyond_the_vocabulary_without_a_record_end_the_job_as_read(workers, beyond_the_vocabulary, tmp_path,
                                                                         job_factory):

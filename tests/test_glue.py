@@ -285,6 +285,7 @@ def test_mnli_transfer_and_resume(model_dir, glue_dir, tmp_path, monkeypatch):
                  data_dir=glue_dir, devices=["cpu"], progress=False)
 
 
+@pytest.mark.integration
 def test_cli_with_process_pool(model_dir, glue_dir, tmp_path, monkeypatch):
     """Two CPU 'devices': runs go to two spawned workers, each run's record lands in runs/."""
     from tools.run_glue import main
@@ -301,6 +302,7 @@ def test_cli_with_process_pool(model_dir, glue_dir, tmp_path, monkeypatch):
     assert "| ours | " in (out / "results.md").read_text()
 
 
+@pytest.mark.integration
 def test_cli_output_to_a_log_is_plain_lines(model_dir, glue_dir, tmp_path):
     """To a pipe (as to a log file), the nested bars (grid, then steps of a run) become plain lines: no carriage
     returns or cursor moves, and no "Loading weights" bar of transformers. (transformers' report of the new
@@ -359,6 +361,7 @@ def test_a_folder_exported_again_with_other_weights_is_run_again(glue_dir, tmp_p
     assert main(argv)["runs"] == second  # the same weights again: reused
 
 
+@pytest.mark.integration
 def test_other_settings_in_the_output_dir_end_the_tool_in_one_line(model_dir, glue_dir, tmp_path):
     out = tmp_path / "out"
     run_glue(model_dir, out, grid_specs(["SST-2"], [16], [1e-3], [0.0]), Protocol(epochs=1, max_length=32),

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests would run here")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests would run here"),
+              pytest.mark.integration]  # pytest on tests/gpu in a subprocess
 GPU_TESTS = os.path.join(os.path.dirname(__file__), "gpu")
 
 

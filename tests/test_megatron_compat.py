@@ -10,7 +10,7 @@ import torch
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from pretrain_cases import run_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -46,6 +46,7 @@ def bert_run(data, tmp_path_factory):
     return root, history
 
 
+@pytest.mark.integration
 def test_megatron_lm_bert_command_line_trains_saves_and_goes_on(bert_run, data):
     root, history = bert_run
     assert history["iteration"] == ITERS and len(history["eval"]) == 2
@@ -80,6 +81,7 @@ MEGATRON_LM_FIELDS = {
 }
 
 
+@pytest.mark.integration
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
 
@@ -104,6 +106,7 @@ def test_saved_args_read_with_megatron_lm_rules(bert_run):
     assert common["num_floating_point_operations_so_far"] > 0
 
 
+@pytest.mark.integration
 def test_tensorboard_has_megatron_lm_tags(bert_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -141,6 +144,7 @@ def _mock_argv(*extra):
             "--eval-interval", "1000", "--eval-iters", "1", "--num-workers", "0", *extra]
 
 
+@pytest.mark.integration
 def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
     from megatron.core import dist_checkpointing
 
@@ -197,20 +201,20 @@ def _lrs(argv, steps):
     from megatron_neobert.training.megatron_args import schedule_steps
     from megatron_neobert.training.model_setup import build_scheduler
 
-    args = parse_args(argv)
+    training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
-    scheduler = build_scheduler(args, optimizer)
+    scheduler = build_scheduler(training, optimizer)
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(increment=schedule_steps(args).per_iteration)
+        scheduler.step(increment=schedule_steps(training).per_iteration)
     return lrs
 
 
 def test_sample_based_schedule_equals_the_iteration_based_one():
     base = ["--data-path", "x", "--global-batch-size", "16", "--lr-decay-style", "cosine"]
-    samples = parse_args(base + ["--train-samples", "1600", "--lr-decay-samples", "1280", "--lr-warmup-samples", "160"])
-    assert samples.train_iters == 100
+    samples = parse_settings(base + ["--train-samples", "1600", "--lr-decay-samples", "1280", "--lr-warmup-samples", "160"])
+    assert samples.training.train_iters == 100
     iters = base + ["--train-iters", "100", "--lr-decay-iters", "80", "--lr-warmup-iters", "10"]
     by_samples = _lrs(base + ["--train-samples", "1600", "--lr-decay-samples", "1280", "--lr-warmup-samples", "160"], 100)
     assert by_samples == pytest.approx(_lrs(iters, 100), abs=1e-15)
@@ -222,13 +226,13 @@ def test_warmup_fraction_is_a_fraction_of_the_decay():
     assert _lrs(base + ["--lr-warmup-fraction", "0.25"], 50) == pytest.approx(
         _lrs(base + ["--lr-warmup-iters", "10"], 50), abs=1e-15)
     with pytest.raises(ValueError, match="--lr-warmup-fraction or --lr-warmup-iters"):
-        parse_args(base + ["--lr-warmup-fraction", "0.25", "--lr-warmup-iters", "10"])
+        parse_settings(base + ["--lr-warmup-fraction", "0.25", "--lr-warmup-iters", "10"])
 
 
 @pytest.mark.parametrize("flag", ["--exit-signal-hand", "--tensorboard", "--lr-warmup", "--no-load-opt"])
 def test_abbreviations_are_refused(flag, capsys):
     with pytest.raises(SystemExit):
-        parse_args(["--data-path", "x", flag, "1"])
+        parse_settings(["--data-path", "x", flag, "1"])
     assert "unrecognized arguments" in capsys.readouterr().err
 
 
@@ -247,7 +251,7 @@ def test_abbreviations_are_refused(flag, capsys):
 ])
 def test_bad_megatron_lm_flags_are_refused_before_anything_is_built(argv, message):
     with pytest.raises(ValueError, match=message):
-        parse_args(["--data-path", "x", *argv])
+        parse_settings(["--data-path", "x", *argv])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -257,24 +261,24 @@ def test_bad_megatron_lm_flags_are_refused_before_anything_is_built(argv, messag
 ])
 def test_data_sources_are_refused_when_mixed(argv, message):
     with pytest.raises(ValueError, match=message):
-        parse_args(argv)
+        parse_settings(argv)
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     from megatron_neobert.training.loop import startup_notes
     from megatron_neobert.training.model_setup import model_arch
 
-    args = parse_args(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
-    assert args.recompute_granularity == "selective"
-    notes = startup_notes(args, model_arch(args))
+    settings = parse_settings(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
+    assert settings.model.recompute_granularity == "selective"
+    notes = startup_notes(settings, model_arch(settings.model))
     assert notes[0].startswith("NeoBERT where Megatron-LM's BERT differs: no binary (next-sentence) head")
     assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[1]
     assert "--lr-decay-style cosine" in notes[1] and "--adam-beta2" not in notes[1]
     assert "--hidden-dropout 0.0 (Megatron-LM's default: 0.1)" in notes[1]
     assert "neobert-tiny overridden" in notes[2] and "num_layers 4 -> 2" in notes[2]
     assert "hidden_size 128 -> 64" in notes[2]
-    plain = parse_args(["--data-path", "x", "--model-preset", "neobert-tiny"])
-    assert len(startup_notes(plain, model_arch(plain))) == 2
+    plain = parse_settings(["--data-path", "x", "--model-preset", "neobert-tiny"])
+    assert len(startup_notes(plain, model_arch(plain.model))) == 2
     from megatron_neobert.training.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())
@@ -291,12 +295,12 @@ def _step_with(optimizer_name, argv_extra=()):
     from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
-    args = parse_args(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
-                                 "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
-                                 "--adam-beta2", "0.999", *argv_extra))
-    arch = model_arch(args)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, 8192)
-    _, batches, _ = build_data(args, 0, 0)
+    settings = parse_settings(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
+                                         "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
+                                         "--adam-beta2", "0.999", *argv_extra))
+    arch = model_arch(settings.model)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch, 8192)
+    _, batches, _ = build_data(settings, 0, 0)
     model = unwrap_model(chunks[0])
     names = {p: n for n, p in model.named_parameters()}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -329,6 +333,7 @@ def test_adam_is_decoupled_and_adam_l2_is_not(name, same_as, not_as, single_rank
     assert max((after[n] - other[n]).abs().max().item() for n in after) > 1e-4
 
 
+@pytest.mark.integration
 def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is optional (pip install wandb); its test needs it")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -345,6 +350,7 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
         assert tag in logged, tag  # the run's name and Megatron-LM's tags, in the records wandb sync uploads
 
 
+@pytest.mark.integration
 def test_fp16_scales_the_loss_and_skips_overflows_without_stopping(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -367,11 +373,12 @@ def test_per_split_data_paths_give_each_split_its_own_data(data, single_rank):
     from megatron_neobert.training.data_setup import build_data
 
     prefix, cache = data
-    args = parse_args(["--train-data-path", prefix, "--valid-data-path", prefix, "--tokenizer-model", SAMPLE_TOKENIZER,
-                       "--data-cache-path", cache, "--seq-length", "64", "--micro-batch-size", "2",
-                       "--global-batch-size", "2", "--train-iters", "10", "--lr-warmup-iters", "1",
-                       "--eval-interval", "5", "--eval-iters", "1", "--num-workers", "0"])
-    _, train, valid = build_data(args, 0, 0)
+    settings = parse_settings(["--train-data-path", prefix, "--valid-data-path", prefix, "--tokenizer-model",
+                               SAMPLE_TOKENIZER, "--data-cache-path", cache, "--seq-length", "64",
+                               "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "10",
+                               "--lr-warmup-iters", "1", "--eval-interval", "5", "--eval-iters", "1",
+                               "--num-workers", "0"])
+    _, train, valid = build_data(settings, 0, 0)
     first_train, first_valid = next(train), next(valid)
     assert first_train["tokens"].shape == first_valid["tokens"].shape == (2, 64)
     assert (first_train["labels"] != -100).any() and (first_valid["labels"] != -100).any()

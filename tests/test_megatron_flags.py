@@ -11,7 +11,7 @@ import torch
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from pretrain_cases import run_train
 from test_train_log import ITERATION, MEGATRON_FIELDS, VALIDATION
 
@@ -36,6 +36,7 @@ def bert_example_argv(prefix, root):
     return model + training + parallel + data + logging + ["--model-preset", "neobert-tiny"]
 
 
+@pytest.mark.integration
 def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
     argv = bert_example_argv(data[0], tmp_path)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -60,7 +61,7 @@ def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path
 
 def _refusal(argv):
     with pytest.raises(ValueError) as err:
-        parse_args(argv)
+        parse_settings(argv)
     message = str(err.value)
     assert "\n" not in message
     return message
@@ -106,8 +107,7 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--async-save"], ("async_save", True)),
 ])
 def test_megatron_lm_flag_is_taken(flags, meaning):
-    args = parse_args(BASE + flags)
-    assert getattr(args, meaning[0]) == meaning[1]
+    assert parse_settings(BASE + flags).flags()[meaning[0]] == meaning[1]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -137,14 +137,15 @@ def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers(
     from megatron_neobert.training.loop import startup_notes
     from megatron_neobert.training.model_setup import model_arch
 
-    args = parse_args(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64", "--vocab-file", VOCAB])
-    assert args.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
-    arch = model_arch(args, tokenizer_vocab_size=5000)
+    settings = parse_settings(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64",
+                               "--vocab-file", VOCAB])
+    assert settings.data.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
+    arch = model_arch(settings.model, tokenizer_vocab_size=5000)
     assert (arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size) == (64, 176, 5000)
-    overridden = startup_notes(args, arch)[-1]
+    overridden = startup_notes(settings, arch)[-1]
     assert "ffn_hidden_size 344 -> 176 (derived from --hidden-size)" in overridden
     assert "vocab_size 8192 -> 5000 (the tokenizer's)" in overridden
-    given = parse_args(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"])
+    given = parse_settings(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"]).model
     assert (model_arch(given, 5000).ffn_hidden_size, model_arch(given, 5000).vocab_size) == (100, 9000)
 
 
@@ -152,10 +153,10 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
     from megatron_neobert.training.loop import startup_notes
     from megatron_neobert.training.model_setup import model_arch
 
-    args = parse_args(BASE + ["--sequence-parallel"])
-    assert not args.sequence_parallel
+    settings = parse_settings(BASE + ["--sequence-parallel"])
+    assert not settings.parallel.sequence_parallel
     assert "disabling sequence parallelism because tensor model parallelism is disabled" in startup_notes(
-        args, model_arch(args))[-1]
+        settings, model_arch(settings.model))[-1]
 
 
 def _model(argv):
@@ -163,8 +164,8 @@ def _model(argv):
 
     from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
 
-    args = parse_args(BASE + argv)
-    _, chunks, _, _ = setup_model_and_optimizer(args, model_arch(args), 8192)
+    settings = parse_settings(BASE + argv)
+    _, chunks, _, _ = setup_model_and_optimizer(settings, model_arch(settings.model), 8192)
     return unwrap_model(chunks[0])
 
 
@@ -188,6 +189,7 @@ def _short_run(prefix, cache, root, *extra):
             "--eval-interval", "2", "--eval-iters", "1", "--num-workers", "0", "--save", str(root), *extra]
 
 
+@pytest.mark.integration
 def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
     prefix, cache = data
     pre = tmp_path / "pre"
@@ -214,6 +216,7 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
     assert tuned["train"][0]["loss"] < scratch["train"][0]["loss"]
 
 
+@pytest.mark.integration
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
@@ -248,8 +251,6 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
 def test_use_checkpoint_args_does_not_claim_the_recipes_length():
     from megatron_neobert.training.megatron_args import recipe_defaults_applied
 
-    args = parse_args(BASE + ["--load", "ckpt", "--use-checkpoint-args"])
-    applied = recipe_defaults_applied(args, set(args.explicit_flags))
+    applied = recipe_defaults_applied(parse_settings(BASE + ["--load", "ckpt", "--use-checkpoint-args"]))
     assert applied and not any(item.startswith("--seq-length") for item in applied)
-    assert any(item.startswith("--seq-length 1024") for item in recipe_defaults_applied(
-        parse_args(BASE), set(parse_args(BASE).explicit_flags)))
+    assert any(item.startswith("--seq-length 1024") for item in recipe_defaults_applied(parse_settings(BASE)))

@@ -12,6 +12,8 @@ import torch
 from megatron_neobert.parallel.launch import run_on_ranks
 from parallel_cases import Layout, gradients, read_full_state_dict, save_initial_weights
 
+pytestmark = pytest.mark.integration
+
 SEQ, MICRO_BATCH, NUM_MICRO_BATCHES = 16, 2, 4
 
 

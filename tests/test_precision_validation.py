@@ -1,9 +1,10 @@
-"""Precision flags against the machine: every rule, with the GPU and Transformer Engine as parameters."""
+"""Precision flags against the machine, checked when the command line becomes the settings: every rule, with
+the GPU and Transformer Engine as parameters."""
 
 import pytest
 
-from megatron_neobert.training.arguments import build_parser, parse_args
-from megatron_neobert.training.validation import validate_precision_args
+from megatron_neobert.training.arguments import build_parser, parse_settings
+from megatron_neobert.training.settings import settings_from_args
 
 H100, A100, B200 = (9, 0), (8, 0), (10, 0)
 
@@ -13,7 +14,7 @@ def flags(*extra):
 
 
 def check(extra, gpu=H100, te=True):
-    return validate_precision_args(flags(*extra), gpu_capability=gpu, te_available=te)
+    return settings_from_args(flags(*extra), gpu_capability=gpu, te_available=te).precision
 
 
 def test_bf16_is_the_default_on_a_gpu_and_fp32_on_cpu():
@@ -22,7 +23,7 @@ def test_bf16_is_the_default_on_a_gpu_and_fp32_on_cpu():
     assert check(["--no-bf16", "--no-packed"], gpu=H100).bf16 is False  # fp32 stays available
     assert check(["--no-bf16", "--transformer-impl", "local"], gpu=H100).bf16 is False
     assert check(["--bf16"], gpu=False, te=False).bf16 is True
-    assert parse_args(["--data-path", "x"]).bf16 is False  # this machine: no GPU
+    assert parse_settings(["--data-path", "x"]).precision.bf16 is False  # this machine: no GPU
 
 
 @pytest.mark.parametrize("extra, gpu, te, names", [

@@ -17,6 +17,8 @@ from megatron_neobert.training.checkpoint.layout import iteration_dir, read_late
 from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_train_until_nonfinite,
                             run_train_with_signal, tiny_argv)
 
+pytestmark = pytest.mark.integration
+
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2_DP2_DISTOPT = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]
 # A vocabulary padded to 8320 rows at TP1 (multiple of 128) but to 8448 at TP2 (of 256), as 30522 is.

@@ -1,4 +1,4 @@
-"""Trainer set-up without training: arguments and YAML, the recipe's schedule, which checkpoint
+"""Trainer set-up without training: settings and YAML, the recipe's schedule, which checkpoint
 folder a resume may load, throughput figures, the kernel report."""
 
 import argparse
@@ -10,7 +10,7 @@ import pytest
 
 from megatron_neobert.model import get_arch
 from megatron_neobert.training.model_setup import build_scheduler, model_arch, resolve_padded_vocab_size
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
 from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
                                                          write_latest_marker)
@@ -19,50 +19,54 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, "examples")
 
 
 def test_defaults_are_the_recipe():
-    a = parse_args(["--data-path", "d"])
-    assert (a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay, a.clip_grad) == (0.9, 0.95, 1e-8, 0.1, 1.0)
-    assert (a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters) == (6e-4, pytest.approx(6e-5), 2000, 900_000)
-    assert (a.optimizer, a.lr_decay_style, a.mask_rate, a.mask_scheme) == ("adam", "cosine", 0.2, "mask")
-    assert a.global_batch_size * a.seq_length == 2048 * 1024 and a.model_preset == "neobert-250m"
+    s = parse_settings(["--data-path", "d"])
+    t = s.training
+    assert (t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay, t.clip_grad) == (0.9, 0.95, 1e-8, 0.1, 1.0)
+    assert (t.lr, t.min_lr, t.lr_warmup_iters, t.lr_decay_iters) == (6e-4, pytest.approx(6e-5), 2000, 900_000)
+    assert (t.optimizer, t.lr_decay_style, s.data.mask_rate, s.data.mask_scheme) == ("adam", "cosine", 0.2, "mask")
+    assert t.global_batch_size * s.data.seq_length == 2048 * 1024 and s.model.model_preset == "neobert-250m"
 
 
 def test_yaml_config_and_flags_override_it(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("lr: 1.0e-3\nseq-length: 128\npacked: false\ndata_path: from-yaml\n")
-    a = parse_args(["--config", str(cfg), "--seq-length", "256"])
-    assert (a.lr, a.seq_length, a.packed, a.data_path, a.min_lr) == (1e-3, 256, False, "from-yaml", pytest.approx(1e-4))
+    s = parse_settings(["--config", str(cfg), "--seq-length", "256"])
+    assert (s.training.lr, s.data.seq_length, s.data.packed, s.data.data_path, s.training.min_lr) == (
+        1e-3, 256, False, "from-yaml", pytest.approx(1e-4))
     cfg.write_text("learning-rate: 1.0\n")
     with pytest.raises(ValueError, match="unknown setting 'learning-rate'"):
-        parse_args(["--config", str(cfg), "--data-path", "d"])
+        parse_settings(["--config", str(cfg), "--data-path", "d"])
 
 
 def test_ablation_configs_parse():
     archs = {}
     for path in sorted(glob.glob(os.path.join(EXAMPLES, "ablations", "m*.yaml"))):
-        a = parse_args(["--config", path])
-        archs[os.path.basename(path)] = (model_arch(a), a)
+        s = parse_settings(["--config", path])
+        archs[os.path.basename(path)] = (model_arch(s.model), s)
     assert len(archs) == 10
-    m0, m0_args = archs["m0.yaml"]
-    assert (m0.normalization, m0.activation, m0_args.mask_scheme, m0_args.mask_rate) == ("LayerNorm", "gelu", "80/10/10", 0.15)
-    assert m0_args.global_batch_size * m0_args.seq_length == 131072 and m0_args.optimizer == "adam-l2"
+    m0, m0_settings = archs["m0.yaml"]
+    assert (m0.normalization, m0.activation, m0_settings.data.mask_scheme, m0_settings.data.mask_rate) == (
+        "LayerNorm", "gelu", "80/10/10", 0.15)
+    assert m0_settings.training.global_batch_size * m0_settings.data.seq_length == 131072
+    assert m0_settings.training.optimizer == "adam-l2"
     assert archs["m3.yaml"][0].vocab_size == 32000
-    assert archs["m5.yaml"][1].mask_scheme == "mask" and archs["m4.yaml"][1].optimizer == "adam"
+    assert archs["m5.yaml"][1].data.mask_scheme == "mask" and archs["m4.yaml"][1].training.optimizer == "adam"
     assert archs["m9.yaml"][0] == get_arch("neobert-250m")
 
 
 def test_padded_vocabulary_is_the_checkpoints():
-    args = parse_args(["--data-path", "d", "--model-preset", "neobert-tiny", "--vocab-size", "8200",
-                       "--tensor-model-parallel-size", "2"])
-    arch = model_arch(args)
-    assert resolve_padded_vocab_size(args, arch, None, None) == 8448  # a multiple of 128 x TP 2
+    argv = ["--data-path", "d", "--model-preset", "neobert-tiny", "--vocab-size", "8200"]
+    settings = parse_settings(argv + ["--tensor-model-parallel-size", "2"])
+    arch = model_arch(settings.model)
+    assert resolve_padded_vocab_size(settings, arch, None, None) == 8448  # a multiple of 128 x TP 2
     tp1_checkpoint = {"args": argparse.Namespace(padded_vocab_size=8320)}  # 8200 padded at TP 1
-    assert resolve_padded_vocab_size(args, arch, "ckpt", tp1_checkpoint) == 8320
-    args.tensor_model_parallel_size = 3
+    assert resolve_padded_vocab_size(settings, arch, "ckpt", tp1_checkpoint) == 8320
+    tp3 = parse_settings(argv + ["--tensor-model-parallel-size", "3"])
     with pytest.raises(ValueError, match="checkpoint ckpt has its vocabulary padded to 8320 rows, which "
                                          "--tensor-model-parallel-size 3 does not divide"):
-        resolve_padded_vocab_size(args, arch, "ckpt", tp1_checkpoint)
+        resolve_padded_vocab_size(tp3, arch, "ckpt", tp1_checkpoint)
     with pytest.raises(ValueError, match=r"8192 vocabulary rows, fewer than the model's vocabulary \(8200"):
-        resolve_padded_vocab_size(args, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
+        resolve_padded_vocab_size(settings, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -74,20 +78,20 @@ def test_profile_window_is_checked(flags, message, tmp_path):
     argv = ["--data-path", "d", "--train-iters", "20", "--lr-warmup-iters", "1", "--profile", *flags]
     if message:
         with pytest.raises(ValueError, match=message):
-            parse_args(argv + ["--save", str(tmp_path)])
+            parse_settings(argv + ["--save", str(tmp_path)])
     else:
         with pytest.raises(ValueError, match="--profile writes its trace to --tensorboard-dir, else to --save"):
-            parse_args(argv)
-        assert parse_args(argv + ["--save", str(tmp_path)]).profile_step_end == 12
+            parse_settings(argv)
+        assert parse_settings(argv + ["--save", str(tmp_path)]).profiling.profile_step_end == 12
 
 
 def test_schedule_matches_the_recipe():
-    args = parse_args(["--data-path", "d"])
+    training = parse_settings(["--data-path", "d"]).training
     opt = types.SimpleNamespace(param_groups=[{"params": []}])
-    s = build_scheduler(args, opt)
+    s = build_scheduler(training, opt)
 
     def lr_at(scheduler, iteration):  # the scheduler counts samples, as Megatron-LM's
-        scheduler.num_steps = iteration * args.global_batch_size
+        scheduler.num_steps = iteration * training.global_batch_size
         return scheduler.get_lr(scheduler.optimizer.param_groups[0])
 
     assert lr_at(s, 0) == 0.0
@@ -217,15 +221,14 @@ def test_mfu_peak_is_looked_up_by_the_exact_device_name(monkeypatch, name, bf16,
 
 
 def test_an_unknown_gpu_is_logged_without_mfu(single_rank, monkeypatch, capsys):
-    import types
-
     import torch
 
-    from megatron_neobert.training.train_log import TrainingLog
+    from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
+    configure_logging()
+    settings = parse_settings(["--mock-data"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H800")
-    args = types.SimpleNamespace(fp8_format=None, tensorboard_dir=None, wandb_project=None)
-    assert TrainingLog(args, get_arch("neobert-tiny"), 128).peak is None
+    assert TrainingLog(settings, get_arch("neobert-tiny"), 128).peak is None
     assert capsys.readouterr().out == ("MFU not reported: no bf16 peak TFLOP/s known for 'NVIDIA H800' "
                                        "(training/metrics.py PEAK_TFLOPS)\n")

@@ -152,6 +152,7 @@ def test_tool_end_to_end(folder, tmp_path):
         f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, ntk RoPE x1.5")
 
 
+@pytest.mark.integration
 def test_tool_writes_plain_progress_lines_to_a_log(folder, tmp_path):
     """With output to a pipe (as to a log file), progress is plain lines: no bar's carriage returns or cursor
     codes, no "Loading weights" bar of transformers; --no-progress silences both. No prompt to run the export's

@@ -4,7 +4,11 @@ the default warmup, and with extra trainer flags passed through."""
 
 import json
 
+import pytest
+
 from quickstart_fingerprint import run_quickstart
+
+pytestmark = pytest.mark.integration
 
 
 def test_short_run_with_exported_master_port_and_extra_flags(tmp_path):

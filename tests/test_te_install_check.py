@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration  # each case imports megatron-core in a fresh interpreter
+
 # TE's top-level __init__ imports its PyTorch part as this one does, warning (not raising) on a missing
 # shared object; transformer_engine.pytorch's load_framework_extension raises the errors below.
 TE_INIT = '''

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from megatron_neobert.model.config import get_arch
-from megatron_neobert.training.arguments import parse_args
-from megatron_neobert.training.train_log import TrainingLog
+from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
 # What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
 ITERATION = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+(\d+)/\s*(\d+) \|")
@@ -41,9 +41,10 @@ def _parse(line):
 
 
 def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, capsys):
-    args = parse_args(["--mock-data", "--global-batch-size", "32", "--train-iters", "6", "--lr-warmup-iters", "0",
-                       "--log-params-norm", "--log-num-zeros-in-grad"])
-    log = TrainingLog(args, get_arch("neobert-tiny"), padded_vocab=8192)
+    configure_logging()  # the trainer's console: rank 0's INFO lines on stdout
+    settings = parse_settings(["--mock-data", "--global-batch-size", "32", "--train-iters", "6",
+                               "--lr-warmup-iters", "0", "--log-params-norm", "--log-num-zeros-in-grad"])
+    log = TrainingLog(settings, get_arch("neobert-tiny"), padded_vocab=8192)
     log.step(_record(1, 10.25, 1e-4), None, 0)
     log.step(_record(2, 10.75, 2e-4), None, 0)
     log.step(_record(3, float("nan"), 3e-4, skipped=True), 0.5, 1)
@@ -71,10 +72,11 @@ class _Scalars:
     """A TensorBoard writer that keeps what it is given."""
 
     def __init__(self):
-        self.written = []
+        self.written, self.last = [], {}
 
     def add_scalar(self, tag, value, step):
         self.written.append((tag, step))
+        self.last[tag] = value
 
     def close(self):
         pass
@@ -87,7 +89,7 @@ def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
                                                     "--log-world-size-to-tensorboard",
                                                     "--no-log-loss-scale-to-tensorboard",
                                                     "--log-validation-ppl-to-tensorboard"])):
-        log = TrainingLog(parse_args(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
+        log = TrainingLog(parse_settings(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
         log.writers.append(_Scalars())
         for it in range(1, 5):
             log.step(_record(it, 10.0, 1e-4), 0.5 if it % 2 == 0 else None, 0)
@@ -99,3 +101,45 @@ def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
     assert {"iteration-time", "world-size", "lm loss validation ppl"} <= flagged and "loss-scale" not in flagged
     assert sorted(step for tag, step in written["default"] if tag == "lm loss") == [1, 2, 3, 4]
     assert sorted(step for tag, step in written["flags"] if tag == "lm loss") == [2, 4]  # every 2nd iteration
+
+
+def _report(flags, records, elapsed):
+    """The console line a window of `records` ending in `elapsed` seconds gives, and the last value of each tag."""
+    configure_logging()  # the trainer's console: rank 0's INFO lines on stdout
+    log = TrainingLog(parse_settings(["--mock-data", "--global-batch-size", "32", "--lr-warmup-iters", "0", *flags]),
+                      get_arch("neobert-tiny"), padded_vocab=8192)
+    log.writers.append(_Scalars())
+    for record in records[:-1]:
+        log.step(record, None, 0)
+    log.step(records[-1], elapsed, sum(r["skipped"] for r in records))
+    return log, log.writers[-1].last
+
+
+def test_our_figures_follow_on_the_line(single_rank, capsys):
+    """3 steps of 200 real tokens in 0.5 s, of a run of 1003 steps: 1,200 tokens/s and 1000 steps of 1/6 s left."""
+    log, last = _report(["--train-iters", "1003", "--log-throughput", "--log-timers-to-tensorboard"],
+                        [_record(it, 10.0, 1e-4) for it in (1, 2, 3)], 0.5)
+    line = capsys.readouterr().out.strip()
+    ours = line[line.index("number of nan iterations"):]
+    assert "| accuracy: 0.2500 | tokens/s: 1,200 | MFU: n/a | mem (GiB): " in ours  # no peak known on a CPU
+    assert ours.endswith("| time left: 00:02:46 |")
+    assert last["perf/tokens_per_s"] == pytest.approx(1200) and last["iteration-time"] == pytest.approx(1 / 6)
+    tflops = last["perf/tflops_per_gpu"]
+    assert tflops > 0 and last["throughput"] == tflops
+    assert f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |" in line and "perf/mfu" not in last
+
+    log.peak = tflops * 4  # a device whose peak is 4x what the window reached
+    log.step(_record(4, 10.0, 1e-4), 0.5 / 3, 0)
+    assert "| MFU: 25.0% |" in capsys.readouterr().out and log.writers[-1].last["perf/mfu"] == pytest.approx(0.25)
+
+
+def test_a_window_of_skipped_steps_leaves_out_the_loss_and_counts_them(single_rank, capsys):
+    skipped = [dict(_record(it, float("nan"), 1e-4, skipped=True), grad_norm=None, loss_scale=4096.0)
+               for it in (1, 2)]
+    _report(["--train-iters", "10"], skipped, 1.0)
+    line = capsys.readouterr().out
+    assert "lm loss" not in line and "grad norm" not in line and "| loss scale: 4096.0 |" in line
+    assert "| number of skipped iterations:   2 | number of nan iterations:   2 | accuracy: nan |" in line
+
+    _report(["--train-iters", "10"], [_record(1, 0.0, 1e-4)], 1.0)  # not positive: left out, as Megatron-LM
+    assert "lm loss" not in capsys.readouterr().out

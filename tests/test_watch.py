@@ -59,6 +59,7 @@ def scalars(tb: Path) -> dict:
             if tag.startswith("downstream/")}
 
 
+@pytest.mark.integration
 def test_watch_a_run_while_it_trains_then_restart_prune_and_compare(data, tmp_path, monkeypatch):
     suite = write_suite(tmp_path)
     save, tb = tmp_path / "run" / "ckpt", tmp_path / "run" / "tb"

@@ -135,12 +135,12 @@ import json, resource, sys, time, os, numpy, psutil
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-from megatron_neobert.training.arguments import parse_args
-args = parse_args(json.loads(sys.argv[1]))
-tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+from megatron_neobert.training.arguments import parse_settings
+settings = parse_settings(json.loads(sys.argv[1]))
+tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
 private = psutil.Process().memory_full_info().uss
 start = time.perf_counter()
-datasets = build_trainer_datasets(args, tokenizer)
+datasets = build_trainer_datasets(settings, tokenizer)
 seconds = time.perf_counter() - start
 parts = getattr(datasets[0], "datasets", [datasets[0]])
 mapped = sum(getattr(part, name).nbytes for part in parts for name in LAYOUT_FIELDS) + sum(

@@ -14,24 +14,24 @@ import logging
 import sys
 import time
 
-from megatron_neobert.training.arguments import parse_args
+from megatron_neobert.training.arguments import parse_settings
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        args = parse_args(argv)  # --help answers here, before megatron-core is imported
+        settings = parse_settings(argv)  # --help answers here, before megatron-core is imported
         from megatron_neobert.data.tokenizer import build_tokenizer
         from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
         start = time.perf_counter()
-        datasets = build_trainer_datasets(args, tokenizer)
+        datasets = build_trainer_datasets(settings, tokenizer)
     except ValueError as err:  # bad flags, data or tokenizer
         print(f"error: {err}", file=sys.stderr)
         return 1
     sizes = ", ".join(f"{name} {len(ds):,}" for name, ds in zip(("train", "valid", "test"), datasets)
                       if ds is not None)
     print(f"built in {time.perf_counter() - start:.1f} s: {sizes} samples; cache in "
-          f"{args.data_cache_path or 'cache/ beside each dataset'}")
+          f"{settings.data.data_cache_path or 'cache/ beside each dataset'}")
     return 0

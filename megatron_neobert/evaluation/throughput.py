@@ -273,7 +273,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     """The trainer's step, built by the trainer's own set-up from its flags."""
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.arguments import parse_settings
     from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
     from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
@@ -281,8 +281,9 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     flags = ["--mock-data", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
-    args = parse_args(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(args, arch, resolve_padded_vocab_size(args, arch, None, None))
+    settings = parse_settings(flags)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch,
+                                                        resolve_padded_vocab_size(settings, arch, None, None))
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.

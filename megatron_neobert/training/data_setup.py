@@ -10,20 +10,21 @@ from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.process_guards import data_worker_init
 
 
-def build_data(args, consumed_train: int, consumed_valid: int, tokenizer=None):
+def build_data(settings, consumed_train: int, consumed_valid: int, tokenizer=None):
     """(tokenizer, training iterator, validation iterator or None); `tokenizer`: the one already
     built for the run, else built here."""
-    tokenizer = tokenizer or build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    train_ds, valid_ds, _ = build_trainer_datasets(args, tokenizer)
+    data, evaluation = settings.data, settings.evaluation
+    tokenizer = tokenizer or build_tokenizer(data.tokenizer_type, data.tokenizer_model)
+    train_ds, valid_ds, _ = build_trainer_datasets(settings, tokenizer)
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
     device_id = torch.cuda.current_device() if torch.cuda.is_available() else None
 
     def loader(dataset, consumed):
-        return build_data_loader(dataset, args.micro_batch_size, consumed, dp_rank, dp_size,
-                                 num_workers=args.num_workers, loader=args.data_loader, device_id=device_id,
+        return build_data_loader(dataset, settings.training.micro_batch_size, consumed, dp_rank, dp_size,
+                                 num_workers=data.num_workers, loader=data.data_loader, device_id=device_id,
                                  worker_init_fn=data_worker_init)
 
     valid = None
-    if valid_ds is not None and args.eval_interval and args.eval_iters:
+    if valid_ds is not None and evaluation.eval_interval and evaluation.eval_iters:
         valid = iter(loader(valid_ds, consumed_valid))
     return tokenizer, iter(loader(train_ds, consumed_train)), valid

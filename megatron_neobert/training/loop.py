@@ -5,12 +5,13 @@ megatron-core's schedule (no pipelining, 1F1B or interleaved 1F1B) runs forward/
 on every model chunk; DDP reduces the gradients (calculate_per_token_loss: divided once by the
 global number of masked tokens); the optimizer steps unless the loss or a gradient is not finite.
 
-`train(args)` runs on every rank of an initialised (or torchrun) process group and returns the
+`train(settings)` runs on every rank of an initialised (or torchrun) process group and returns the
 history of the run.
 """
 
 import contextlib
 import dataclasses
+import logging
 import math
 import time
 from typing import List, Optional
@@ -39,14 +40,17 @@ from megatron_neobert.training.process_guards import (ExitSignalHandler, Progres
                                                       forked_children_die_with_rank, stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
                                                   check_vocabulary, trained_length)
+from megatron_neobert.training.settings import Settings
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
                                             run_micro_batches)
-from megatron_neobert.training.train_log import TrainingLog, print_rank_0
+from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
 DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "train_data_path", "mock_data",
                     "split", "seq_length", "packed", "seed", "tokenizer_type", "tokenizer_model")
+
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(TrainingError):
@@ -65,85 +69,93 @@ class TrainState:
     floating_point_operations: float = 0.0  # training FLOPs so far, all ranks (Megatron-LM's count)
 
 
-def data_stream(args) -> dict:
-    return {k: getattr(args, k) for k in DATA_STREAM_KEYS}
+def data_stream(settings: Settings) -> dict:
+    flags = settings.flags()
+    return {k: flags[k] for k in DATA_STREAM_KEYS}
 
 
-def num_micro_batches(args) -> int:
+def num_micro_batches(settings: Settings) -> int:
     dp = parallel_state.get_data_parallel_world_size()
-    if args.global_batch_size % (args.micro_batch_size * dp):
-        raise InputError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
-                         f"--micro-batch-size {args.micro_batch_size} x data-parallel size {dp}")
-    return args.global_batch_size // (args.micro_batch_size * dp)
+    global_batch, micro_batch = settings.training.global_batch_size, settings.training.micro_batch_size
+    if global_batch % (micro_batch * dp):
+        raise InputError(f"--global-batch-size {global_batch} is not a multiple of "
+                         f"--micro-batch-size {micro_batch} x data-parallel size {dp}")
+    return global_batch // (micro_batch * dp)
 
 
-def describe_layout(args, arch, padded_vocab: int, num_chunks: int, num_micro: int) -> str:
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+def describe_layout(settings: Settings, arch, padded_vocab: int, num_chunks: int, num_micro: int) -> str:
+    parallel = settings.parallel
+    tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     dp = parallel_state.get_data_parallel_world_size()
     on_off = lambda flag: "on" if flag else "off"
     return (f"layout: {torch.distributed.get_world_size()} ranks = TP {tp} x PP {pp} x DP {dp}"
-            f" (virtual stages per rank {num_chunks}, sequence parallel {on_off(args.sequence_parallel)}, "
-            f"distributed optimizer {on_off(args.use_distributed_optimizer)}); global batch "
-            f"{args.global_batch_size} = micro-batch {args.micro_batch_size} x {num_micro} "
-            f"accumulation x DP {dp}; model {args.model_preset} {arch.num_layers} x "
+            f" (virtual stages per rank {num_chunks}, sequence parallel {on_off(parallel.sequence_parallel)}, "
+            f"distributed optimizer {on_off(parallel.use_distributed_optimizer)}); global batch "
+            f"{settings.training.global_batch_size} = micro-batch {settings.training.micro_batch_size} x "
+            f"{num_micro} accumulation x DP {dp}; model {settings.model.model_preset} {arch.num_layers} x "
             f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {padded_vocab})")
 
 
-def resume(args, checkpoint: str, common: dict, chunks, optimizer, scheduler, finetune: bool) -> TrainState:
+def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer, scheduler,
+           finetune: bool) -> TrainState:
     """Load the checkpoint; the state the run goes on from (iteration 0 for a fine-tune start)."""
-    if not (finetune or args.no_load_optim):
-        check_optimizer_setup(args, checkpoint, common)
-    load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not args.no_load_optim,
-                    load_rng=not args.no_load_rng, finetune=finetune, strict=args.dist_ckpt_strictness)
+    options = settings.checkpoint
+    if not (finetune or options.no_load_optim):
+        check_optimizer_setup(settings, checkpoint, common)
+    load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not options.no_load_optim,
+                    load_rng=not options.no_load_rng, finetune=finetune, strict=options.dist_ckpt_strictness)
     state = TrainState()
     if not finetune:
         saved = common["train_state"]
         state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
                            skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=checkpoint,
                            floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
-        if saved["data_stream"] == data_stream(args):
+        if saved["data_stream"] == data_stream(settings):
             state.consumed_samples = saved["consumed_samples"]
         else:  # stage 2: new data or length; the old position means nothing there
-            print_rank_0(f"data settings differ from the checkpoint's: reading the new data "
-                         f"from its start (checkpoint: {saved['data_stream']})")
-    print_rank_0(f"loaded {checkpoint} at iteration {state.iteration}")
+            logger.info(f"data settings differ from the checkpoint's: reading the new data "
+                        f"from its start (checkpoint: {saved['data_stream']})")
+    logger.info(f"loaded {checkpoint} at iteration {state.iteration}")
     return state
 
 
-def stop_reason(args, state: TrainState, handler: Optional[ExitSignalHandler], started: float) -> Optional[str]:
-    requested = stop_requested(handler, started, args.exit_duration_in_mins)
+def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSignalHandler],
+                started: float) -> Optional[str]:
+    faults = settings.faults
+    requested = stop_requested(handler, started, faults.exit_duration_in_mins)
     if requested:
         return requested
-    if args.exit_interval and state.iteration % args.exit_interval == 0:
+    if faults.exit_interval and state.iteration % faults.exit_interval == 0:
         return "exit-interval"
     return None
 
 
-def should_save(args, state: TrainState, stop: Optional[str]) -> bool:
+def should_save(settings: Settings, state: TrainState, stop: Optional[str]) -> bool:
     """Save at the interval, at the end and when stopping early. At the interval a skipped step is
     not saved (its weights are those of the last good step, already saved or about to be); at the
     end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds
     the last finite state at the position the uninterrupted run would be at."""
-    if not args.save:
+    save, save_interval = settings.checkpoint.save, settings.checkpoint.save_interval
+    if not save:
         return False
-    if stop or state.iteration == args.train_iters:
+    if stop or state.iteration == settings.training.train_iters:
         return True
-    return bool(args.save_interval and state.iteration % args.save_interval == 0 and not state.skipped_in_a_row)
+    return bool(save_interval and state.iteration % save_interval == 0 and not state.skipped_in_a_row)
 
 
-def startup_notes(args, arch) -> List[str]:
+def startup_notes(settings: Settings, arch) -> List[str]:
     """What the run took from the recipe rather than from the user, and how the model differs from
     its preset: printed at start-up, so that neither happens silently."""
     notes = [f"NeoBERT where Megatron-LM's BERT differs: {'; '.join(RECIPE_DIFFERENCES)}"]
-    applied = recipe_defaults_applied(args, set(args.explicit_flags))
+    applied = recipe_defaults_applied(settings)
     if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
                      + "; ".join(applied))
-    changed = preset_overrides(args, arch)
+    changed = preset_overrides(settings.model, arch)
     if changed:
-        notes.append(f"model preset {args.model_preset} overridden by the flags: {', '.join(changed)} "
+        notes.append(f"model preset {settings.model.model_preset} overridden by the flags: {', '.join(changed)} "
                      f"(the model is not the preset's)")
-    if "sequence_parallel" in args.explicit_flags and args.tensor_model_parallel_size == 1:
+    if "sequence_parallel" in settings.explicit and settings.parallel.tensor_model_parallel_size == 1:
         notes.append("warning: disabling sequence parallelism because tensor model parallelism is disabled "
                      "(--tensor-model-parallel-size 1)")
     return notes
@@ -158,7 +170,7 @@ def fp16_step(optimizer, state: TrainState) -> tuple:
     return ok, grad_norm, num_zeros
 
 
-def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
+def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[dict], state: TrainState,
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
     iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs
@@ -170,10 +182,11 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
     lr = optimizer.param_groups[0]["lr"]
     stats = run_micro_batches(chunks, batches, forward_only=False, forward_step=forward_step, pad_id=pad_id)
     state.iteration += 1
-    state.consumed_samples += args.global_batch_size
-    loss_scale = float(optimizer.get_loss_scale()) if args.fp16 else None
+    fp16 = settings.precision.fp16
+    state.consumed_samples += settings.training.global_batch_size
+    loss_scale = float(optimizer.get_loss_scale()) if fp16 else None
     stepped, num_zeros = False, None
-    if math.isfinite(stats.loss) and args.fp16:
+    if math.isfinite(stats.loss) and fp16:
         stepped, grad_norm, num_zeros = fp16_step(optimizer, state)
         state.skipped_in_a_row = 0
     elif math.isfinite(stats.loss) and grads_are_finite(chunks):
@@ -186,15 +199,15 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
         grad_norm = float("nan")
         state.skipped_in_a_row += 1
         state.skipped_iters += 1
-        print_rank_0(f"iteration {state.iteration}: non-finite loss or gradient, step skipped "
-                     f"({state.skipped_in_a_row} in a row, {state.skipped_iters} in total)")
-        if state.skipped_in_a_row > args.max_skipped_iters:
+        logger.info(f"iteration {state.iteration}: non-finite loss or gradient, step skipped "
+                    f"({state.skipped_in_a_row} in a row, {state.skipped_iters} in total)")
+        if state.skipped_in_a_row > settings.faults.max_skipped_iters:
             raise NonFiniteLossError(
                 f"{state.skipped_in_a_row} consecutive steps with a non-finite loss or gradient (more than "
-                f"--max-skipped-iters {args.max_skipped_iters}); stopping at iteration "
+                f"--max-skipped-iters {settings.faults.max_skipped_iters}); stopping at iteration "
                 f"{state.iteration} without saving. Last good checkpoint: {state.last_checkpoint or 'none'}")
     if stepped:  # in iterations, or in samples with --train-samples
-        scheduler.step(increment=schedule_steps(args).per_iteration)
+        scheduler.step(increment=schedule_steps(settings.training).per_iteration)
     # Megatron-LM logs the lr after the scheduler's step (the next step's), that of the default param group.
     logged_lr = get_canonical_lr_for_logging(optimizer.param_groups)
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
@@ -202,10 +215,10 @@ def train_step(args, chunks, optimizer, scheduler, batches: List[dict], state: T
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
                 skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
                 attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale,
-                num_zeros=num_zeros, params_norm=params_norm(chunks) if args.log_params_norm else None)
+                num_zeros=num_zeros, params_norm=params_norm(chunks) if settings.logging.log_params_norm else None)
 
 
-def train(args, forward_step: ForwardStep = mlm_forward_step) -> dict:
+def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
     """Train on every rank of the process group; returns {"train": [per-step records], "eval":
     [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
@@ -214,68 +227,75 @@ def train(args, forward_step: ForwardStep = mlm_forward_step) -> dict:
     function), for training and validation.
     """
     started = time.time()
+    configure_logging()
+    faults = settings.faults
     with contextlib.ExitStack() as guards:
         # The handler first: a pre-emption signal during the set-up must not kill the rank either.
-        handler = guards.enter_context(ExitSignalHandler(args.exit_signal)) if args.exit_signal_handler else None
-        tokenizer = check_inputs(args)  # before the process group: bad input ends the run at once
-        init_distributed(args.distributed_timeout_minutes)
+        handler = guards.enter_context(ExitSignalHandler(faults.exit_signal)) if faults.exit_signal_handler else None
+        tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once
+        init_distributed(faults.distributed_timeout_minutes)
         exit_with_launcher()
-        if not args.async_save:  # an asynchronous save's writer is another process: megatron-core's queue
+        # An asynchronous save's writer is another process: megatron-core's queue.
+        if not settings.checkpoint.async_save:
             keep_write_results_in_process()
         forked_children_die_with_rank()
-        watchdog = guards.enter_context(ProgressWatchdog(args.distributed_timeout_minutes))
-        lock = claim_save_dir(args)
+        watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
+        lock = claim_save_dir(settings.checkpoint)
         if lock:
             guards.callback(lock.release)
-        return _train(args, tokenizer, forward_step, handler, watchdog, started)
+        return _train(settings, tokenizer, forward_step, handler, watchdog, started)
 
 
-def _train(args, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
+def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
            watchdog: ProgressWatchdog, started: float) -> dict:
-    checkpoint, common = (read_checkpoint(args.load, args.ckpt_step, not args.no_verify_checkpoint)
-                          if args.load else (None, None))
-    pretrained = checkpoint is None and args.pretrained_checkpoint is not None
+    options = settings.checkpoint
+    verify = not options.no_verify_checkpoint
+    checkpoint, common = (read_checkpoint(options.load, options.ckpt_step, verify)
+                          if options.load else (None, None))
+    pretrained = checkpoint is None and options.pretrained_checkpoint is not None
     if pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
-        checkpoint, common = read_checkpoint(args.pretrained_checkpoint, None, not args.no_verify_checkpoint)
+        checkpoint, common = read_checkpoint(options.pretrained_checkpoint, None, verify)
         if checkpoint is None:
-            raise TrainingError(f"--pretrained-checkpoint {args.pretrained_checkpoint} holds no checkpoint")
-        print_rank_0(f"no checkpoint in --load {args.load}: starting from --pretrained-checkpoint {checkpoint}")
-    if args.use_checkpoint_args:
-        use_checkpoint_args(args, checkpoint, common)
-    arch = trained_length(args, model_arch(args, tokenizer.vocab_size), common)
+            raise TrainingError(f"--pretrained-checkpoint {options.pretrained_checkpoint} holds no checkpoint")
+        logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint {checkpoint}")
+    checkpoint_arch = None
+    if options.use_checkpoint_args:
+        settings, checkpoint_arch = use_checkpoint_args(settings, checkpoint, common)
+    arch = trained_length(settings, model_arch(settings.model, tokenizer.vocab_size, checkpoint_arch), common)
     check_vocabulary(tokenizer, arch)
     if checkpoint:
-        check_model_shape(args, arch, checkpoint, common)
-    finetune = args.finetune or pretrained
+        check_model_shape(settings, arch, checkpoint, common)
+    finetune = options.finetune or pretrained
     if checkpoint and not finetune and not holds_training_state(common):
-        print_rank_0(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
+        logger.info(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
         finetune = True
-    padded_vocab = resolve_padded_vocab_size(args, arch, checkpoint, common)
-    _, chunks, optimizer, scheduler = setup_model_and_optimizer(args, arch, padded_vocab)
-    num_micro = num_micro_batches(args)
-    print_rank_0(format_report(kernel_report(args.transformer_impl, args.data_loader)))
-    print_rank_0(describe_layout(args, arch, padded_vocab, len(chunks), num_micro))
-    for note in startup_notes(args, arch):
-        print_rank_0(note)
+    padded_vocab = resolve_padded_vocab_size(settings, arch, checkpoint, common)
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, arch, padded_vocab)
+    num_micro = num_micro_batches(settings)
+    logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
+    logger.info(describe_layout(settings, arch, padded_vocab, len(chunks), num_micro))
+    for note in startup_notes(settings, arch):
+        logger.info(note)
 
+    training, evaluation = settings.training, settings.evaluation
     state = TrainState()
     if checkpoint:
-        state = resume(args, checkpoint, common, chunks, optimizer, scheduler, finetune)
-    elif args.load:
-        print_rank_0(f"no checkpoint in {args.load}: starting from scratch")
-    evals_done = state.iteration // args.eval_interval if args.eval_interval else 0
+        state = resume(settings, checkpoint, common, chunks, optimizer, scheduler, finetune)
+    elif options.load:
+        logger.info(f"no checkpoint in {options.load}: starting from scratch")
+    evals_done = state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
     _, train_iter, valid_iter = build_data(
-        args, state.consumed_samples, evals_done * args.eval_iters * args.global_batch_size, tokenizer)
-    if args.skip_train and valid_iter is None:
+        settings, state.consumed_samples, evals_done * evaluation.eval_iters * training.global_batch_size, tokenizer)
+    if evaluation.skip_train and valid_iter is None:
         raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to run: "
                             "give a validation split (--split or --valid-data-path) and --eval-iters and "
                             "--eval-interval above 0")
 
-    async_saves = AsyncSaves() if args.async_save else None
+    async_saves = AsyncSaves() if options.async_save else None
 
     def saved(iteration: int):
-        state.last_checkpoint = iteration_dir(args.save, iteration)
-        print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+        state.last_checkpoint = iteration_dir(options.save, iteration)
+        logger.info(f"saved checkpoint at iteration {iteration} to {options.save}")
 
     def finish_async_save(blocking: bool):
         done = async_saves.finish(blocking) if async_saves else None
@@ -287,36 +307,37 @@ def _train(args, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSig
         finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
         saved_args = megatron_lm_args(
-            arch, padded_vocab, **vars(args), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            arch, padded_vocab, **settings.flags(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
-            consumed_valid_samples=(evals_done + len(history["eval"])) * args.eval_iters * args.global_batch_size)
+            consumed_valid_samples=(evals_done + len(history["eval"])) * evaluation.eval_iters
+            * training.global_batch_size)
         save_checkpoint(
-            args.save, state.iteration, chunks, optimizer, scheduler,
-            dict(consumed_samples=state.consumed_samples, data_stream=data_stream(args),
+            options.save, state.iteration, chunks, optimizer, scheduler,
+            dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
                  skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
-            saved_args, args.keep_last_n_checkpoints, save_optimizer=not args.no_save_optim,
-            save_rng=not args.no_save_rng, floating_point_operations=state.floating_point_operations,
+            saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
+            save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
             async_saves=async_saves)
         resume_param_sync(chunks)
         if async_saves:
-            print_rank_0(f"writing the checkpoint of iteration {state.iteration} to {args.save} in the background "
-                         f"(--async-save)")
+            logger.info(f"writing the checkpoint of iteration {state.iteration} to {options.save} in the background "
+                        f"(--async-save)")
         else:
             saved(state.iteration)
         if state.skipped_in_a_row:
-            print_rank_0(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "
-                         f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
-                         f"finite step")
+            logger.info(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "
+                        f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
+                        f"finite step")
 
-    history = {"train": [], "eval": [], "exit": "skip-train" if args.skip_train else "finished"}
-    log = TrainingLog(args, arch, padded_vocab)
-    profiler = StepProfiler(args)
+    history = {"train": [], "eval": [], "exit": "skip-train" if evaluation.skip_train else "finished"}
+    log = TrainingLog(settings, arch, padded_vocab)
+    profiler = StepProfiler(settings)
 
     def validate():
         watchdog.at(state.iteration, "evaluation")
-        stats: StepStats = evaluate(chunks, valid_iter, num_micro, args.eval_iters, forward_step)
+        stats: StepStats = evaluate(chunks, valid_iter, num_micro, evaluation.eval_iters, forward_step)
         result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=state.iteration,
                       consumed_samples=state.consumed_samples)
         history["eval"].append(result)
@@ -324,30 +345,30 @@ def _train(args, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSig
 
     window_start = time.perf_counter()
     try:
-        if args.skip_train:
+        if evaluation.skip_train:
             validate()
-        while not args.skip_train and state.iteration < args.train_iters:
+        while not evaluation.skip_train and state.iteration < training.train_iters:
             watchdog.at(state.iteration + 1, "training step")
             profiler.step_begins(state.iteration)
             batches = [next(train_iter) for _ in range(num_micro)]
-            record = train_step(args, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
+            record = train_step(settings, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
             state.floating_point_operations += step_flops(arch, record["tokens"], record["predicted"],
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
             history["train"].append(record)
-            report = state.iteration % args.log_interval == 0 or state.iteration == args.train_iters
+            report = state.iteration % settings.logging.log_interval == 0 or state.iteration == training.train_iters
             log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)
             if report:
                 window_start = time.perf_counter()
-            if valid_iter is not None and args.eval_interval and state.iteration % args.eval_interval == 0:
+            if valid_iter is not None and evaluation.eval_interval and state.iteration % evaluation.eval_interval == 0:
                 validate()
             watchdog.at(state.iteration, "agreeing whether to stop")
-            stop = stop_reason(args, state, handler, started)
+            stop = stop_reason(settings, state, handler, started)
             finish_async_save(blocking=False)
-            if should_save(args, state, stop):
+            if should_save(settings, state, stop):
                 save()
             if stop:
-                print_rank_0(f"stopping at iteration {state.iteration} ({stop})")
+                logger.info(f"stopping at iteration {state.iteration} ({stop})")
                 history["exit"] = stop
                 break
         profiler.stop()  # a run stopped inside the window still writes it

@@ -1,4 +1,5 @@
-"""The flags a Megatron-LM user brings, with Megatron-LM's meanings (core_v0.16).
+"""The flags a Megatron-LM user brings, with Megatron-LM's meanings (core_v0.16): their checks and
+resolution (called by `settings.settings_from_args` on its copy of the command line), the recipe's defaults.
 
 NeoBERT's recipe sets other defaults than Megatron-LM for some of them: `--help` shows both, and
 the trainer prints, at start-up, the recipe defaults that the command line (and --config) left in
@@ -45,112 +46,8 @@ RECIPE_DECAY_FRACTION = 0.9
 CKPT_FORMATS = ("torch_dist", "torch", "torch_dcp", "zarr", "fsdp_dtensor")
 
 
-def add_megatron_lm_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("Megatron-LM flags")
-    g.add_argument("--fp16", action="store_true",
-                   help="fp16 weights and activations, fp32 main weights, dynamic loss scaling")
-    g.add_argument("--initial-loss-scale", type=float, default=2.0**32, help="with --fp16")
-    g.add_argument("--loss-scale", type=float, default=None, help="with --fp16: a static scale instead")
-    g.add_argument("--lr-warmup-fraction", type=float, default=None,
-                   help="warmup over this fraction of the decay steps (instead of --lr-warmup-iters/-samples)")
-    g.add_argument("--train-samples", type=int, default=None,
-                   help="train for this many samples (instead of --train-iters): iterations = samples / "
-                        "global batch; the schedule then counts samples")
-    g.add_argument("--lr-decay-samples", type=int, default=None, help="with --train-samples")
-    g.add_argument("--lr-warmup-samples", type=int, default=None, help="with --train-samples")
-    g.add_argument("--vocab-file", default=None,
-                   help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
-    for split in ("train", "valid", "test"):
-        g.add_argument(f"--{split}-data-path", nargs="*", default=None,
-                       help=f"prefixes (or weight-prefix pairs) of the {split} split only; "
-                            "replaces --data-path and --split")
-    g.add_argument("--mock-data", action="store_true",
-                   help="synthetic deterministic documents, packed and masked as real ones: no files")
-    g.add_argument("--ckpt-format", default="torch_dist",
-                   help="checkpoint format; torch_dist (megatron-core distributed checkpoint) only")
-    g.add_argument("--log-throughput", action="store_true",
-                   help="TFLOP/s per GPU on the console ('throughput per GPU (TFLOP/s/GPU)') and, with "
-                        "--log-timers-to-tensorboard, as 'throughput' on TensorBoard / wandb")
-    g.add_argument("--wandb-project", default="", help="log to Weights & Biases (WANDB_MODE=offline works)")
-    g.add_argument("--wandb-exp-name", default="", help="the run's name; required with --wandb-project")
-    g.add_argument("--wandb-save-dir", default="", help="default: --save/wandb")
-    g.add_argument("--recompute-activations", action="store_true",
-                   help="selective recomputation (= --recompute-granularity selective)")
-    g.add_argument("--use-checkpoint-args", action="store_true",
-                   help="take the model's shape (preset, sizes, sequence length) from the --load checkpoint")
-    g.add_argument("--no-save-optim", action="store_true", help="save checkpoints without the optimizer state")
-    g.add_argument("--async-save", action="store_true",
-                   help="write checkpoints in the background (megatron-core's asynchronous torch_dist save): "
-                        "the tensors are staged in host memory, training goes on while a process per rank "
-                        "writes them, and the marker moves once every rank's files are written and checksummed")
-    g.add_argument("--no-save-rng", action="store_true",
-                   help="save checkpoints without the RNG states (a resume from them starts new streams)")
-    g.add_argument("--pretrained-checkpoint", default=None,
-                   help="when --load holds no checkpoint: start from this one's weights, as --finetune")
-    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true",
-                   help="the schedule of the loaded checkpoint wins over the flags: always so here unless "
-                        "--override-opt-param-scheduler")
-    g.add_argument("--auto-detect-ckpt-format", action="store_true",
-                   help="accepted: checkpoints are read as torch_dist, and another format is refused by name")
-    g.add_argument("--ckpt-fully-parallel-save", action="store_true",
-                   help="accepted: data-parallel ranks always share the writing")
-    g.add_argument("--dist-ckpt-strictness", default="assume_ok_unexpected", choices=STRICTNESS,
-                   help="what a load does with keys the checkpoint and the model do not share "
-                        "(megatron-core's StrictHandling)")
-    g.add_argument("--skip-train", action="store_true",
-                   help="load, run one validation of --eval-iters batches, and exit without training")
-    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="the learning rate the warmup starts from")
-    g.add_argument("--dataloader-type", default="single", choices=["single", "cyclic", "external"],
-                   help="single only: one pass over the dataset's own shuffled sample order, resumable by "
-                        "consumed samples")
-    g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo"],
-                   help="nccl on GPUs, gloo on CPU; the other one is refused")
-    g.add_argument("--legacy-tokenizer", action="store_true",
-                   help="accepted: the BertWordPiece tokenizers here give Megatron-LM's legacy tokenizers' ids")
-
-    g = p.add_argument_group("Megatron-LM model flags (checked against the preset)")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "flash", "fused", "unfused", "local"],
-                   help="Transformer Engine's attention kernel (flash/fused/unfused need TE layers); local: "
-                        "megatron-core layers with this package's attention")
-    g.add_argument("--position-embedding-type", default=None, choices=["learned_absolute", "rope"],
-                   help="must be the preset's (rope; learned_absolute: ablation-m0)")
-    g.add_argument("--normalization", default=None, choices=["LayerNorm", "RMSNorm"],
-                   help="must be the preset's (RMSNorm; LayerNorm: ablation-m0)")
-    g.add_argument("--swiglu", action="store_true", help="must agree with the preset (SwiGLU but ablation-m0)")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="accepted: the MLM decoder is never tied to the embedding")
-    g.add_argument("--bert-no-binary-head", action="store_true",
-                   help="accepted: NeoBERT has no binary (next-sentence) head")
-    g.add_argument("--hidden-dropout", type=float, default=0.0, help="dropout after attention and MLP")
-    g.add_argument("--attention-dropout", type=float, default=0.0, help="dropout of the attention probabilities")
-    g.add_argument("--init-method-std", type=float, default=None,
-                   help="initialise weights ~ normal(0, std), the output projections scaled by "
-                        "1/sqrt(2 x layers), as megatron-core")
-    g.add_argument("--mask-prob", type=float, default=None, help="Megatron-LM's name of --mask-rate")
-    g.add_argument("--short-seq-prob", type=float, default=0.0,
-                   help="0 only: documents are packed whole up to --seq-length, never cut short on purpose")
-    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None, metavar=("START", "INCREMENT", "SAMPLES"),
-                   help="not implemented: refused (the global batch is fixed)")
-
-    g = p.add_argument_group("Megatron-LM logging flags")
-    g.add_argument("--log-params-norm", action="store_true", help="the parameters' L2 norm on the console "
-                   "and TensorBoard ('params-norm')")
-    g.add_argument("--log-num-zeros-in-grad", action="store_true",
-                   help="the count of zero gradient entries on the console and TensorBoard ('num-zeros')")
-    g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
-                   help="0 only: Megatron-LM's per-phase timers are not implemented (--profile traces the steps)")
-    g.add_argument("--tensorboard-log-interval", type=int, default=1,
-                   help="iterations between TensorBoard / wandb writes of the per-step figures")
-    g.add_argument("--log-timers-to-tensorboard", action="store_true",
-                   help="'iteration-time' (and 'throughput' with --log-throughput) on TensorBoard / wandb")
-    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",
-                   help="'lm loss validation ppl' on TensorBoard / wandb")
-    g.add_argument("--log-memory-to-tensorboard", action="store_true",
-                   help="'mem-reserved-bytes', 'mem-allocated-bytes', 'mem-max-allocated-bytes', "
-                        "'mem-allocated-count' (CUDA's allocator; GPU only)")
-    g.add_argument("--log-world-size-to-tensorboard", action="store_true", help="'world-size' on TensorBoard / wandb")
-    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard",
-                   help="no 'loss-scale' on TensorBoard / wandb (written every step by default, 1.0 without --fp16)")
+def note_recipe_defaults(p: argparse.ArgumentParser) -> None:
+    """--help names both defaults where the recipe's differs from Megatron-LM's."""
     for action in p._actions:
         if action.dest in RECIPE_DEFAULTS:
             recipe, megatron = RECIPE_DEFAULTS[action.dest]
@@ -289,21 +186,22 @@ def _resolve_tokenizer(args, explicit: Set[str]) -> None:
         args.vocab_file = args.tokenizer_model = vocab_file
 
 
-def recipe_defaults_applied(args, explicit: Set[str]) -> List[str]:
+def recipe_defaults_applied(settings) -> List[str]:
     """The recipe defaults the user left in place, with their final values, for the start-up report."""
-    samples = args.train_samples is not None
-    skip = {"lr_decay_samples", "lr_warmup_samples"} if not samples else {"lr_decay_iters", "lr_warmup_iters",
-                                                                          "train_iters"}
-    if args.lr_warmup_fraction is not None:
+    training, data = settings.training, settings.data
+    skip = ({"lr_decay_iters", "lr_warmup_iters", "train_iters"} if training.train_samples is not None
+            else {"lr_decay_samples", "lr_warmup_samples"})
+    if training.lr_warmup_fraction is not None:
         skip |= {"lr_warmup_iters", "lr_warmup_samples"}
-    if args.mock_data or args.train_data_path:
+    if data.mock_data or data.train_data_path:
         skip.add("split")
-    if args.use_checkpoint_args:  # the checkpoint's length, unless given
+    if settings.checkpoint.use_checkpoint_args:  # the checkpoint's length, unless given
         skip.add("seq_length")
-    if args.mask_prob is not None:
+    if data.mask_prob is not None:
         skip.add("mask_rate")
-    return [f"--{dest.replace('_', '-')} {getattr(args, dest)} (Megatron-LM's default: {RECIPE_DEFAULTS[dest][1]})"
-            for dest in RECIPE_DEFAULTS if dest not in explicit and dest not in skip]
+    flags = settings.flags()
+    return [f"--{dest.replace('_', '-')} {flags[dest]} (Megatron-LM's default: {RECIPE_DEFAULTS[dest][1]})"
+            for dest in RECIPE_DEFAULTS if dest not in settings.explicit and dest not in skip]
 
 
 class ScheduleSteps(NamedTuple):
@@ -313,14 +211,15 @@ class ScheduleSteps(NamedTuple):
     per_iteration: int  # the scheduler's increment per optimizer step
 
 
-def schedule_steps(args) -> ScheduleSteps:
-    """The scheduler's lengths in samples, as Megatron-LM counts them (iterations x --global-batch-size with
-    --train-iters); --lr-warmup-fraction is a fraction of the decay, as Megatron-LM's."""
-    gbs = args.global_batch_size
-    if args.train_samples is not None:
-        decay, warmup, span = args.lr_decay_samples, args.lr_warmup_samples, args.train_samples
+def schedule_steps(training) -> ScheduleSteps:
+    """The scheduler's lengths for `training` (the TrainingSettings), in samples as Megatron-LM counts them
+    (iterations x --global-batch-size with --train-iters); --lr-warmup-fraction is a fraction of the decay."""
+    gbs = training.global_batch_size
+    if training.train_samples is not None:
+        decay, warmup, span = training.lr_decay_samples, training.lr_warmup_samples, training.train_samples
     else:
-        decay, warmup, span = args.lr_decay_iters * gbs, args.lr_warmup_iters * gbs, args.train_iters * gbs
-    if args.lr_warmup_fraction is not None:
-        warmup = args.lr_warmup_fraction * decay
+        decay, warmup, span = (training.lr_decay_iters * gbs, training.lr_warmup_iters * gbs,
+                               training.train_iters * gbs)
+    if training.lr_warmup_fraction is not None:
+        warmup = training.lr_warmup_fraction * decay
     return ScheduleSteps(warmup, decay, span, gbs)

@@ -1,9 +1,9 @@
 """The trainer's set-up: this rank's model chunks (pipeline stages, virtual stages) wrapped for
-training, their optimizer and learning-rate schedule, from the command-line arguments."""
+training, their optimizer and learning-rate schedule, from the run's settings."""
 
 import dataclasses
 import random
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy
 import torch
@@ -19,10 +19,11 @@ from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_v
                                     transformer_config)
 from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
+from megatron_neobert.training.arguments import ARCH_OVERRIDES
 from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError
-from megatron_neobert.training.arguments import ARCH_OVERRIDES
 from megatron_neobert.training.megatron_args import schedule_steps
+from megatron_neobert.training.settings import ModelSettings, Settings, TrainingSettings
 
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
@@ -70,22 +71,22 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto"
     return chunks
 
 
-def model_arch(args, tokenizer_vocab_size: Optional[int] = None) -> NeoBERTArch:
+def model_arch(model: ModelSettings, tokenizer_vocab_size: Optional[int] = None,
+               checkpoint_arch: Optional[dict] = None) -> NeoBERTArch:
     """The preset's shape with the architecture flags that were given applied to it (with
-    --use-checkpoint-args, the checkpoint's shape: `use_checkpoint_args` set `args.checkpoint_arch`).
+    --use-checkpoint-args, `checkpoint_arch`: the checkpoint's shape, from `use_checkpoint_args`).
 
     As Megatron-LM: the vocabulary is the tokenizer's (`tokenizer_vocab_size`; the preset's when None) unless
     --vocab-size is given, and --hidden-size
     without --ffn-hidden-size derives the MLP width, by the presets' own rule (SwiGLU: 2/3 x 4h rounded
     up to 8, as NeoBERT; Megatron-LM rounds down to 64; GELU: 4h)."""
-    overrides = {field: getattr(args, name) for name, field in ARCH_OVERRIDES.items()
-                 if getattr(args, name) is not None}
-    saved = getattr(args, "checkpoint_arch", None)
-    base = NeoBERTArch(**saved) if saved is not None else get_arch(args.model_preset)
+    overrides = {field: getattr(model, name) for name, field in ARCH_OVERRIDES.items()
+                 if getattr(model, name) is not None}
+    base = NeoBERTArch(**checkpoint_arch) if checkpoint_arch is not None else get_arch(model.model_preset)
     if tokenizer_vocab_size is not None:
         overrides.setdefault("vocab_size", tokenizer_vocab_size)
-    if args.hidden_size is not None and args.ffn_hidden_size is None:
-        overrides["ffn_hidden_size"] = derived_ffn_hidden_size(base, args.hidden_size)
+    if model.hidden_size is not None and model.ffn_hidden_size is None:
+        overrides["ffn_hidden_size"] = derived_ffn_hidden_size(base, model.hidden_size)
     return dataclasses.replace(base, **overrides)
 
 
@@ -93,11 +94,11 @@ def derived_ffn_hidden_size(arch: NeoBERTArch, hidden_size: int) -> int:
     return swiglu_width(4 * hidden_size) if arch.activation == "swiglu" else 4 * hidden_size
 
 
-def preset_overrides(args, arch: NeoBERTArch) -> List[str]:
+def preset_overrides(model: ModelSettings, arch: NeoBERTArch) -> List[str]:
     """'field preset -> this run (why)' for each size where the model is not the preset's."""
-    preset = get_arch(args.model_preset)
-    why = {"vocab_size": "the tokenizer's" if args.vocab_size is None else None,
-           "ffn_hidden_size": "derived from --hidden-size" if args.ffn_hidden_size is None else None}
+    preset = get_arch(model.model_preset)
+    why = {"vocab_size": "the tokenizer's" if model.vocab_size is None else None,
+           "ffn_hidden_size": "derived from --hidden-size" if model.ffn_hidden_size is None else None}
     changed = []
     for f in dataclasses.fields(arch):
         before, after = getattr(preset, f.name), getattr(arch, f.name)
@@ -106,27 +107,32 @@ def preset_overrides(args, arch: NeoBERTArch) -> List[str]:
     return changed
 
 
-def use_checkpoint_args(args, checkpoint: Optional[str], common: Optional[dict]) -> None:
-    """--use-checkpoint-args: the model's preset and shape, and the sequence length unless given,
-    from the checkpoint's args (as Megatron-LM's load_args_from_checkpoint: sizes given on the
-    command line win)."""
+def use_checkpoint_args(settings: Settings, checkpoint: Optional[str],
+                        common: Optional[dict]) -> Tuple[Settings, dict]:
+    """--use-checkpoint-args: (the settings with the checkpoint's preset and, unless given, its sequence
+    length; the checkpoint's NeoBERTArch fields for `model_arch`), from the checkpoint's args (as
+    Megatron-LM's load_args_from_checkpoint: sizes given on the command line win)."""
     if checkpoint is None:
-        raise InputError(f"--use-checkpoint-args: no checkpoint in --load {args.load}")
+        raise InputError(f"--use-checkpoint-args: no checkpoint in --load {settings.checkpoint.load}")
     saved = checkpoint_args(common)
-    args.model_preset, args.checkpoint_arch = saved["model_preset"], saved["arch"]
-    if "seq_length" not in args.explicit_flags and saved.get("seq_length"):  # a converter's has none
-        args.seq_length = saved["seq_length"]
+    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model,
+                                                                       model_preset=saved["model_preset"]))
+    if "seq_length" not in settings.explicit and saved.get("seq_length"):  # a converter's has none
+        settings = dataclasses.replace(settings, data=dataclasses.replace(settings.data,
+                                                                          seq_length=saved["seq_length"]))
+    return settings, saved["arch"]
 
 
-def resolve_padded_vocab_size(args, arch: NeoBERTArch, checkpoint: Optional[str], common: Optional[dict]) -> int:
+def resolve_padded_vocab_size(settings: Settings, arch: NeoBERTArch, checkpoint: Optional[str],
+                              common: Optional[dict]) -> int:
     """Rows of the embedding and output layer: the vocabulary padded to a multiple of
     --make-vocab-size-divisible-by x TP, as Megatron-LM, or a loaded checkpoint's. 30522 pads to 30592
     at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
     word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
-    tp = args.tensor_model_parallel_size
+    tp = settings.parallel.tensor_model_parallel_size
     saved = checkpoint_args(common).get("padded_vocab_size") if common else None
     if saved is None:
-        return padded_vocab_size(arch.vocab_size, tp, args.make_vocab_size_divisible_by)
+        return padded_vocab_size(arch.vocab_size, tp, settings.model.make_vocab_size_divisible_by)
     if saved < arch.vocab_size:
         raise InputError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
                          f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
@@ -146,65 +152,68 @@ def set_random_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def build_scheduler(args, optimizer) -> OptimizerParamScheduler:
+def build_scheduler(training: TrainingSettings, optimizer) -> OptimizerParamScheduler:
     """Linear warmup from --lr-warmup-init (0), decay to min-lr, then constant; in iterations, or in samples with
-    --train-samples (step it by `schedule_steps(args).per_iteration` per iteration)."""
-    warmup, decay, span, _ = schedule_steps(args)
+    --train-samples (step it by `schedule_steps(training).per_iteration` per iteration)."""
+    warmup, decay, span, _ = schedule_steps(training)
     return OptimizerParamScheduler(
-        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
         lr_warmup_steps=warmup, lr_decay_steps=decay,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
+        lr_decay_style=training.lr_decay_style, start_wd=training.weight_decay, end_wd=training.weight_decay,
         wd_incr_steps=span, wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=not args.override_opt_param_scheduler,
-        override_opt_param_scheduler=args.override_opt_param_scheduler)
+        use_checkpoint_opt_param_scheduler=not training.override_opt_param_scheduler,
+        override_opt_param_scheduler=training.override_opt_param_scheduler)
 
 
-def setup_model_and_optimizer(args, arch: NeoBERTArch, padded_vocab: int):
+def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: int):
     """(transformer config, model chunks, optimizer, scheduler) of this rank, after initialising
-    megatron-core's parallel state for the layout the flags ask for."""
+    megatron-core's parallel state for the layout the settings ask for."""
+    model, precision, parallel, training = settings.model, settings.precision, settings.parallel, settings.training
     vpp = None
-    if args.num_layers_per_virtual_pipeline_stage:
-        vpp = arch.num_layers // (args.pipeline_model_parallel_size * args.num_layers_per_virtual_pipeline_stage)
-    initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, vpp,
-                              seed=None, distributed_timeout_minutes=args.distributed_timeout_minutes)
-    set_random_seed(args.seed)  # the run's one seeding, once the pipeline rank is known
-    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    if parallel.num_layers_per_virtual_pipeline_stage:
+        vpp = arch.num_layers // (parallel.pipeline_model_parallel_size
+                                  * parallel.num_layers_per_virtual_pipeline_stage)
+    initialize_model_parallel(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, vpp,
+                              seed=None, distributed_timeout_minutes=settings.faults.distributed_timeout_minutes)
+    set_random_seed(training.seed)  # the run's one seeding, once the pipeline rank is known
+    dtype = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32
     optional = {}
-    if args.recompute_granularity:
-        optional = dict(recompute_granularity=args.recompute_granularity)
-        if args.recompute_granularity == "full":
-            optional.update(recompute_method=args.recompute_method,
-                             recompute_num_layers=args.recompute_num_layers)
-    if args.init_method_std is not None:  # megatron-core's normal init (its output layers scaled by depth)
+    if model.recompute_granularity:
+        optional = dict(recompute_granularity=model.recompute_granularity)
+        if model.recompute_granularity == "full":
+            optional.update(recompute_method=model.recompute_method,
+                            recompute_num_layers=model.recompute_num_layers)
+    if model.init_method_std is not None:  # megatron-core's normal init (its output layers scaled by depth)
         optional.update(init_method=None, output_layer_init_method=None, embedding_init_method=None,
-                         init_method_std=args.init_method_std)
+                        init_method_std=model.init_method_std)
     config = transformer_config(
-        arch, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
-        attention_backend=AttnBackend[args.attention_backend],
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=vpp, sequence_parallel=args.sequence_parallel,
-        bf16=args.bf16, fp16=args.fp16, params_dtype=dtype, pipeline_dtype=dtype,
-        fp8=args.fp8_format, fp8_recipe=args.fp8_recipe if args.fp8_format else "delayed", **optional)
+        arch, hidden_dropout=model.hidden_dropout, attention_dropout=model.attention_dropout,
+        attention_backend=AttnBackend[model.attention_backend],
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=vpp, sequence_parallel=parallel.sequence_parallel,
+        bf16=precision.bf16, fp16=precision.fp16, params_dtype=dtype, pipeline_dtype=dtype,
+        fp8=precision.fp8_format, fp8_recipe=precision.fp8_recipe if precision.fp8_format else "delayed", **optional)
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-        overlap_param_gather=args.overlap_param_gather, bucket_size=args.ddp_bucket_size,
-        use_distributed_optimizer=args.use_distributed_optimizer)
-    chunks = build_model_chunks(arch, config, args.transformer_impl, ddp_config, padded_vocab)
-    if args.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
+        grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
+        overlap_param_gather=parallel.overlap_param_gather, bucket_size=parallel.ddp_bucket_size,
+        use_distributed_optimizer=parallel.use_distributed_optimizer)
+    chunks = build_model_chunks(arch, config, model.transformer_impl, ddp_config, padded_vocab)
+    if parallel.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
         config.param_sync_func = [c.start_param_sync for c in chunks]
         if len(chunks) == 1:
             config.param_sync_func = config.param_sync_func[0]
     optimizer = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", decoupled_weight_decay=args.optimizer != "adam-l2", lr=args.lr,
-        min_lr=args.min_lr, weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, clip_grad=args.clip_grad, bf16=args.bf16,
-        fp16=args.fp16, initial_loss_scale=args.initial_loss_scale, loss_scale=args.loss_scale,
-        params_dtype=dtype, use_distributed_optimizer=args.use_distributed_optimizer,
-        log_num_zeros_in_grad=args.log_num_zeros_in_grad), chunks)
-    if args.fp16:  # the schedules multiply the loss by the loss scale before the backward pass
+        optimizer="adam", decoupled_weight_decay=training.optimizer != "adam-l2", lr=training.lr,
+        min_lr=training.min_lr, weight_decay=training.weight_decay, adam_beta1=training.adam_beta1,
+        adam_beta2=training.adam_beta2, adam_eps=training.adam_eps, clip_grad=training.clip_grad,
+        bf16=precision.bf16, fp16=precision.fp16, initial_loss_scale=precision.initial_loss_scale,
+        loss_scale=precision.loss_scale, params_dtype=dtype,
+        use_distributed_optimizer=parallel.use_distributed_optimizer,
+        log_num_zeros_in_grad=settings.logging.log_num_zeros_in_grad), chunks)
+    if precision.fp16:  # the schedules multiply the loss by the loss scale before the backward pass
         config.grad_scale_func = optimizer.scale_loss
-    return config, chunks, optimizer, build_scheduler(args, optimizer)
+    return config, chunks, optimizer, build_scheduler(training, optimizer)
 
 
 def finish_param_sync(chunks) -> None:

@@ -6,26 +6,32 @@ resumed past the start profiles nothing). At the close each rank of `--profile-r
 Chrome / TensorBoard trace (`rank{R}_steps{a}-{b}.pt.trace.json`) and prints its costliest operators.
 """
 
+import logging
 import os
 from typing import Optional
 
 import torch
 
 from megatron_neobert.training.errors import InputError
+from megatron_neobert.training.train_log import EVERY_RANK
 
 TOP_OPS = 15
 
+logger = logging.getLogger(__name__)
+
 
 class StepProfiler:
-    def __init__(self, args):
+    def __init__(self, settings):
+        options = settings.profiling
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        if args.profile and any(r >= world for r in args.profile_ranks):
-            raise InputError(f"--profile-ranks {args.profile_ranks}: this run has ranks 0 to {world - 1}")
-        self.enabled = args.profile and rank in args.profile_ranks
-        self.rank, self.start, self.end = rank, args.profile_step_start, args.profile_step_end
-        self.with_stack = args.pytorch_profiler_collect_callstack
-        # TensorBoard's profiler plugin reads traces in its log folder; arguments.py checks that one is given.
-        self.directory = (args.tensorboard_dir or os.path.join(args.save, "profile")) if self.enabled else None
+        if options.profile and any(r >= world for r in options.profile_ranks):
+            raise InputError(f"--profile-ranks {options.profile_ranks}: this run has ranks 0 to {world - 1}")
+        self.enabled = options.profile and rank in options.profile_ranks
+        self.rank, self.start, self.end = rank, options.profile_step_start, options.profile_step_end
+        self.with_stack = options.pytorch_profiler_collect_callstack
+        # TensorBoard's profiler plugin reads traces in its log folder; settings.py checks that one is given.
+        self.directory = ((settings.logging.tensorboard_dir or os.path.join(settings.checkpoint.save, "profile"))
+                          if self.enabled else None)
         self._prof: Optional[torch.profiler.profile] = None
         self._last = None
 
@@ -62,5 +68,5 @@ class StepProfiler:
         prof.export_chrome_trace(path)
         device = "device" if torch.cuda.is_available() else "cpu"
         table = prof.key_averages().table(sort_by=f"self_{device}_time_total", row_limit=TOP_OPS)
-        print(f"profile of steps {self.start + 1}-{self._last} on rank {self.rank}: trace {path}; "
-              f"top {TOP_OPS} operators by self {device} time:\n{table}", flush=True)
+        logger.info(f"profile of steps {self.start + 1}-{self._last} on rank {self.rank}: trace {path}; "
+                    f"top {TOP_OPS} operators by self {device} time:\n{table}", extra=EVERY_RANK)

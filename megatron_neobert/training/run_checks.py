@@ -1,6 +1,7 @@
 """Checks at the start of a run that would otherwise fail deep inside a step or a load."""
 
 import dataclasses
+import logging
 import os
 import re
 from typing import Optional
@@ -10,7 +11,7 @@ from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import NeoBERTArch
 from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError, TrainingError
-from megatron_neobert.training.train_log import print_rank_0
+from megatron_neobert.training.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see resolve_padded_vocab_size).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
@@ -18,13 +19,15 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_
 # Settings that decide the layout of the optimizer state in a checkpoint.
 OPTIMIZER_SETUP = {"bf16": "--bf16", "use_distributed_optimizer": "--use-distributed-optimizer"}
 
+logger = logging.getLogger(__name__)
 
-def check_inputs(args) -> MLMTokenizer:
+
+def check_inputs(data: DataSettings) -> MLMTokenizer:
     """The run's tokenizer, once it loads and every dataset the data flags name exists. Needs no
     process group: every rank checks before the group exists, so bad input ends the run at once."""
     try:
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-        sources = data_sources(args)
+        tokenizer = build_tokenizer(data.tokenizer_type, data.tokenizer_model)
+        sources = data_sources(data)
     except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
         raise InputError(str(err)) from err
     blends = [sources["blend"], *(sources["blend_per_split"] or [])]
@@ -36,7 +39,7 @@ def check_inputs(args) -> MLMTokenizer:
             output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
             raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
                              f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
-                             f"{output_prefix} --json-keys {key} --tokenizer-model {args.tokenizer_model}, which "
+                             f"{output_prefix} --json-keys {key} --tokenizer-model {data.tokenizer_model}, which "
                              f"writes {output_prefix}_{key}_document.bin / .idx")
     return tokenizer
 
@@ -49,7 +52,7 @@ def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
                          f"{tokenizer.vocab_size} or use a smaller tokenizer")
 
 
-def check_model_shape(args, arch: NeoBERTArch, checkpoint: str, common: dict) -> None:
+def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, common: dict) -> None:
     """A checkpoint loads only into a model of its own shape; compared from its args before the model
     is built (megatron-core would stop in the load with a "Global shape mismatch" on one tensor)."""
     saved = checkpoint_args(common).get("arch")
@@ -60,35 +63,36 @@ def check_model_shape(args, arch: NeoBERTArch, checkpoint: str, common: dict) ->
                if saved.get(name) != getattr(arch, name)]
     if differs:
         raise InputError(f"checkpoint {checkpoint} holds a model of another shape ({'; '.join(differs)}; "
-                         f"this run: --model-preset {args.model_preset} and its overrides): give the checkpoint's "
-                         f"sizes, or --use-checkpoint-args to take them from it")
+                         f"this run: --model-preset {settings.model.model_preset} and its overrides): give the "
+                         f"checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 
-def trained_length(args, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTArch:
+def trained_length(settings: Settings, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTArch:
     """The architecture the run records: with RoPE, `max_sequence_length` becomes the longest
     length the model was trained at (this run's --seq-length, or a loaded checkpoint's record),
     so that the export announces it; learned positions cannot go beyond their table."""
+    seq_length = settings.data.seq_length
     if arch.position_embedding_type != "rope":
-        if args.seq_length > arch.max_sequence_length:
-            raise TrainingError(f"--seq-length {args.seq_length} is longer than the {arch.max_sequence_length} "
-                                f"learned positions of --model-preset {args.model_preset} "
+        if seq_length > arch.max_sequence_length:
+            raise TrainingError(f"--seq-length {seq_length} is longer than the {arch.max_sequence_length} "
+                                f"learned positions of --model-preset {settings.model.model_preset} "
                                 f"({arch.position_embedding_type}); lower --seq-length or raise "
                                 f"--max-position-embeddings (a new position table)")
         return arch
     loaded = checkpoint_args(common).get("arch", {}).get("max_sequence_length", 0) if common else 0
-    longest = max(arch.max_sequence_length, args.seq_length, loaded)
-    if args.seq_length > arch.max_sequence_length:
-        print_rank_0(f"--seq-length {args.seq_length} is above the preset's {arch.max_sequence_length} positions: "
+    longest = max(arch.max_sequence_length, seq_length, loaded)
+    if seq_length > arch.max_sequence_length:
+        logger.info(f"--seq-length {seq_length} is above the preset's {arch.max_sequence_length} positions: "
                      f"allowed with RoPE; the checkpoint records {longest} as the model's length")
     return dataclasses.replace(arch, max_sequence_length=longest)
 
 
-def check_optimizer_setup(args, checkpoint: str, common: dict) -> None:
+def check_optimizer_setup(settings: Settings, checkpoint: str, common: dict) -> None:
     """A checkpoint's optimizer state loads only into the optimizer setup that saved it."""
-    saved = checkpoint_args(common)
+    saved, here = checkpoint_args(common), settings.flags()
     on_off = lambda value: "on" if value else "off"
-    differs = [f"{flag} {on_off(saved.get(key))} there, {on_off(getattr(args, key))} here"
-               for key, flag in OPTIMIZER_SETUP.items() if bool(saved.get(key)) != bool(getattr(args, key))]
+    differs = [f"{flag} {on_off(saved.get(key))} there, {on_off(here[key])} here"
+               for key, flag in OPTIMIZER_SETUP.items() if bool(saved.get(key)) != bool(here[key])]
     if differs:
         raise TrainingError(f"checkpoint {checkpoint} holds optimizer state of another setup ({'; '.join(differs)}); "
                             f"start with a fresh optimizer state with --no-load-optim (the weights, iteration, "

@@ -18,10 +18,16 @@ and their "... vs samples"; with --log-timers-to-tensorboard, every --log-interv
 (seconds per step) and, with --log-throughput, "throughput" (TFLOP/s per GPU); each validation
 "lm loss validation" and "lm loss validation ppl" (and "... vs samples"). The project's own figures
 go under train/, perf/ and validation/.
+
+Every message of the package goes through its module's logger; `configure_logging` sets up the console
+once: INFO lines on stdout from rank 0 alone (as Megatron-LM's print_rank_0), warnings and errors on
+stderr from every rank.
 """
 
+import logging
 import math
 import os
+import sys
 from datetime import datetime
 from typing import List, Optional
 
@@ -31,28 +37,70 @@ from megatron_neobert.model import NeoBERTArch
 from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
 
 
-def print_rank_0(msg: str) -> None:
-    if torch.distributed.get_rank() == 0:
-        print(msg, flush=True)
+logger = logging.getLogger(__name__)
+# `extra` of a line each rank says about itself (a profiled rank's operators): not filtered to rank 0.
+EVERY_RANK = {"every_rank": True}
+
+
+def _rank() -> int:
+    """This process's rank: the process group's, or before it exists the launcher's RANK."""
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", 0))
+
+
+class _Console(logging.StreamHandler):
+    """Writes to sys.stdout or sys.stderr as it is at each line (a test's capture replaces it); INFO lines
+    only from rank 0 (or with EVERY_RANK), and on stdout only those below WARNING."""
+
+    def __init__(self, stream_name: str, level: int, fmt: str):
+        super().__init__()
+        self.stream_name = stream_name
+        self.setLevel(level)
+        self.setFormatter(logging.Formatter(fmt))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.stream_name == "stdout" and record.levelno >= logging.WARNING:
+            return False
+        if record.levelno < logging.WARNING and not getattr(record, "every_rank", False) and _rank() != 0:
+            return False
+        return super().filter(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = getattr(sys, self.stream_name)
+        super().emit(record)
+
+
+def configure_logging() -> None:
+    """The trainer's console (once per process): megatron_neobert's INFO lines as they are written, on
+    stdout; every library's warnings and errors as "LEVEL logger: message" on stderr."""
+    root = logging.getLogger()
+    if any(isinstance(handler, _Console) for handler in root.handlers):
+        return
+    root.addHandler(_Console("stdout", logging.INFO, "%(message)s"))
+    root.addHandler(_Console("stderr", logging.WARNING, "%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("megatron_neobert").setLevel(logging.INFO)
 
 
 class TrainingLog:
     """Collects the step records of a logging window and reports them; rank 0 writes."""
 
-    def __init__(self, args, arch: NeoBERTArch, padded_vocab: int):
-        self.args, self.arch, self.padded_vocab = args, arch, padded_vocab
-        self.peak = peak_tflops(fp8=args.fp8_format is not None)
+    def __init__(self, settings, arch: NeoBERTArch, padded_vocab: int):
+        self.settings, self.arch, self.padded_vocab = settings, arch, padded_vocab
+        self.options = settings.logging
+        fp8 = settings.precision.fp8_format is not None
+        self.peak = peak_tflops(fp8=fp8)
         if self.peak is None and torch.cuda.is_available():
-            print_rank_0(f"MFU not reported: no {'FP8' if args.fp8_format else 'bf16'} peak TFLOP/s known for "
-                         f"{torch.cuda.get_device_name()!r} (training/metrics.py PEAK_TFLOPS)")
+            logger.info(f"MFU not reported: no {'FP8' if fp8 else 'bf16'} peak TFLOP/s known for "
+                        f"{torch.cuda.get_device_name()!r} (training/metrics.py PEAK_TFLOPS)")
         self.window: List[dict] = []
         self.writers = []  # each with add_scalar(tag, value, step) and close()
         if torch.distributed.get_rank() == 0:
-            if args.tensorboard_dir:
+            if self.options.tensorboard_dir:
                 from torch.utils.tensorboard import SummaryWriter
-                self.writers.append(SummaryWriter(args.tensorboard_dir))
-            if args.wandb_project:
-                self.writers.append(WandbWriter(args))
+                self.writers.append(SummaryWriter(self.options.tensorboard_dir))
+            if self.options.wandb_project:
+                self.writers.append(WandbWriter(settings))
 
     def _scalars(self, step: int, values) -> None:
         for name, value in values:
@@ -63,7 +111,7 @@ class TrainingLog:
     def step(self, record: dict, elapsed: Optional[float], skipped_total: int) -> None:
         """Add a step's record; with `elapsed` (seconds since the window began) report the window."""
         self.window.append(record)
-        if record["iteration"] % self.args.tensorboard_log_interval == 0:
+        if record["iteration"] % self.options.tensorboard_log_interval == 0:
             self._step_scalars(record)
         if elapsed is not None:
             self._report(elapsed, skipped_total)
@@ -71,16 +119,16 @@ class TrainingLog:
 
     def _step_scalars(self, record: dict) -> None:
         """Megatron-LM's per-step tags, each also "... vs samples"; the optional ones behind its flags."""
-        args, good = self.args, not record["skipped"]
-        values = [("learning-rate", record["logged_lr"]), ("batch-size", args.global_batch_size),
+        options, good = self.options, not record["skipped"]
+        values = [("learning-rate", record["logged_lr"]), ("batch-size", self.settings.training.global_batch_size),
                   ("lm loss", record["loss"] if good else None)]
-        if args.log_loss_scale_to_tensorboard:
+        if options.log_loss_scale_to_tensorboard:
             values.append(("loss-scale", record["loss_scale"] or 1.0))
-        if args.log_world_size_to_tensorboard:
+        if options.log_world_size_to_tensorboard:
             values.append(("world-size", torch.distributed.get_world_size()))
         values += [("grad-norm", record["grad_norm"] if good else None), ("num-zeros", record["num_zeros"]),
                    ("params-norm", record["params_norm"])]
-        if args.log_memory_to_tensorboard and torch.cuda.is_available():
+        if options.log_memory_to_tensorboard and torch.cuda.is_available():
             stats = torch.cuda.memory_stats()
             values += [("mem-reserved-bytes", stats["reserved_bytes.all.current"]),
                        ("mem-allocated-bytes", stats["allocated_bytes.all.current"]),
@@ -90,7 +138,7 @@ class TrainingLog:
         self._scalars(record["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
     def _report(self, elapsed: float, skipped_total: int) -> None:
-        args, window = self.args, self.window
+        options, training, window = self.options, self.settings.training, self.window
         last = window[-1]
         it, n = last["iteration"], len(window)
         good = [r for r in window if not r["skipped"]]
@@ -103,9 +151,9 @@ class TrainingLog:
         tflops = flops / elapsed / torch.distributed.get_world_size() / 1e12
         fields = [f"consumed samples: {last['consumed_samples']:12d}",
                   f"elapsed time per iteration (ms): {per_step * 1000.0:.1f}"]
-        if args.log_throughput:
+        if options.log_throughput:
             fields.append(f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f}")
-        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {args.global_batch_size:5d}"]
+        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {training.global_batch_size:5d}"]
         if good and loss > 0.0:  # Megatron-LM leaves out a loss whose average is not positive
             fields.append(f"lm loss: {loss:.6E}")
         fields.append(f"loss scale: {last['loss_scale'] or 1.0:.1f}")
@@ -121,11 +169,12 @@ class TrainingLog:
                    f"accuracy: {acc:.4f}", f"tokens/s: {tokens / per_step:,.0f}",
                    f"MFU: {100 * tflops / self.peak:.1f}%" if self.peak else "MFU: n/a",
                    f"mem (GiB): {memory_gib():.2f}",
-                   f"time left: {format_duration(per_step * (args.train_iters - it))}"]
-        print_rank_0(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{args.train_iters:8d} |"
-                     + "".join(f" {field} |" for field in fields))
-        if args.log_timers_to_tensorboard:  # as Megatron-LM: both only with this flag
-            self._scalars(it, [("iteration-time", per_step), ("throughput", tflops if args.log_throughput else None)])
+                   f"time left: {format_duration(per_step * (training.train_iters - it))}"]
+        logger.info(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{training.train_iters:8d} |"
+                    + "".join(f" {field} |" for field in fields))
+        if options.log_timers_to_tensorboard:  # as Megatron-LM: both only with this flag
+            self._scalars(it, [("iteration-time", per_step),
+                               ("throughput", tflops if options.log_throughput else None)])
         self._scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
@@ -133,9 +182,9 @@ class TrainingLog:
     def evaluation(self, result: dict) -> None:
         line = (f" validation loss at iteration {result['iteration']} | lm loss value: {result['loss']:.6E} |"
                 f" lm loss PPL: {math.exp(min(20, result['loss'])):.6E} | accuracy: {result['accuracy']:.4f} |")
-        print_rank_0("\n".join(["-" * (len(line) + 1), line, "-" * (len(line) + 1)]))
+        logger.info("\n".join(["-" * (len(line) + 1), line, "-" * (len(line) + 1)]))
         values = [("lm loss validation", result["loss"])]
-        if self.args.log_validation_ppl_to_tensorboard:
+        if self.options.log_validation_ppl_to_tensorboard:
             values.append(("lm loss validation ppl", math.exp(min(20, result["loss"]))))
         self._scalars(result["iteration"], values + [("validation/accuracy", result["accuracy"])])
         self._scalars(result["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
@@ -149,12 +198,13 @@ class WandbWriter:
     """Weights & Biases as Megatron-LM sets it up: project, run name, files under --wandb-save-dir
     (default --save/wandb), the arguments as the run's config. WANDB_MODE=offline writes locally."""
 
-    def __init__(self, args):
-        import wandb  # present: the arguments' check found it
-        save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
+    def __init__(self, settings):
+        import wandb  # present: the settings' check found it
+        options = settings.logging
+        save_dir = options.wandb_save_dir or os.path.join(settings.checkpoint.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
-        self.run = wandb.init(dir=save_dir, name=args.wandb_exp_name, project=args.wandb_project,
-                              config=vars(args))
+        self.run = wandb.init(dir=save_dir, name=options.wandb_exp_name, project=options.wandb_project,
+                              config=settings.flags())
 
     def add_scalar(self, name: str, value: float, step: int) -> None:
         if name.endswith(" vs samples"):  # wandb's step only increases: the iteration is it (as Megatron-LM)

@@ -190,6 +190,7 @@ def test_padded_mode_one_chunk_per_sample(sample_tokenizer, indexed_prefix, expe
     assert real > 0
 
 
+@pytest.mark.integration
 def test_same_index_same_sample_in_another_process(sample_tokenizer, indexed_prefix, tmp_path):
     cache = str(tmp_path / "cache")
     (train, _, _) = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache),
@@ -470,7 +471,7 @@ def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_p
     import json
     import megatron_neobert.data.mlm_dataset as mlm
     from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.arguments import parse_settings
     from tools.build_data_cache import main
     subset = str(tmp_path / "plus1024")
     make_length_subset(indexed_prefix, subset, 1024)
@@ -483,15 +484,15 @@ def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_p
     assert main(flags) == 0
     monkeypatch.setattr(mlm.MLMDataset, "_epochs",
                         lambda self: pytest.fail("layout built again"))
-    train, valid, _ = build_trainer_datasets(parse_args(flags), sample_tokenizer)
+    train, valid, _ = build_trainer_datasets(parse_settings(flags), sample_tokenizer)
     assert len(train) == 160 and len(valid) >= 48
     per_split = tmp_path / "per_split.json"  # Megatron-LM's --per-split-data-args-path
     per_split.write_text(json.dumps({"train": [indexed_prefix], "valid": f"1 {subset}", "test": []}))
     monkeypatch.undo()
     train, valid, test = build_trainer_datasets(
-        parse_args([f if f != "--data-args-path" else "--per-split-data-args-path"
+        parse_settings([f if f != "--data-args-path" else "--per-split-data-args-path"
                     for f in flags[:1]] + [str(per_split)] + flags[2:]), sample_tokenizer)
     assert valid.dataset_path == subset and test is None
     assert train.dataset_path == indexed_prefix
     with pytest.raises(ValueError, match="exactly one of --data-path, --data-args-path"):
-        parse_args(flags + ["--data-path", indexed_prefix])
+        parse_settings(flags + ["--data-path", indexed_prefix])

@@ -174,6 +174,7 @@ def test_bytes_equal_megatron_lm_with_empty_documents(corpus_slice, sample_token
     assert (docs[0][-1] == sample_tokenizer.eod_id) == append_eod
 
 
+@pytest.mark.integration
 def test_wordpiece_append_eod_is_megatron_lms_and_trains(corpus_slice, tmp_path):
     """Megatron-LM's BERT tokenizers append [BOS] [EOS] to a vocab.txt and end documents with that [EOS]:
     our BertWordPiece output is its bytes, and its tool's output (no record beside it) trains."""
@@ -395,14 +396,21 @@ def test_bert_word_piece_vocab_file_gives_the_same_ids(corpus_slice, expected_id
     assert all(numpy.array_equal(a, b) for a, b in zip(docs, expected_ids))
 
 
-def test_the_data_benchmark_runs_its_three_parts_on_the_same_tokens(corpus_slice, capsys):
+@pytest.mark.integration  # fresh processes build datasets (the trainer's path), 30-90 s
+def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, capsys):
     """tools/benchmark_data.py end to end on a slice: the plain loop, Megatron-LM's loop and
     preprocess_data must count the same tokens (the script asserts it) before any ratio is printed."""
     from tools.benchmark_data import main
-    main(["--corpus", corpus_slice[0], "--repeats", "1", "--layout-documents", "20000", "--seq-length", "256"])
+    main(["--corpus", corpus_slice[0], "--repeats", "1", "--layout-documents", "20000", "--seq-length", "256",
+          "--blend-prefixes", "3"])
     out = capsys.readouterr().out
     assert f"({len(corpus_slice[1]):,} documents," in out
     assert re.search(r"speed-up: \d+\.\d\dx Megatron-LM's loop", out)
     assert re.search(r"RefinedWeb's 600B tokens at [\d,]+ tokens/s per worker: [\d,]+ worker-hours", out)
     for mode in ("packed", "padded"):  # the layout table: seconds, MB, MB, samples, us/doc, 1B docs
         assert re.search(rf"^   {mode} +\d+\.\d +[\d,]+ +[\d,]+ +[\d,]+ +\d+\.\d\d +\d+\.\d min$", out, re.M), out
+    # the trainer's build beside it: cold and warm, Megatron-LM's data and ours; then the blend's start
+    for data in ("Megatron-LM's", "ours"):
+        assert re.search(rf"^   {data} +cold +\d+\.\d{{3}}( +[\d,]+){{3}} +\d+\.\d{{3}}\n +warm ", out, re.M), out
+    assert re.search(r"^5\. a --data-args-path blend of 3 corpora .*: first build \d+\.\d s, start with the caches "
+                     r"\d+\.\d s", out, re.M), out

@@ -10,7 +10,7 @@ from megatron_neobert.evaluation.throughput import mlm_micro_batches
 from megatron_neobert.parallel.launch import run_on_ranks
 from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_fp8, needs_te
 
-pytestmark = needs_te
+pytestmark = [needs_te, pytest.mark.integration]
 
 STEPS = 8
 
@@ -19,7 +19,7 @@ def losses_over_steps(fp8: bool, packed: bool):
     """The loss of each of STEPS optimizer steps on the same two micro-batches, through the trainer's set-up:
     a constant learning rate from the first step (no warmup, which would start it at 0) and the scheduler
     stepped as the loop does."""
-    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.arguments import parse_settings
     from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
@@ -27,9 +27,9 @@ def losses_over_steps(fp8: bool, packed: bool):
              "--bf16", "--transformer-impl", "transformer_engine", "--lr", "1e-3", "--lr-warmup-iters", "0",
              "--lr-decay-style", "constant"]
     flags += ["--fp8-format", "hybrid"] if fp8 else []
-    args = parse_args(flags)
+    settings = parse_settings(flags)
     _, chunks, optimizer, scheduler = setup_model_and_optimizer(
-        args, ARCH, resolve_padded_vocab_size(args, ARCH, None, None))
+        settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     batches = mlm_micro_batches(SEQ, MICRO_BATCH, 2, ARCH.vocab_size, packed, 0.2, device)
     losses = []

@@ -8,7 +8,7 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from gpu_cases import needs_gpu
 from pretrain_cases import run_train, tiny_argv
 
-pytestmark = needs_gpu
+pytestmark = [needs_gpu, pytest.mark.integration]
 
 
 @pytest.mark.parametrize("packing", ["--packed", "--no-packed"])

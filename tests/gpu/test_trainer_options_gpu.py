@@ -14,7 +14,7 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from gpu_cases import needs, needs_gpu
 from pretrain_cases import run_train, tiny_argv
 
-pytestmark = needs_gpu
+pytestmark = [needs_gpu, pytest.mark.integration]
 
 STEPS = 20
 # In fp32 on a CPU each option gives the plain run's losses bit for bit, which fall from 9.0 to 7.4-7.7 in 20
@@ -54,11 +54,11 @@ def first_batches(argv, loader: str, count: int = 4):
     """The trainer's first `count` micro-batches from `loader`, as (the devices of their tensors, the batches
     on the host)."""
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.arguments import parse_args
+    from megatron_neobert.training.arguments import parse_settings
     from megatron_neobert.training.data_setup import build_data
 
     initialize_model_parallel(1, 1)
-    _, batches, _ = build_data(parse_args(argv + ["--data-loader", loader]), 0, 0)
+    _, batches, _ = build_data(parse_settings(argv + ["--data-loader", loader]), 0, 0)
     out = [next(batches) for _ in range(count)]
     devices = {v.device.type for b in out for v in b.values() if torch.is_tensor(v)}
     return devices, [{k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()} for b in out]

@@ -1,0 +1,106 @@
+"""The start-of-run checks on given arguments and a checkpoint's saved args, without a run (the runs that meet
+them end to end are in test_bad_input.py and test_faults.py)."""
+
+import dataclasses
+import logging
+
+import pytest
+
+from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.model.config import get_arch
+from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
+                                                  check_vocabulary, trained_length)
+
+TINY = get_arch("neobert-tiny")
+
+
+def settings_of(*flags):
+    data = [] if any(flag.endswith("data-path") for flag in flags) else ["--mock-data"]
+    return parse_settings([*data, "--train-iters", "10", "--lr-warmup-iters", "0", *flags])
+
+
+def saved(arch=TINY, **args):
+    """The `common` dict of a checkpoint whose args record `arch`."""
+    return {"args": dict(arch=dataclasses.asdict(arch), **args)}
+
+
+@pytest.mark.parametrize("prefix, made_by", [
+    ("corpora/wiki_content_document", "--output-prefix corpora/wiki --json-keys content"),
+    ("corpora/wiki", "--output-prefix corpora/wiki --json-keys text"),  # not a preprocess_data.py name
+])
+def test_a_missing_dataset_is_named_with_the_command_that_makes_it(prefix, made_by):
+    settings = settings_of("--data-path", prefix, "--tokenizer-model", SAMPLE_TOKENIZER)
+    with pytest.raises(InputError, match=f"dataset {prefix} not found") as err:
+        check_inputs(settings.data)
+    assert made_by in str(err.value) and f"--tokenizer-model {SAMPLE_TOKENIZER}" in str(err.value)
+
+
+def test_every_split_of_per_split_paths_is_checked(data):
+    prefix = data[0]
+    settings = settings_of("--train-data-path", prefix, "--valid-data-path", prefix, "--test-data-path", "nowhere/test",
+                   "--tokenizer-model", SAMPLE_TOKENIZER)
+    with pytest.raises(InputError, match="dataset nowhere/test not found"):
+        check_inputs(settings.data)
+    good = settings_of("--data-path", prefix, "--tokenizer-model", SAMPLE_TOKENIZER)
+    assert check_inputs(good.data).vocab_size == 8192
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused():
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
+    check_vocabulary(tokenizer, TINY)  # 8192 entries, 8192 rows
+    with pytest.raises(InputError, match="has 8,192 entries, more than the model's vocabulary of 8,191: raise "
+                                         "--vocab-size to at least 8192"):
+        check_vocabulary(tokenizer, dataclasses.replace(TINY, vocab_size=8191))
+
+
+def test_a_checkpoint_of_another_shape_names_every_difference():
+    settings = settings_of("--model-preset", "neobert-tiny")
+    check_model_shape(settings, TINY, "ckpt", saved())
+    other = dataclasses.replace(TINY, num_layers=2, activation="gelu")
+    with pytest.raises(InputError) as err:
+        check_model_shape(settings, other, "ckpt", saved())
+    assert str(err.value).startswith("checkpoint ckpt holds a model of another shape (num_layers 4 there, 2 here; "
+                                     "activation swiglu there, gelu here; this run: --model-preset neobert-tiny")
+    # The vocabulary rows and the RoPE length are not the shape; a checkpoint without our args is megatron-core's.
+    check_model_shape(settings, dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64), "ckpt", saved())
+    check_model_shape(settings, other, "ckpt", {"args": {}})
+
+
+def test_learned_positions_are_part_of_the_shape():
+    settings = settings_of("--model-preset", "ablation-m0")
+    m0 = get_arch("ablation-m0")
+    with pytest.raises(InputError, match=f"max_sequence_length {m0.max_sequence_length} there, 64 here"):
+        check_model_shape(settings, dataclasses.replace(m0, max_sequence_length=64), "ckpt", saved(m0))
+
+
+def test_rope_records_the_longest_length_trained_at(single_rank, caplog):
+    caplog.set_level(logging.INFO, logger="megatron_neobert")
+    short = dataclasses.replace(TINY, max_sequence_length=32)
+    assert trained_length(settings_of("--seq-length", "16"), short, None).max_sequence_length == 32
+    assert caplog.text == ""
+    assert trained_length(settings_of("--seq-length", "64"), short, None).max_sequence_length == 64
+    assert "--seq-length 64 is above the preset's 32 positions: allowed with RoPE" in caplog.text
+    # A checkpoint trained longer keeps its length.
+    assert trained_length(settings_of("--seq-length", "16"), short, saved(dataclasses.replace(
+        TINY, max_sequence_length=128))).max_sequence_length == 128
+
+
+def test_learned_positions_bound_the_sequence_length():
+    m0 = dataclasses.replace(get_arch("ablation-m0"), max_sequence_length=32)
+    assert trained_length(settings_of("--seq-length", "32"), m0, None) == m0
+    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of "
+                                            "--model-preset ablation-m0 \\(learned_absolute\\)"):
+        trained_length(settings_of("--model-preset", "ablation-m0", "--seq-length", "64"), m0, None)
+
+
+def test_an_optimizer_state_of_another_setup_names_each_setting_and_the_way_out():
+    check_optimizer_setup(settings_of("--bf16"), "ckpt", saved(bf16=True, use_distributed_optimizer=False))
+    with pytest.raises(TrainingError) as err:
+        check_optimizer_setup(settings_of("--use-distributed-optimizer"), "ckpt",
+                              saved(bf16=True, use_distributed_optimizer=False))
+    assert str(err.value).startswith("checkpoint ckpt holds optimizer state of another setup (--bf16 on there, off "
+                                     "here; --use-distributed-optimizer off there, on here); start with a fresh "
+                                     "optimizer state with --no-load-optim")
