@@ -29,7 +29,7 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path, get_idx_path
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.data.indexed import check_indexed_files
+from megatron_neobert.data.indexed import IndexArrays, check_indexed_files
 from megatron_neobert.data.records import read_record
 from megatron_neobert.progress import progress_bar
 
@@ -47,20 +47,27 @@ DOCUMENTS_VERSION = 1
 class CorpusDocuments:
     """``lead[d]`` / ``trail[d]``: tokens dropped at the start / end of document d (int8; a read-only view of one
     value when the whole corpus agrees, so no memory per document). ``key`` names the corpus's files and the
-    tokenizer's special ids: caches built from it (the layouts) are never reused for other data."""
+    tokenizer's special ids: caches built from it (the layouts) are never reused for other data.
+
+    The functions here read a corpus through its index: megatron-core's reader (``IndexedDataset.index``),
+    ``indexed.IndexArrays`` (a mapping of its own that goes when dropped) or the mock documents' index."""
 
     key: str
     lead: numpy.ndarray
     trail: numpy.ndarray
 
-    def lengths(self, dataset) -> numpy.ndarray:
+    def lengths(self, index) -> numpy.ndarray:
         """Tokens per document without the dropped ones (int32), computed a million documents at a time. A
         uniform lead or trail only applies where there are tokens to drop."""
-        n, chunk = _document_count(dataset), 1 << 20
+        n, chunk = _document_count(index), 1 << 20
         out = numpy.empty(n, numpy.int32)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            raw = raw_lengths(dataset, numpy.arange(lo, hi))
+            first_sequence = index.document_indices[lo:hi + 1]
+            if first_sequence[-1] - first_sequence[0] == hi - lo and (numpy.diff(first_sequence) == 1).all():
+                raw = index.sequence_lengths[first_sequence[0]:first_sequence[-1]]  # one sequence a document
+            else:
+                raw = raw_lengths(index, numpy.arange(lo, hi))
             lead = numpy.minimum(self.lead[lo:hi], raw)
             out[lo:hi] = raw - lead - numpy.minimum(self.trail[lo:hi], raw - lead)
         return out
@@ -70,37 +77,37 @@ def uniform(value: int, n: int) -> numpy.ndarray:
     return numpy.broadcast_to(numpy.int8(value), (n,))
 
 
-def _document_count(dataset) -> int:
-    return dataset.document_indices.shape[0] - 1
+def _document_count(index) -> int:
+    return index.document_indices.shape[0] - 1
 
 
-def raw_lengths(dataset, docs: numpy.ndarray) -> numpy.ndarray:
+def raw_lengths(index, docs: numpy.ndarray) -> numpy.ndarray:
     """Tokens of the given documents, from the index's sequence pointers (a document's sequences are contiguous
     in the ``.bin``), so that any set of documents costs what it holds, not what the corpus holds."""
-    pointers, first_sequence = dataset.index.sequence_pointers, dataset.document_indices
+    pointers, first_sequence = index.sequence_pointers, index.document_indices
     n_seq = pointers.shape[0]
     if n_seq == 0:
         return numpy.zeros(docs.shape[0], numpy.int64)
-    end = int(pointers[-1]) + int(dataset.sequence_lengths[-1]) * dataset.index.dtype_size
+    end = int(pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
 
     def offset(sequence):  # byte offset of a sequence's start; the end of the data after the last
         return numpy.where(sequence < n_seq, pointers[numpy.minimum(sequence, n_seq - 1)], end)
 
-    return (offset(first_sequence[docs + 1]) - offset(first_sequence[docs])) // dataset.index.dtype_size
+    return (offset(first_sequence[docs + 1]) - offset(first_sequence[docs])) // index.dtype_size
 
 
-def special_tokens_of(dataset, prefix: str, docs: numpy.ndarray, tokenizer, read) -> Tuple[numpy.ndarray, ...]:
+def special_tokens_of(index, prefix: str, docs: numpy.ndarray, tokenizer, read) -> Tuple[numpy.ndarray, ...]:
     """(lead, trail) of the given documents, reading their first and last tokens with `read` (`tokens_at` or
     `tokens_in_span`): lead 1 where a document starts with [CLS]; trail 1 where what is left of it ends with
     [SEP] or EOD."""
     lead, trail = numpy.zeros(docs.shape[0], numpy.int8), numpy.zeros(docs.shape[0], numpy.int8)
-    raw, pointers, itemsize = raw_lengths(dataset, docs), dataset.index.sequence_pointers, dataset.index.dtype_size
+    raw, pointers, itemsize = raw_lengths(index, docs), index.sequence_pointers, index.dtype_size
     full = raw > 0
     if not full.any():
         return lead, trail
-    first = pointers[numpy.minimum(dataset.document_indices[docs], pointers.shape[0] - 1)] // itemsize
+    first = pointers[numpy.minimum(index.document_indices[docs], pointers.shape[0] - 1)] // itemsize
     ends = numpy.concatenate([first[full], first[full] + raw[full] - 1])
-    found = read(get_bin_path(prefix), dataset.index.dtype, ends)
+    found = read(get_bin_path(prefix), index.dtype, ends)
     lead[full] = found[:ends.shape[0] // 2] == tokenizer.cls_id
     last = numpy.zeros(docs.shape[0], found.dtype)
     last[full] = found[ends.shape[0] // 2:]
@@ -142,11 +149,11 @@ def corpus_key(prefix: str, tokenizer) -> str:
     return hashlib.md5(json.dumps(identity).encode(), usedforsecurity=False).hexdigest()
 
 
-def corpus_documents(dataset, prefix: Optional[str], tokenizer, cache_dir: Optional[str],
+def corpus_documents(index, prefix: Optional[str], tokenizer, cache_dir: Optional[str],
                      build: bool) -> CorpusDocuments:
     """The corpus's `CorpusDocuments`: from the cache in `cache_dir`, else worked out and cached when `build`
     (one process: the others load what it wrote)."""
-    n = _document_count(dataset)
+    n = _document_count(index)
     if prefix is None:  # megatron-core's mock documents carry no special tokens
         return CorpusDocuments("mock", uniform(0, n), uniform(0, n))
     key = corpus_key(prefix, tokenizer)
@@ -155,7 +162,9 @@ def corpus_documents(dataset, prefix: Optional[str], tokenizer, cache_dir: Optio
         if not build:
             raise FileNotFoundError(f"{base}.json not found: the data cache (--data-cache-path) must be a folder "
                                     "that every rank sees, since rank 0 writes it for the others")
-        _work_out(dataset, prefix, tokenizer, key, base)
+        # Through a mapping of the .idx of its own, dropped after: the pages this reads would otherwise stay in
+        # the process's memory with the reader's mapping (a few thousand scattered reads map hundreds of MB).
+        _work_out(IndexArrays(get_idx_path(prefix)), prefix, tokenizer, key, base)
     with open(base + ".json", encoding="utf-8") as f:
         description = json.load(f)
     lead, trail = (uniform(description[name], n) if isinstance(description[name], int)
@@ -163,19 +172,19 @@ def corpus_documents(dataset, prefix: Optional[str], tokenizer, cache_dir: Optio
     return CorpusDocuments(key, lead, trail)
 
 
-def _work_out(dataset, prefix: str, tokenizer, key: str, base: str) -> None:
+def _work_out(index, prefix: str, tokenizer, key: str, base: str) -> None:
     """Check the whole index, find the special tokens the documents carry, write the cache (JSON last)."""
     check_indexed_files(get_idx_path(prefix), get_bin_path(prefix))
     os.makedirs(os.path.dirname(base), exist_ok=True)
-    n = _document_count(dataset)
+    n = _document_count(index)
     record = read_record(prefix)
     description = {"prefix": os.path.abspath(prefix), "documents": n}
     if record is not None and "append_eod" in record:  # our own data: only an EOD to drop
         description.update(lead=0, trail=int(record["append_eod"]), how="the tokenizer record")
     else:
         sample = numpy.unique(numpy.linspace(0, n - 1, min(n, SAMPLED_DOCUMENTS)).astype(numpy.int64))
-        lead, trail = special_tokens_of(dataset, prefix, sample, tokenizer, tokens_at)
-        raw = raw_lengths(dataset, sample)
+        lead, trail = special_tokens_of(index, prefix, sample, tokenizer, tokens_at)
+        raw = raw_lengths(index, sample)
         conventions = [_agreed(lead[raw > 0]), _agreed(trail[raw - lead > 0])]
         if None not in conventions:
             description.update(lead=conventions[0], trail=conventions[1],
@@ -188,7 +197,7 @@ def _work_out(dataset, prefix: str, tokenizer, key: str, base: str) -> None:
         else:
             logger.info("%s: documents differ in the [CLS] / [SEP] / EOD they carry: reading each one's first and "
                         "last token once (cached)", prefix)
-            _scan(dataset, prefix, tokenizer, base, key)
+            _scan(index, prefix, tokenizer, base, key)
             description.update(lead="per-document", trail="per-document", how="a scan of every document")
     write_json_atomic(base + ".json", description)
 
@@ -200,13 +209,13 @@ def _agreed(values: numpy.ndarray) -> Optional[int]:
     return int(values[0]) if (values == values[0]).all() else None
 
 
-def _scan(dataset, prefix: str, tokenizer, base: str, key: str) -> None:
+def _scan(index, prefix: str, tokenizer, base: str, key: str) -> None:
     """Every document's (lead, trail) into ``{base}-lead.npy`` / ``-trail.npy``, `SCAN_CHUNK` documents at a time.
     The arrays are written in place under ``.partial`` names and ``{base}-scan.json`` says how many documents are
     done after each chunk, so a scan that is killed resumes at its last chunk."""
     from numpy.lib.format import open_memmap
 
-    n = _document_count(dataset)
+    n = _document_count(index)
     state_path, partial = base + "-scan.json", {name: f"{base}-{name}.partial.npy" for name in ("lead", "trail")}
     done = 0
     if os.path.isfile(state_path) and all(os.path.isfile(p) for p in partial.values()):
@@ -219,7 +228,7 @@ def _scan(dataset, prefix: str, tokenizer, base: str, key: str) -> None:
     bar.update(done)
     for lo in range(done, n, SCAN_CHUNK):
         hi = min(n, lo + SCAN_CHUNK)
-        arrays["lead"][lo:hi], arrays["trail"][lo:hi] = special_tokens_of(dataset, prefix, numpy.arange(lo, hi),
+        arrays["lead"][lo:hi], arrays["trail"][lo:hi] = special_tokens_of(index, prefix, numpy.arange(lo, hi),
                                                                           tokenizer, tokens_in_span)
         for array in arrays.values():
             array.flush()

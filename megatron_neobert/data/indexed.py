@@ -62,7 +62,8 @@ class IndexArrays:
             self.dtype_size = DType.size(code)
         except ValueError:
             raise IndexedDataError(f"{idx_path}: unknown token dtype code {code}") from None
-        self.dtype_name = numpy.dtype(DType.dtype_from_code(code)).name
+        self.dtype = DType.dtype_from_code(code)
+        self.dtype_name = numpy.dtype(self.dtype).name
         self.body_bytes = 4 * n_seq + 8 * n_seq + 8 * n_doc
         size = os.path.getsize(idx_path)
         # A multimodal index appends one int8 mode per sequence.

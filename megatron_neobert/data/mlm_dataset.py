@@ -29,14 +29,14 @@ import torch
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
-from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
+from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
 from megatron_neobert.atomic_write import write_text_atomic
 from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
 from megatron_neobert.data.documents import corpus_documents
-from megatron_neobert.data.indexed import open_indexed
+from megatron_neobert.data.indexed import IndexArrays, open_indexed
 from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
 from megatron_neobert.megatron_core_compat import rank_zero_without_process_group
 
@@ -115,8 +115,9 @@ class MockDocuments:
         rng = numpy.random.default_rng(self.seed)
         self.sequence_lengths = rng.integers(1, 2 * seq_length, self.size, dtype=numpy.int32)
         self.document_indices = numpy.arange(self.size + 1, dtype=numpy.int64)
-        # megatron-core's index reader's fields that document lengths are read from (8-byte ids)
-        self.index = _MockIndex(8 * numpy.concatenate([[0], numpy.cumsum(self.sequence_lengths[:-1])]))
+        # megatron-core's index reader's fields, which document lengths are read from (8-byte ids)
+        self.index = _MockIndex(self.sequence_lengths, self.document_indices,
+                                8 * numpy.concatenate([[0], numpy.cumsum(self.sequence_lengths[:-1])]))
         self._starts = rng.integers(0, 2**31, self.size, dtype=numpy.int64)
         special = numpy.zeros(tokenizer.vocab_size, bool)
         special[[i for i in tokenizer.special_ids if i < tokenizer.vocab_size]] = True
@@ -130,8 +131,11 @@ class MockDocuments:
 
 @dataclass(frozen=True)
 class _MockIndex:
+    sequence_lengths: numpy.ndarray
+    document_indices: numpy.ndarray
     sequence_pointers: numpy.ndarray
-    dtype_size: int = 8
+    dtype = numpy.int64
+    dtype_size = 8
 
 
 class MLMDataset(MegatronDataset):
@@ -146,7 +150,7 @@ class MLMDataset(MegatronDataset):
         tok = config.tokenizer
         # Nothing here reads or copies per document once the caches exist: the trims come from the corpus's
         # cache (a single value unless its documents differ) and the layout is memory-mapped.
-        self._documents = corpus_documents(indexed_dataset, dataset_path, tok, self._cache_dir(), _is_rank0())
+        self._documents = corpus_documents(indexed_dataset.index, dataset_path, tok, self._cache_dir(), _is_rank0())
         self._doc_lead = self._documents.lead
         self._doc_first_sequence = indexed_dataset.document_indices[:-1]
         self._special = numpy.zeros(max(tok.vocab_size, max(tok.special_ids) + 1), bool)
@@ -287,8 +291,11 @@ class MLMDataset(MegatronDataset):
         docs = self.indices  # megatron-core's int32 ids: half the memory of int64 in the orders below
         if self.dataset_path is not None:
             docs = split_as_corpus(self.dataset_path, docs, self.config.split_matrix, self.index_split.value)
-        lengths = self._documents.lengths(self.dataset)
-        if docs.size == 0 or lengths[docs].sum() == 0:
+        # Through a mapping of the .idx of its own, dropped with it: megatron-core's stays for the run, and the
+        # pages read here would stay counted in this process's memory with it.
+        lengths = self._documents.lengths(self.dataset.index if self.dataset_path is None
+                                          else IndexArrays(get_idx_path(self.dataset_path)))
+        if docs.size == 0 or not lengths[docs].any():
             raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
                              "tokens; give it a larger share in --split or more data")
         samples = pieces = epoch = 0

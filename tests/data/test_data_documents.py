@@ -68,12 +68,12 @@ def test_sampled_convention_equals_a_scan_of_every_document(sample_tokenizer, tm
                        ("plain", bodies)]:
         prefix = _write(str(tmp_path / name), docs)
         dataset = open_indexed(prefix)
-        table = documents.corpus_documents(dataset, prefix, tok, str(tmp_path / "cache"), build=True)
+        table = documents.corpus_documents(dataset.index, prefix, tok, str(tmp_path / "cache"), build=True)
         assert table.lead.strides == table.trail.strides == (0,), name
-        scanned = documents.special_tokens_of(dataset, prefix, numpy.arange(len(docs)), tok,
+        scanned = documents.special_tokens_of(dataset.index, prefix, numpy.arange(len(docs)), tok,
                                               documents.tokens_in_span)
         assert numpy.array_equal(table.lead, scanned[0]) and numpy.array_equal(table.trail, scanned[1]), name
-        assert table.lengths(dataset).tolist() == [len(b) for b in bodies], name
+        assert table.lengths(dataset.index).tolist() == [len(b) for b in bodies], name
 
 
 def test_an_interrupted_scan_resumes_where_it_stopped(sample_tokenizer, tmp_path, monkeypatch):
@@ -97,15 +97,15 @@ def test_an_interrupted_scan_resumes_where_it_stopped(sample_tokenizer, tmp_path
 
     monkeypatch.setattr(documents, "special_tokens_of", killed_after_two_chunks)
     with pytest.raises(KeyboardInterrupt):
-        documents.corpus_documents(dataset, prefix, tok, str(tmp_path / "cache"), build=True)
+        documents.corpus_documents(dataset.index, prefix, tok, str(tmp_path / "cache"), build=True)
     read.clear()
     monkeypatch.setattr(documents, "special_tokens_of", lambda *a: (read.append(int(a[2][0])), scan_chunk(*a))[1])
-    table = documents.corpus_documents(dataset, prefix, tok, str(tmp_path / "cache"), build=True)
+    table = documents.corpus_documents(dataset.index, prefix, tok, str(tmp_path / "cache"), build=True)
     assert read[1:] == [2000, 3000, 4000]  # (the first read is the sample of 4,096 documents)
     assert isinstance(table.lead, numpy.memmap) and isinstance(table.trail, numpy.memmap)
     assert table.lead.tolist() == [int(i % 3 == 0) for i in range(len(docs))]
     assert table.trail.tolist() == [int(i % 3 < 2) for i in range(len(docs))]
-    assert table.lengths(dataset).tolist() == [len(b) for b in bodies]
+    assert table.lengths(dataset.index).tolist() == [len(b) for b in bodies]
     assert not [f for f in os.listdir(tmp_path / "cache") if "partial" in f or "scan" in f]
 
 
@@ -141,5 +141,5 @@ def test_a_rank_without_the_cache_says_where_it_looked(sample_tokenizer, tmp_pat
     prefix = _write(str(tmp_path / "corpus"), _bodies(30, seed=6))
     with pytest.raises(FileNotFoundError, match=r"documents1.json not found: the data cache \(--data-cache-path\) "
                                                 r"must be a folder that every rank sees"):
-        documents.corpus_documents(open_indexed(prefix), prefix, sample_tokenizer, str(tmp_path / "node_local"),
+        documents.corpus_documents(open_indexed(prefix).index, prefix, sample_tokenizer, str(tmp_path / "node_local"),
                                    build=False)
