@@ -19,7 +19,9 @@ from megatron_neobert.training.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
 
-logger = logging.getLogger(__name__)
+# By its package name: run as `python -m megatron_neobert.pretrain` (torchrun) this module is __main__, whose
+# logger is outside the package's and would drop INFO lines such as the closing "done: iteration N".
+logger = logging.getLogger("megatron_neobert.pretrain")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
