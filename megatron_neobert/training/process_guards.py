@@ -24,6 +24,7 @@ A training job ends in one of four ways, and each rank must take part in the sam
 """
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -31,6 +32,8 @@ import sys
 import threading
 import time
 from typing import Optional
+
+logger = logging.getLogger(__name__)
 
 EXIT_SIGNALS = {name: getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")}
 _PR_SET_PDEATHSIG = 1
@@ -115,8 +118,7 @@ def kill_stopped_local_ranks() -> None:
     for rank in siblings:
         try:
             if rank.pid != os.getpid() and rank.status() == psutil.STATUS_STOPPED:
-                print(f"rank {os.environ.get('RANK', '?')}: killing the stopped rank process {rank.pid}",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"rank {os.environ.get('RANK', '?')}: killing the stopped rank process {rank.pid}")
                 rank.kill()
         except psutil.Error:  # gone meanwhile
             continue
@@ -136,9 +138,8 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
         while True:
             time.sleep(poll_s)
             if os.getppid() != launcher:
-                print(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
-                      f"without saving (the latest complete checkpoint stays the one to resume from)",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
+                               f"without saving (the latest complete checkpoint stays the one to resume from)")
                 exit_now(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
@@ -214,6 +215,6 @@ class ProgressWatchdog:
             if idle > self.after_s and self._warned_for is not where:
                 self._warned_for = where
                 rank = os.environ.get("RANK", "0")
-                print(f"watchdog: rank {rank} has made no progress for {idle:.0f} s in iteration {iteration} "
-                      f"({phase}); a peer may be stopped or hung. The collective it waits in fails after "
-                      f"--distributed-timeout-minutes {self.timeout_minutes:g}", file=sys.stderr, flush=True)
+                logger.warning(f"watchdog: rank {rank} has made no progress for {idle:.0f} s in iteration "
+                               f"{iteration} ({phase}); a peer may be stopped or hung. The collective it waits in "
+                               f"fails after --distributed-timeout-minutes {self.timeout_minutes:g}")

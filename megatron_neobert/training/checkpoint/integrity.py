@@ -13,6 +13,7 @@ folder that verifies is offered (`--ckpt-step`).
 
 import errno
 import json
+import logging
 import os
 import shutil
 import zlib
@@ -26,6 +27,8 @@ from megatron_neobert.megatron_core_compat import keep_disk_full_in_writer_error
 from megatron_neobert.training.checkpoint.layout import (is_complete, iteration_dir, read_latest_iteration,
                                                          saved_iterations)
 from megatron_neobert.training.errors import TrainingError
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "checksums.json"
 _CHUNK = 16 << 20
@@ -113,8 +116,8 @@ def previous_complete(root: str, before: int) -> Optional[int]:
 def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
     """Collective: raise a one-line TrainingError when the folder does not match its manifest."""
     if not os.path.isfile(os.path.join(folder, MANIFEST)) and torch.distributed.get_rank() == 0:
-        print(f"{folder} has no {MANIFEST} (saved before checksums, or by a converter): its files are not "
-              f"verified", flush=True)
+        logger.info(f"{folder} has no {MANIFEST} (saved before checksums, or by a converter): its files are not "
+                    f"verified")
     problem = folder_problem(folder)
     if problem is None:
         return

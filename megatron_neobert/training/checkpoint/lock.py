@@ -13,6 +13,7 @@ back. It is refused unless --overwrite-save is given, which deletes those checkp
 
 import datetime
 import json
+import logging
 import os
 import shutil
 import socket
@@ -24,6 +25,8 @@ import torch
 from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, iteration_dir, read_latest_iteration,
                                                          saved_iterations)
 from megatron_neobert.training.errors import TrainingError
+
+logger = logging.getLogger(__name__)
 
 LOCK_NAME = "writer.lock"
 
@@ -63,8 +66,7 @@ class SaveLock:
             if not self._stale(owner, break_lock):
                 raise TrainingError(f"{save} is being written by another run, {_describe(owner)}; stop it "
                                     f"first, or save elsewhere")
-            print(f"{self.path}: taking over the lock of {_describe(owner)}, which is no longer running",
-                  flush=True)
+            logger.warning(f"{self.path}: taking over the lock of {_describe(owner)}, which is no longer running")
             try:  # a rename is atomic: of two runs taking over at once, one wins
                 os.replace(self.path, f"{self.path}.stale-{uuid.uuid4().hex[:8]}")
             except FileNotFoundError:
@@ -118,7 +120,7 @@ def check_save_is_ours(save: str, load: Optional[str], overwrite: bool) -> None:
         raise TrainingError(f"--save {save} holds another run's checkpoints (iterations {iterations}, "
                             f"latest {read_latest_iteration(save)}); resume from them with --load {save}, "
                             f"save elsewhere, or pass --overwrite-save to delete them")
-    print(f"--overwrite-save: deleting the checkpoints of iterations {iterations} in {save}", flush=True)
+    logger.warning(f"--overwrite-save: deleting the checkpoints of iterations {iterations} in {save}")
     marker = os.path.join(save, LATEST_MARKER)
     if os.path.exists(marker):
         os.remove(marker)  # first: the folders are no longer complete checkpoints
