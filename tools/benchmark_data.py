@@ -69,12 +69,16 @@ def megatron_lm_loop(texts, model, workers):
         return tokens, time.perf_counter() - start
 
 
-_LAYOUT_SCRIPT = """
-import json, sys, time, numpy
-from megatron_neobert.data.packing import chunk_documents, pack_documents
-def peak_kb():  # this process's own peak: ru_maxrss carries the parent's resident size over fork and exec
+# This process's own peak for the scripts below: ru_maxrss carries the parent's resident size over fork and exec.
+_PEAK_KB = """
+def peak_kb():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+"""
+
+_LAYOUT_SCRIPT = _PEAK_KB + """
+import json, sys, time, numpy
+from megatron_neobert.data.packing import chunk_documents, pack_documents
 n, seq, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 lengths = numpy.maximum(1, numpy.random.default_rng(0).lognormal(6.0, 1.0, n)).astype(numpy.int64)
 base = peak_kb()
@@ -133,15 +137,12 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
     return tokens
 
 
-_BUILD_SCRIPT = """
+_BUILD_SCRIPT = _PEAK_KB + """
 import json, sys, time, os, numpy, psutil
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.arguments import parse_settings
-def peak_mb():  # this process's own peak: ru_maxrss carries the parent's resident size over fork and exec
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 settings = parse_settings(json.loads(sys.argv[1]))
 tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
 private = psutil.Process().memory_full_info().uss
@@ -151,7 +152,7 @@ seconds = time.perf_counter() - start
 parts = getattr(datasets[0], "datasets", [datasets[0]])
 mapped = sum(getattr(part, name).nbytes for part in parts for name in LAYOUT_FIELDS) + sum(
     os.path.getsize(part.dataset_path + ".idx") for part in parts)
-print(json.dumps({"seconds": seconds, "peak_mb": peak_mb(),
+print(json.dumps({"seconds": seconds, "peak_mb": peak_kb() / 1024,
                   "private_added_mb": (psutil.Process().memory_full_info().uss - private) / 2**20,
                   "mapped_mb": mapped / 2**20, "samples": len(datasets[0])}))
 """
