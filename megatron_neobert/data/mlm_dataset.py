@@ -81,7 +81,10 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
 
 # Part of the cache file names: a cache of another packer or seeding is never read as this one's.
 LAYOUT_VERSION = 3
-LAYOUT_FIELDS = ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index")
+# The layout's arrays and their dtypes on disk. Document ids and offsets within a document fit int32, as megatron-core's
+# document ids and sequence lengths do; piece pointers and sample ids count across epochs and keep int64.
+LAYOUT_FIELDS = {"sample_ptr": numpy.int64, "piece_doc": numpy.int32, "piece_start": numpy.int32,
+                 "piece_len": numpy.int32, "shuffle_index": numpy.int64}
 
 
 def sample_stream(unique_identifiers: Dict) -> int:
@@ -250,8 +253,8 @@ class MLMDataset(MegatronDataset):
         cache = self._cache_dir()
         if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
             epochs = list(self._epochs())
-            return tuple(numpy.concatenate([[0]] * (name == "sample_ptr") + [epoch[i] for epoch in epochs])
-                         for i, name in enumerate(LAYOUT_FIELDS))
+            return tuple(numpy.concatenate([[0]] * (name == "sample_ptr") + [epoch[i] for epoch in epochs],
+                                           dtype=dtype) for i, (name, dtype) in enumerate(LAYOUT_FIELDS.items()))
         # The corpus's key in the name: a layout of data since rewritten at the same path is never read.
         base = (f"{self.unique_description_hash}-{self._documents.key[:12]}-{type(self).__name__}-"
                 f"layout{LAYOUT_VERSION}-{self.index_split.name}")
@@ -269,7 +272,7 @@ class MLMDataset(MegatronDataset):
         start = time.time()
         os.makedirs(cache, exist_ok=True)
         tmp = {name: f"{path}.tmp{os.getpid()}.npy" for name, path in paths.items()}
-        files = {name: StreamedNpy(path) for name, path in tmp.items()}
+        files = {name: StreamedNpy(path, LAYOUT_FIELDS[name]) for name, path in tmp.items()}
         try:
             files["sample_ptr"].append(numpy.zeros(1, numpy.int64))
             for epoch in self._epochs():
@@ -301,7 +304,8 @@ class MLMDataset(MegatronDataset):
         samples = pieces = epoch = 0
         while True:
             rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
-            order = docs[rng.permutation(docs.size)]
+            order = docs.copy()
+            rng.shuffle(order)  # the order docs[rng.permutation(docs.size)] gives, without an int64 permutation
             lay = (pack_documents if self.config.packed else chunk_documents)(
                 lengths[order], self.config.sequence_length)
             # Positions in the epoch order -> document ids of the indexed dataset, in place: padding pieces
@@ -312,7 +316,8 @@ class MLMDataset(MegatronDataset):
                 piece_doc[at:at + (1 << 22)] = order[piece_doc[at:at + (1 << 22)]]
             n = lay.sample_ptr.shape[0] - 1
             # Shuffle samples within the epoch so one long document's chunks spread over batches.
-            shuffle = samples + rng.permutation(n)
+            shuffle = numpy.arange(samples, samples + n, dtype=numpy.int64)
+            rng.shuffle(shuffle)
             yield lay.sample_ptr[1:] + pieces, piece_doc, lay.piece_start, lay.piece_len, shuffle
             samples, pieces, epoch = samples + n, pieces + piece_doc.shape[0], epoch + 1
             if self.num_samples is None or samples >= self.num_samples:
@@ -323,16 +328,17 @@ class StreamedNpy:
     """A 1-D ``.npy`` file written in parts: the data after a header of fixed size (128 bytes for any 1-D shape),
     the header written last, when the length is known."""
 
-    HEADER_BYTES = 128
+    HEADER_BYTES, CHUNK = 128, 1 << 22
 
-    def __init__(self, path: str) -> None:
-        self.path, self.size, self.dtype = path, 0, None
+    def __init__(self, path: str, dtype) -> None:
+        self.path, self.size, self.dtype = path, 0, numpy.dtype(dtype)
         self.file = open(path, "wb")
         self.file.seek(self.HEADER_BYTES)
 
     def append(self, array: numpy.ndarray) -> None:
-        self.dtype = self.dtype or array.dtype
-        numpy.ascontiguousarray(array, self.dtype).tofile(self.file)
+        """Values that do not fit the file's dtype are the caller's error: the cast does not check them."""
+        for at in range(0, array.shape[0], self.CHUNK):  # cast a slice at a time: no copy as large as the array
+            numpy.ascontiguousarray(array[at:at + self.CHUNK], self.dtype).tofile(self.file)
         self.size += array.shape[0]
 
     def close(self) -> None:

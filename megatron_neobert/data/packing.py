@@ -34,7 +34,7 @@ PAD_PIECE = -1
 
 class Layout(NamedTuple):
     sample_ptr: numpy.ndarray  # int64 [n_samples + 1]: pieces of sample i are ptr[i]:ptr[i+1]
-    piece_doc: numpy.ndarray  # int64: position in the `lengths` given (PAD_PIECE for padding)
+    piece_doc: numpy.ndarray  # int32 (int64 from 2**31 documents): position in the `lengths` given (PAD_PIECE: padding)
     piece_start: numpy.ndarray  # int64: first token of the piece within its document
     piece_len: numpy.ndarray  # int32: tokens taken (without [CLS]/[SEP])
     piece_wrapped: numpy.ndarray  # bool: piece re-reads the start of the order to fill the last
@@ -67,6 +67,8 @@ def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
         raise ValueError(f"packed samples need seq_length >= 8, got {seq_length}")
     lengths = numpy.asarray(lengths)  # int32 is enough: positions are summed in int64
     order = numpy.flatnonzero(lengths > 0)
+    if order.size and order[-1] < 2**31:  # int32 document positions: half the memory of the pieces' documents
+        order = order.astype(numpy.int32)
     if not order.size:
         raise ValueError("no non-empty document to pack")
     doc_of, starts = _stream(lengths, order, seq_length)
