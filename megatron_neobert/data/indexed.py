@@ -70,12 +70,12 @@ class IndexArrays:
         if size not in (34 + self.body_bytes, 34 + self.body_bytes + n_seq):
             raise IndexedDataError(f"{idx_path} is {size} bytes; {n_seq} sequences and "
                                    f"{n_doc - 1} documents need {34 + self.body_bytes}: truncated or corrupt")
-        self.sequence_lengths = _mapped(idx_path, numpy.int32, 34, n_seq)
-        self.sequence_pointers = _mapped(idx_path, numpy.int64, 34 + 4 * n_seq, n_seq)
-        self.document_indices = _mapped(idx_path, numpy.int64, 34 + 12 * n_seq, n_doc)
+        self.sequence_lengths = mapped(idx_path, numpy.int32, 34, n_seq)
+        self.sequence_pointers = mapped(idx_path, numpy.int64, 34 + 4 * n_seq, n_seq)
+        self.document_indices = mapped(idx_path, numpy.int64, 34 + 12 * n_seq, n_doc)
 
 
-def _mapped(path: str, dtype, offset: int, count: int) -> numpy.ndarray:
+def mapped(path: str, dtype, offset: int, count: int) -> numpy.ndarray:
     return numpy.memmap(path, dtype, "r", offset, (count,)) if count else numpy.zeros(0, dtype)
 
 

@@ -15,10 +15,12 @@ import os
 from dataclasses import dataclass
 
 import numpy
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path
 
-from megatron_neobert.data.indexed import discard_partial, open_indexed, partial_paths
+from megatron_neobert.data.documents import raw_lengths
+from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths
 from megatron_neobert.data.records import publish, read_record
+from megatron_neobert.progress import progress_bar
 
 SOURCE_IDS_SUFFIX = ".source_ids.npy"
 
@@ -37,37 +39,53 @@ class SubsetStats:
                 f"{self.tokens:,} of {self.total_tokens:,} tokens")
 
 
-def document_lengths(dataset) -> numpy.ndarray:
-    """Tokens per document (a document may span several sequences, e.g. split sentences)."""
-    cumulative = numpy.concatenate([[0], numpy.cumsum(dataset.sequence_lengths, dtype=numpy.int64)])
-    return cumulative[dataset.document_indices[1:]] - cumulative[dataset.document_indices[:-1]]
+def _concatenated_ranges(starts: numpy.ndarray, counts: numpy.ndarray) -> numpy.ndarray:
+    """starts[0] .. starts[0]+counts[0]-1, then starts[1] .., as one int64 array without a loop."""
+    total = int(counts.sum())
+    offsets = numpy.repeat(starts.astype(numpy.int64) - (numpy.cumsum(counts) - counts), counts)
+    return offsets + numpy.arange(total, dtype=numpy.int64)
 
 
-def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int) -> SubsetStats:
-    """Write ``output_prefix.bin/.idx`` holding the documents with at least ``min_tokens`` tokens."""
+def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, progress: bool = True,
+                       documents_per_step: int = 1 << 20, tokens_per_write: int = 1 << 24) -> SubsetStats:
+    """Write ``output_prefix.bin/.idx`` holding the documents with at least ``min_tokens`` tokens.
+
+    A million documents at a time: their lengths come from the index and the kept ones' index entries are appended
+    in bulk. Their tokens are copied a run of adjacent kept documents at a time (a slice of the ``.bin``, written
+    in pieces of at most ``tokens_per_write``): a Python step per run, so at most one per ``min_tokens`` tokens."""
     if min_tokens < 1:
         raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
     dataset = open_indexed(input_prefix)
-    lengths = document_lengths(dataset)
-    keep = numpy.flatnonzero(lengths >= min_tokens)
+    index = dataset.index
+    n_docs = index.document_indices.shape[0] - 1
+    bin_path = get_bin_path(input_prefix)
+    # (a plain array view: slicing a memmap subclass costs a few microseconds a run more)
+    corpus = mapped(bin_path, index.dtype, 0, os.path.getsize(bin_path) // index.dtype_size).view(numpy.ndarray)
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)  # as preprocess_data.py does
     bin_tmp, idx_tmp = partial_paths(output_prefix)
-    doc_index = dataset.document_indices
+    kept, tokens, kept_tokens = [], 0, 0
     try:
-        builder = IndexedDatasetBuilder(bin_tmp, dtype=dataset.index.dtype)
-        for d in keep:
-            first, last = int(doc_index[d]), int(doc_index[d + 1])
-            seq_lengths = dataset.sequence_lengths[first:last]
-            # Sequences of one document are contiguous in the .bin: one read covers them all.
-            tokens = dataset.get(first, 0, int(lengths[d]))
-            builder.add_document(tokens, seq_lengths.tolist())
+        builder = IndexedDatasetBuilder(bin_tmp, dtype=index.dtype)
+        bar = progress_bar(desc=f"documents >= {min_tokens} tokens", total=n_docs, enabled=progress, unit="doc")
+        for lo in range(0, n_docs, documents_per_step):
+            docs = numpy.arange(lo, min(n_docs, lo + documents_per_step))
+            lengths = raw_lengths(index, docs)
+            tokens += int(lengths.sum())
+            keep = docs[lengths >= min_tokens]
+            lengths = lengths[lengths >= min_tokens]
+            kept.append(keep)
+            kept_tokens += int(lengths.sum())
+            _append_documents(builder, index, corpus, keep, lengths, tokens_per_write)
+            bar.update(docs.shape[0])
+        bar.close()
         builder.finalize(idx_tmp)
+        keep = numpy.concatenate(kept) if kept else numpy.zeros(0, numpy.int64)
         # The ids first: a subset with a record always has them. A subset of a subset points
         # to the corpus.
         source = read_record(input_prefix) or {}
-        ids, corpus_size = keep.astype(numpy.int64), len(lengths)
+        ids, corpus_size = keep.astype(numpy.int64), n_docs
         if os.path.isfile(input_prefix + SOURCE_IDS_SUFFIX) and "source_documents" in source:
-            ids = numpy.load(input_prefix + SOURCE_IDS_SUFFIX)[keep]
+            ids = numpy.load(input_prefix + SOURCE_IDS_SUFFIX, mmap_mode="r")[keep]
             corpus_size = source["source_documents"]
         tmp = output_prefix + SOURCE_IDS_SUFFIX + ".partial.npy"
         numpy.save(tmp, ids)
@@ -77,6 +95,24 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int) -
     except BaseException:
         discard_partial(output_prefix)
         raise
-    stats = SubsetStats(len(keep), int(lengths[keep].sum()), len(lengths), int(lengths.sum()))
+    stats = SubsetStats(int(keep.size), kept_tokens, n_docs, tokens)
     logger.info("%s >= %d tokens: %s", output_prefix, min_tokens, stats.summary())
     return stats
+
+
+def _append_documents(builder: IndexedDatasetBuilder, index, corpus: numpy.ndarray, docs: numpy.ndarray,
+                      lengths: numpy.ndarray, tokens_per_write: int) -> None:
+    """The documents' tokens and index entries appended to the builder (what its ``add_document`` writes one by
+    one). A document's sequences are contiguous in the ``.bin``, and so are adjacent documents."""
+    if not docs.size:
+        return
+    first, last = index.document_indices[docs], index.document_indices[docs + 1]
+    starts = index.sequence_pointers[first] // index.dtype_size
+    ends = starts + lengths
+    run = numpy.concatenate([[0], numpy.flatnonzero(starts[1:] != ends[:-1]) + 1, [docs.size]])
+    for run_start, run_end in zip(starts[run[:-1]].tolist(), ends[run[1:] - 1].tolist()):
+        for at in range(run_start, run_end, tokens_per_write):
+            builder.data_file.write(corpus[at:min(run_end, at + tokens_per_write)])
+    sequences = last - first
+    builder.sequence_lengths.extend(index.sequence_lengths[_concatenated_ranges(first, sequences)].tolist())
+    builder.document_indices.extend((builder.document_indices[-1] + numpy.cumsum(sequences)).tolist())

@@ -7,10 +7,10 @@ import numpy
 
 
 def read_documents(prefix):
+    from megatron_neobert.data.documents import raw_lengths
     from megatron_neobert.data.indexed import open_indexed
-    from megatron_neobert.data.length_subset import document_lengths
     ds = open_indexed(prefix)
-    lengths = document_lengths(ds)
+    lengths = raw_lengths(ds.index, numpy.arange(len(ds.document_indices) - 1))
     first = ds.document_indices[:-1]
     return [numpy.array(ds.get(int(first[d]), 0, int(lengths[d]))) for d in range(len(lengths))]
 

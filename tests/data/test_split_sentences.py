@@ -226,3 +226,32 @@ def test_a_chunk_without_any_sentence(punkt_model, tmp_path):
                             append_eod=True, chunk_documents=2, progress=False, json_keys=["content"])
     from megatron_neobert.data.indexed import open_indexed
     assert numpy.diff(open_indexed(stats.outputs["content"]).document_indices).tolist() == [0, 0, 2]
+
+
+def test_a_length_subset_of_sentence_data_is_what_megatron_core_copies_document_by_document(
+        punkt_model, corpus_slice, tmp_path):
+    """Documents of several sequences (and empty ones) copied in bulk, in steps of a few documents and writes
+    smaller than a document, equal megatron-core's builder fed the kept documents one at a time."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    from megatron_neobert.data.length_subset import make_length_subset
+    texts = corpus_slice[1][:30]
+    texts = texts[:3] + ["", "..."] + texts[3:]
+    _write_jsonl(tmp_path / "a.jsonl", texts)
+    prefix = preprocess_data([str(tmp_path / "a.jsonl")], str(tmp_path / "ours"), tokenizer_model=SAMPLE_TOKENIZER,
+                             split_sentences=True, progress=False, json_keys=["content"]).outputs["content"]
+    source = IndexedDataset(prefix)
+    documents = [source[int(a):int(b)] for a, b in zip(source.document_indices[:-1], source.document_indices[1:])]
+    min_tokens = int(numpy.median([sum(map(len, d)) for d in documents if d]))
+    reference = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=source.index.dtype)
+    kept = [d for d in documents if sum(map(len, d)) >= min_tokens]
+    for sequences in kept:
+        reference.add_document(numpy.concatenate(sequences), [len(s) for s in sequences])
+    reference.finalize(str(tmp_path / "ref.idx"))
+    assert 5 <= len(kept) < len(documents) and max(len(d) for d in kept) > 3
+    for steps in ({}, {"documents_per_step": 4, "tokens_per_write": min_tokens // 3}):
+        out = str(tmp_path / f"subset{len(steps)}")
+        stats = make_length_subset(prefix, out, min_tokens, progress=False, **steps)
+        assert file_bytes(out) == file_bytes(str(tmp_path / "ref"))
+        assert (stats.documents, stats.tokens) == (len(kept), sum(sum(map(len, d)) for d in kept))
+        assert (stats.total_documents, stats.total_tokens) == (len(documents), sum(sum(map(len, d)) for d in documents))
