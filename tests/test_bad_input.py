@@ -42,8 +42,9 @@ def fails_in_one_line(capsys, argv) -> str:
      "dataset nowhere/corpus_content_document not found (no nowhere/corpus_content_document.bin / .idx): make it "
      "with python tools/preprocess_data.py --input CORPUS.parquet --output-prefix nowhere/corpus --json-keys content"),
     (["--lr-warmup-iters", "2000", "--train-iters", "3"],
-     "--lr-warmup-iters 2000 must be below --lr-decay-iters 2 (90% of --train-iters 3): for a short run pass "
-     "--lr-warmup-iters 0"),
+     "--lr-warmup-iters 2000 must be below --lr-decay-iters 2 (90% of --train-iters 3, at least 1): for a short run "
+     "pass --lr-warmup-iters 0"),
+    (["--lr-decay-iters", "0"], "--lr-decay-iters 0 must be at least 1"),
     (["--vocab-size", "100"], "has 8,192 entries, more than the model's vocabulary of 100: raise --vocab-size"),
     pytest.param(["--fp8-format", "e4m3"], "--fp8-format e4m3 needs Transformer Engine, which does not import here",
                  marks=pytest.mark.skipif(transformer_engine_available(), reason="Transformer Engine imports here")),
@@ -59,8 +60,8 @@ def test_the_recipe_warmup_in_a_short_run_names_the_flag_that_fixes_it(data, cap
     argv = tiny_argv(*data, "--train-iters", "3")
     warmup = argv.index("--lr-warmup-iters")
     del argv[warmup:warmup + 2]
-    assert ("--lr-warmup-iters 2000 (the recipe's default) must be below --lr-decay-iters 2 (90% of --train-iters 3)"
-            ": for a short run pass --lr-warmup-iters 0") in fails_in_one_line(capsys, argv)
+    assert ("--lr-warmup-iters 2000 (the recipe's default) must be below --lr-decay-iters 2 (90% of --train-iters 3, "
+            "at least 1): for a short run pass --lr-warmup-iters 0") in fails_in_one_line(capsys, argv)
 
 
 def test_wandb_project_without_wandb(data, capsys, monkeypatch):

@@ -104,3 +104,18 @@ def test_an_optimizer_state_of_another_setup_names_each_setting_and_the_way_out(
     assert str(err.value).startswith("checkpoint ckpt holds optimizer state of another setup (--bf16 on there, off "
                                      "here; --use-distributed-optimizer off there, on here); start with a fresh "
                                      "optimizer state with --no-load-optim")
+
+
+def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
+    """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
+    import torch
+
+    from megatron_neobert.training.megatron_args import schedule_steps
+    from megatron_neobert.training.model_setup import build_scheduler
+    training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
+    assert training.lr_decay_iters == 1
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)
+    scheduler = build_scheduler(training, optimizer)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(training.lr)
+    scheduler.step(schedule_steps(training).per_iteration)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(training.min_lr)

@@ -250,13 +250,15 @@ def _resolve_recipe_defaults(args: argparse.Namespace, explicit) -> None:
     if args.min_lr is None:
         args.min_lr = 0.1 * args.lr
     if args.lr_decay_iters is None:
-        args.lr_decay_iters = int(0.9 * args.train_iters)
+        args.lr_decay_iters = max(1, int(0.9 * args.train_iters))  # megatron-core's scheduler needs a step
     if args.lr_decay_style == "constant":
         args.min_lr = args.lr
+    if args.lr_decay_iters < 1:
+        raise InputError(f"--lr-decay-iters {args.lr_decay_iters} must be at least 1")
     if args.lr_warmup_iters >= args.lr_decay_iters:
         # The recipe's 2000 warm-up steps stop every short run here: say how to get past them.
         warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
-        decay = "" if "lr_decay_iters" in explicit else f" (90% of --train-iters {args.train_iters})"
+        decay = "" if "lr_decay_iters" in explicit else f" (90% of --train-iters {args.train_iters}, at least 1)"
         raise InputError(f"--lr-warmup-iters {args.lr_warmup_iters}{warmup} must be below --lr-decay-iters "
                          f"{args.lr_decay_iters}{decay}: for a short run pass --lr-warmup-iters 0 (or a few "
                          f"steps)")
