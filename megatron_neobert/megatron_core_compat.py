@@ -6,7 +6,7 @@ tests/test_megatron_core_compat.py, which fails when a patched name moved), not 
 Each patch says what upstream does, why we patch it, and what to check on 0.17.
 
 1. `prepare_torch_adam_for_state_load`: the distributed optimizer's state load into torch's Adam.
-2. `keep_write_results_in_process`: the write-results queue of a synchronous distributed-checkpoint save.
+2. `keep_write_results_with_the_rank`: the write-results queue of a distributed-checkpoint save.
 3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers.
 4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group.
 5. `point_cuda_rng_at_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU
@@ -17,6 +17,8 @@ import contextlib
 import errno
 import functools
 import importlib.metadata
+import multiprocessing
+import multiprocessing.managers
 import os
 import queue
 from typing import Callable
@@ -84,21 +86,34 @@ def _skip_step_in_state_copy(optimizer_class) -> None:
 
 
 # 2. ------------------------------------------------------------------------------------------------------
-def keep_write_results_in_process() -> None:
-    """A synchronous distributed-checkpoint save collects its write results in the rank's own process.
+_async_results_manager = None  # the server behind an asynchronous save's queue, kept as long as the rank
+
+
+def keep_write_results_with_the_rank(async_save: bool, server_initializer: Callable[[], None]) -> None:
+    """The write results of a distributed-checkpoint save go through a queue that lives and dies with the rank.
 
     Upstream (dist_checkpointing/strategies/filesystem_async.py): `_get_write_results_queue` creates the
     module global `_results_queue` on first use as a queue of a spawned `multiprocessing.Manager` server.
     Why: that server is a process outside the rank's reach: it dies of the scheduler's pre-emption signal in
-    the middle of a save (BrokenPipeError), and survives a rank killed with -9 (~370 MB each). A synchronous
-    save writes from the rank itself, so an in-process queue is enough (an asynchronous save's writer is
-    another process: leave upstream's queue to it).
+    the middle of a save (BrokenPipeError), and survives a rank killed with -9 (~370 MB each).
+    - A synchronous save writes from the rank itself: an in-process queue is enough.
+    - An asynchronous save's writer is a process the rank forks: the queue's server is forked from the rank
+      too, so that the rank's fork hooks tie it to the rank (call this after registering them), and runs
+      `server_initializer` first (the trainer's: ignore the exit signals, as the rank's other helpers do).
     On 0.17: check that `_get_write_results_queue` still returns the global `_results_queue` when it is set.
     """
+    global _async_results_manager
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if not isinstance(filesystem_async._results_queue, queue.Queue):
-        filesystem_async._results_queue = queue.Queue()
+    if not async_save:
+        if not isinstance(filesystem_async._results_queue, queue.Queue):
+            filesystem_async._results_queue = queue.Queue()
+        return
+    if _async_results_manager is None:
+        manager = multiprocessing.managers.SyncManager(ctx=multiprocessing.get_context("fork"))
+        manager.start(initializer=server_initializer)
+        _async_results_manager = manager
+        filesystem_async._results_queue = manager.Queue()
 
 
 # 3. ------------------------------------------------------------------------------------------------------

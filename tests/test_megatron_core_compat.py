@@ -67,9 +67,42 @@ def test_synchronous_save_results_stay_in_the_process(monkeypatch):
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     monkeypatch.setattr(filesystem_async, "_results_queue", None)  # restored after the test
-    compat.keep_write_results_in_process()
+    compat.keep_write_results_with_the_rank(False, None)
     results = filesystem_async._get_write_results_queue()
     assert isinstance(results, queue.Queue) and results is filesystem_async._results_queue
+
+
+ASYNC_RESULTS_SERVER = """
+import os, signal, time
+import psutil
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron_neobert import megatron_core_compat as compat
+from megatron_neobert.training.process_guards import forked_children_die_with_rank, ignore_exit_signals
+forked_children_die_with_rank()
+compat.keep_write_results_with_the_rank(True, ignore_exit_signals)
+results = filesystem_async._get_write_results_queue()
+(server,) = psutil.Process().children()
+os.kill(server.pid, signal.SIGTERM)  # what a pre-emption signal to the rank's process group does to it
+time.sleep(0.5)
+results.put("written")
+assert results.get(timeout=10) == "written"
+print(server.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.integration
+def test_an_asynchronous_saves_results_server_outlives_exit_signals_but_not_its_rank():
+    import signal
+    import time
+
+    import psutil
+    out = subprocess.run([sys.executable, "-c", ASYNC_RESULTS_SERVER], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    server, deadline = int(out.stdout), time.monotonic() + 10
+    while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"the results server {server} outlived its rank (kill -9)"
+        time.sleep(0.1)
 
 
 def test_a_full_disk_in_a_writer_reaches_the_rank_as_enospc(monkeypatch):

@@ -21,7 +21,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.kernels import format_report, kernel_report
-from megatron_neobert.megatron_core_compat import keep_write_results_in_process
+from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank
 from megatron_neobert.parallel.launch import init_distributed
 from megatron_neobert.training.checkpoint.layout import iteration_dir
 from megatron_neobert.training.checkpoint.lock import claim_save_dir
@@ -37,7 +37,8 @@ from megatron_neobert.training.model_setup import (finish_param_sync, model_arch
                                                    setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, exit_with_launcher,
-                                                      forked_children_die_with_rank, stop_requested)
+                                                      forked_children_die_with_rank, ignore_exit_signals,
+                                                      stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
                                                   check_vocabulary, trained_length)
 from megatron_neobert.training.settings import Settings
@@ -235,10 +236,8 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
         tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once
         init_distributed(faults.distributed_timeout_minutes)
         exit_with_launcher()
-        # An asynchronous save's writer is another process: megatron-core's queue.
-        if not settings.checkpoint.async_save:
-            keep_write_results_in_process()
         forked_children_die_with_rank()
+        keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
         lock = claim_save_dir(settings.checkpoint)
         if lock:

@@ -10,7 +10,8 @@ A training job ends in one of four ways, and each rank must take part in the sam
   process of a step), so the rank's helpers get it too. DataLoader workers would die of it and the rank's
   next batch would fail before it can save: `data_worker_init` makes them ignore the exit signals and die
   with their rank. megatron-core's write-results server would die of it in the middle of a save:
-  `megatron_core_compat.keep_write_results_in_process` has no such server started.
+  `megatron_core_compat.keep_write_results_with_the_rank` starts none for a synchronous save, and one that
+  ignores the exit signals and dies with its rank for an asynchronous one.
 - A rank that dies. Its helpers must not outlive it: `forked_children_die_with_rank` has every child the
   rank's main thread forks (checkpoint writers, DataLoader workers) killed with it, kill -9 included; a
   checkpoint writer whose rank died would otherwise wait on it forever (in `count_queue.get()`).
