@@ -6,6 +6,7 @@ import torch
 
 # Spawned ranks import the helpers in tests/ by module name.
 sys.path.insert(0, os.path.dirname(__file__))
+from shared_runs import run_once  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The CPU tests also run with a CUDA build of torch on machines without a GPU.
@@ -50,16 +51,22 @@ def single_rank():
         initialize_model_parallel(1, 1, seed=1)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """The built-in sample corpus preprocessed for the trainer: (dataset prefix, cache folder)."""
+def preprocess_sample_corpus(folder) -> str:
     from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
     from megatron_neobert.data.preprocess import preprocess_data
 
-    root = tmp_path_factory.mktemp("data")
-    stats = preprocess_data([SAMPLE_CORPUS], str(root / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
+    stats = preprocess_data([SAMPLE_CORPUS], str(folder / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
                             progress=False, json_keys=["content"])
-    return stats.outputs["content"], str(root / "cache")
+    return stats.outputs["content"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The built-in sample corpus preprocessed for the trainer: (dataset prefix, cache folder). The corpus is
+    preprocessed once per session and shared; the cache folder stays the module's own, so that what a test
+    finds there does not depend on which other modules ran first in its worker."""
+    prefix = run_once(tmp_path_factory, "data", preprocess_sample_corpus)
+    return prefix, str(tmp_path_factory.mktemp("data") / "cache")
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from megatron_neobert.training.checkpoint.layout import iteration_dir, read_late
 from megatron_neobert.training.checkpoint.state import checkpoint_args
 from parallel_cases import Layout
 from pretrain_cases import run_train, tiny_argv
+from shared_runs import run_once
 from test_hf_format import random_hf_state_dict
 from tools.convert_checkpoint import main as cli
 
@@ -118,12 +119,15 @@ def hf_weights(config):
 
 @pytest.fixture(scope="module")
 def round_trip(tmp_path_factory, config, hf_weights):
-    tmp = tmp_path_factory.mktemp("round_trip")
-    src = official_folder(tmp / "official", config, hf_weights, SAMPLE_TOKENIZER)
-    summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                          make_vocab_size_divisible_by=VOCAB_MULTIPLE)
-    export = mcore_to_hf(tmp / "mcore", tmp / "hf")
-    return tmp, summary, export
+    """(folder, hf-to-mcore summary, mcore-to-hf summary), converted once per session; the tests only read the
+    folder (or copy from it)."""
+    def convert(tmp):
+        src = official_folder(tmp / "official", config, hf_weights, SAMPLE_TOKENIZER)
+        summary = hf_to_mcore(src, tmp / "mcore", tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                              make_vocab_size_divisible_by=VOCAB_MULTIPLE)
+        export = mcore_to_hf(tmp / "mcore", tmp / "hf")
+        return tmp, summary, export
+    return run_once(tmp_path_factory, "test_convert-round_trip", convert)
 
 
 @pytest.mark.integration

@@ -27,6 +27,7 @@ from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, iteration
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
 from pretrain_cases import full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
+from shared_runs import run_once
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,9 +50,12 @@ def train_here(data, *extra) -> dict:
 
 @pytest.fixture(scope="module")
 def one_rank_run(data, tmp_path_factory):
-    """(history, root) of 8 steps on one rank, a checkpoint every 2."""
-    root = str(tmp_path_factory.mktemp("one_rank") / "ckpt")
-    return train_here(data, "--train-iters", "8", "--save", root, "--save-interval", "2"), root
+    """(history, root) of 8 steps on one rank, a checkpoint every 2; run once per session, copied by the tests
+    that change it."""
+    def run(folder):
+        root = str(folder / "ckpt")
+        return train_here(data, "--train-iters", "8", "--save", root, "--save-interval", "2"), root
+    return run_once(tmp_path_factory, "test_faults-one_rank_run", run)
 
 
 def copy_root(root: str, dst) -> str:

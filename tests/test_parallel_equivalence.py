@@ -11,6 +11,7 @@ import torch
 
 from megatron_neobert.parallel.launch import run_on_ranks
 from parallel_cases import Layout, gradients, read_full_state_dict, save_initial_weights
+from shared_runs import run_once
 
 pytestmark = pytest.mark.integration
 
@@ -36,12 +37,12 @@ def make_batches(packed: bool):
 
 @pytest.fixture(scope="module")
 def initial_checkpoint(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("ckpt") / "init")
-    run_on_ranks(save_initial_weights, 1, path)
-    return path
-
-
-_reference = {}
+    """Saved once per session, as the references computed from it."""
+    def save(folder):
+        path = str(folder / "init")
+        run_on_ranks(save_initial_weights, 1, path)
+        return path
+    return run_once(tmp_path_factory, "test_parallel_equivalence-initial", save)
 
 
 def run_layout(layout: Layout, initial: str, tmp_path, packed: bool):
@@ -54,9 +55,9 @@ def run_layout(layout: Layout, initial: str, tmp_path, packed: bool):
 
 
 def reference(initial: str, tmp_path_factory, packed: bool):
-    if packed not in _reference:
-        _reference[packed] = run_layout(Layout(), initial, tmp_path_factory.mktemp("ref"), packed)
-    return _reference[packed]
+    """The single-rank (loss, gradients), once per session."""
+    return run_once(tmp_path_factory, f"test_parallel_equivalence-reference-packed{packed}",
+                    lambda folder: run_layout(Layout(), initial, folder, packed))
 
 
 LAYOUTS = {

@@ -16,6 +16,7 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration, write_latest_marker
 from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_train_until_nonfinite,
                             run_train_with_signal, tiny_argv)
+from shared_runs import run_once
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +43,14 @@ def losses(history, start=0):
 
 
 def saved_run(data, tmp_path_factory, name: str, ranks: int, *layout: str):
-    """(history, checkpoint root) of an ITERS-step run saving every SAVE_AT steps."""
-    save = str(tmp_path_factory.mktemp(name))
-    h = one(run_on_ranks(run_train, ranks, argv(data, *layout, "--train-iters", str(ITERS), "--save", save,
-                                                "--save-interval", str(SAVE_AT))))
-    return h, save
+    """(history, checkpoint root) of an ITERS-step run saving every SAVE_AT steps; run once per session, its
+    checkpoints only read (or copied) by the tests."""
+    def run(folder):
+        save = str(folder / "ckpt")
+        h = one(run_on_ranks(run_train, ranks, argv(data, *layout, "--train-iters", str(ITERS), "--save", save,
+                                                    "--save-interval", str(SAVE_AT))))
+        return h, save
+    return run_once(tmp_path_factory, f"test_pretrain-{name}", run)
 
 
 @pytest.fixture(scope="module")
