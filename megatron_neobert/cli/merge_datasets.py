@@ -1,5 +1,5 @@
 """Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
-several nodes) into one, in order, with megatron-core's IndexedDatasetBuilder.add_index.
+several nodes) into one, in order: the bytes megatron-core's IndexedDatasetBuilder.add_index writes.
 
     neobert-merge-datasets --shard-dir data/rw_shards --json-key content \
         --output-prefix data/rw_content_document

@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass
 
 import numpy
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_bin_path
+from megatron.core.datasets.indexed_dataset import get_bin_path
 
 from megatron_neobert.data.documents import raw_lengths
+from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths
 from megatron_neobert.data.records import publish, read_record
 from megatron_neobert.progress import progress_bar
@@ -65,7 +66,7 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
     bin_tmp, idx_tmp = partial_paths(output_prefix)
     kept, tokens, kept_tokens = [], 0, 0
     try:
-        builder = IndexedDatasetBuilder(bin_tmp, dtype=index.dtype)
+        writer = IndexedWriter(bin_tmp, index.dtype)
         bar = progress_bar(desc=f"documents >= {min_tokens} tokens", total=n_docs, enabled=progress, unit="doc")
         for lo in range(0, n_docs, documents_per_step):
             docs = numpy.arange(lo, min(n_docs, lo + documents_per_step))
@@ -75,10 +76,10 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
             lengths = lengths[lengths >= min_tokens]
             kept.append(keep)
             kept_tokens += int(lengths.sum())
-            _append_documents(builder, index, corpus, keep, lengths, tokens_per_write)
+            _append_documents(writer, index, corpus, keep, lengths, tokens_per_write)
             bar.update(docs.shape[0])
         bar.close()
-        builder.finalize(idx_tmp)
+        writer.finalize(idx_tmp)
         keep = numpy.concatenate(kept) if kept else numpy.zeros(0, numpy.int64)
         # The ids first: a subset with a record always has them. A subset of a subset points
         # to the corpus.
@@ -100,10 +101,10 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
     return stats
 
 
-def _append_documents(builder: IndexedDatasetBuilder, index, corpus: numpy.ndarray, docs: numpy.ndarray,
+def _append_documents(writer: IndexedWriter, index, corpus: numpy.ndarray, docs: numpy.ndarray,
                       lengths: numpy.ndarray, tokens_per_write: int) -> None:
-    """The documents' tokens and index entries appended to the builder (what its ``add_document`` writes one by
-    one). A document's sequences are contiguous in the ``.bin``, and so are adjacent documents."""
+    """The documents' tokens and index entries appended to the writer. A document's sequences are contiguous in
+    the ``.bin``, and so are adjacent documents."""
     if not docs.size:
         return
     first, last = index.document_indices[docs], index.document_indices[docs + 1]
@@ -112,7 +113,7 @@ def _append_documents(builder: IndexedDatasetBuilder, index, corpus: numpy.ndarr
     run = numpy.concatenate([[0], numpy.flatnonzero(starts[1:] != ends[:-1]) + 1, [docs.size]])
     for run_start, run_end in zip(starts[run[:-1]].tolist(), ends[run[1:] - 1].tolist()):
         for at in range(run_start, run_end, tokens_per_write):
-            builder.data_file.write(corpus[at:min(run_end, at + tokens_per_write)])
+            writer.write_tokens(corpus[at:min(run_end, at + tokens_per_write)])
     sequences = last - first
-    builder.sequence_lengths.extend(index.sequence_lengths[_concatenated_ranges(first, sequences)].tolist())
-    builder.document_indices.extend((builder.document_indices[-1] + numpy.cumsum(sequences)).tolist())
+    writer.add_documents(index.sequence_lengths[_concatenated_ranges(first, sequences)],
+                         numpy.concatenate([[0], numpy.cumsum(sequences)]))

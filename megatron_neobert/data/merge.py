@@ -1,4 +1,6 @@
-"""Merge indexed datasets (shards) into one with megatron-core's ``IndexedDatasetBuilder.add_index``.
+"""Merge indexed datasets (shards) into one: the ``.bin`` files back to back, the indexes joined a chunk at a time
+(``IndexedWriter.add_index``: the bytes megatron-core's ``IndexedDatasetBuilder.add_index`` writes, without a
+Python object per sequence).
 
 Every input is checked first (``.bin`` size against its ``.idx``, one token dtype, one tokenizer
 when they carry a record); the merged pair is written under ``.partial`` names, checked and
@@ -9,8 +11,9 @@ existing output.
 import logging
 from typing import Dict, Optional, Sequence
 
-from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder, get_idx_path
+from megatron.core.datasets.indexed_dataset import DType, get_idx_path
 
+from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, read_header
 from megatron_neobert.data.records import publish, read_record
 
@@ -58,10 +61,10 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> int:
     dtype = DType.dtype_from_code(headers[0][1])
     bin_tmp, idx_tmp = partial_paths(output_prefix)
     try:
-        builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
+        writer = IndexedWriter(bin_tmp, dtype)
         for prefix in prefixes:
-            builder.add_index(prefix)
-        builder.finalize(idx_tmp)
+            writer.add_index(prefix)
+        writer.finalize(idx_tmp)
         publish(output_prefix, record)
     except BaseException:
         discard_partial(output_prefix)

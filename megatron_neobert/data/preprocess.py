@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, get_idx_path
+from megatron.core.datasets.indexed_dataset import get_idx_path
 
 from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, token_dtype
 from megatron_neobert.data.merge import merge_datasets
 from megatron_neobert.data.readers import Record, count_records, expand_inputs, iter_records
@@ -112,7 +113,7 @@ def _init_worker(tokenizer: MLMTokenizer, splitter) -> None:
 
 
 class EncodedChunk(NamedTuple):
-    """The documents of a chunk for one key, as the builder takes them."""
+    """The documents of a chunk for one key, as the writer takes them."""
     tokens: numpy.ndarray  # every token of the chunk, document after document
     sequence_lengths: numpy.ndarray  # int64: tokens per sequence (document, or sentence)
     document_sequences: numpy.ndarray  # int64 [documents + 1]: document d is sequences [d]:[d+1]
@@ -141,16 +142,6 @@ def _encode(tokenizer: MLMTokenizer, columns: List[List[str]], dtype, append_eod
             lengths[last] += 1
         out.append(EncodedChunk(tokens, lengths, document_sequences))
     return out
-
-
-def _add_documents(builder: IndexedDatasetBuilder, chunk: EncodedChunk) -> None:
-    """A chunk's documents appended at once: the bytes and index entries that megatron-core's
-    ``add_document`` writes one document at a time (an empty document has no sequence, as its
-    builder writes [] with []), without a Python call per document."""
-    first_sequence = len(builder.sequence_lengths)
-    builder.data_file.write(chunk.tokens.tobytes(order="C"))
-    builder.sequence_lengths.extend(chunk.sequence_lengths.tolist())
-    builder.document_indices.extend((first_sequence + chunk.document_sequences[1:]).tolist())
 
 
 def _encode_in_worker(columns: List[List[str]], dtype, append_eod: bool):
@@ -262,8 +253,7 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
     """Tokenize one input file into one pair per key, published with its record."""
     stats = PreprocessStats()
     dtype = token_dtype(s.tokenizer.vocab_size)
-    builders = {key: IndexedDatasetBuilder(partial_paths(prefixes[key])[0], dtype=dtype)
-                for key in s.json_keys}
+    writers = {key: IndexedWriter(partial_paths(prefixes[key])[0], dtype) for key in s.json_keys}
     max_id = {key: -1 for key in s.json_keys}
     start = time.perf_counter()
     pool = (multiprocessing.get_context("fork").Pool(
@@ -280,7 +270,8 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
             stats.tokens += chunk.tokens.size
             if chunk.tokens.size:
                 max_id[key] = max(max_id[key], int(chunk.tokens.max()))
-            _add_documents(builders[key], chunk)
+            writers[key].write_tokens(chunk.tokens)
+            writers[key].add_documents(chunk.sequence_lengths, chunk.document_sequences)
         logged = stats.documents // s.log_interval if s.log_interval else 0
         stats.documents += len(wheres)
         if s.log_interval and stats.documents // s.log_interval > logged:
@@ -309,7 +300,7 @@ def _write_shard(path: str, prefixes: Dict[str, str], record: Dict, s: _Settings
                 wheres_done, result = pending.popleft()
                 write(wheres_done, result.get())
         for key in s.json_keys:
-            builders[key].finalize(partial_paths(prefixes[key])[1])
+            writers[key].finalize(partial_paths(prefixes[key])[1])
         for key in s.json_keys:
             publish(prefixes[key], {**record, "max_token_id": max_id[key],
                                     "documents": stats.documents,
