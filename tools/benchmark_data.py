@@ -12,10 +12,12 @@
 4. beside it, the trainer's real dataset build of a corpus of as many documents, written as Megatron-LM's
    tool writes it (no record) and as ours (with our record), the .bin sparse: cold (no cache) and warm
    (cached) starts, time, peak memory, private and memory-mapped memory, extrapolated to 1B documents;
-5. the start of a --data-args-path blend of --blend-prefixes small corpora, cold and cached.
+5. the start of a --data-args-path blend of --blend-prefixes small corpora, cold and cached;
+6. a merge of 4 datasets (--merge-documents in all) by megatron-core's IndexedDatasetBuilder.add_index and by ours
+   (IndexedWriter), time, peak memory and whether the bytes are the same.
 
     python tools/benchmark_data.py [--corpus X.parquet] [--tokenizer-model DIR] [--workers 2]
-        [--layout-documents 20000000] [--blend-prefixes 1000] [--scratch DIR]
+        [--layout-documents 20000000] [--blend-prefixes 1000] [--merge-documents 20000000] [--scratch DIR]
 """
 
 import os
@@ -223,6 +225,8 @@ def main(argv=None):
                              "both)")
     parser.add_argument("--blend-prefixes", type=int, default=1000,
                         help="corpora in the --data-args-path blend whose start is timed (0: skip it)")
+    parser.add_argument("--merge-documents", type=int, default=20_000_000,
+                        help="documents in the merge timed against megatron-core's builder (0: skip it)")
     parser.add_argument("--scratch", default=None,
                         help="folder for the synthetic corpora (sparse files; the default is a temporary folder)")
     args = parser.parse_args(argv)
@@ -299,6 +303,60 @@ def main(argv=None):
         print(f"\n5. a --data-args-path blend of {args.blend_prefixes:,} corpora (2,000 documents each), split 99,1,0: "
               f"first build {cold['seconds']:.1f} s, start with the caches {warm['seconds']:.1f} s "
               f"({warm['seconds'] / args.blend_prefixes * 1e3:.2f} ms a corpus), peak {warm['peak_mb']:,.0f} MB")
+    if args.merge_documents:
+        with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
+            merged, same = merge_at_scale(args.merge_documents, tmp)
+        theirs, ours = merged["megatron-core"], merged["ours"]
+        print(f"\n6. a merge of 4 datasets, {args.merge_documents:,} documents in all, a fresh process each: "
+              f"megatron-core's IndexedDatasetBuilder.add_index {theirs['seconds']:.1f} s, peak "
+              f"{theirs['peak_mb']:,.0f} MB;\n   ours (IndexedWriter) {ours['seconds']:.1f} s, peak "
+              f"{ours['peak_mb']:,.0f} MB: {theirs['seconds'] / ours['seconds']:.1f}x faster, "
+              f"{'the same bytes' if same else 'OTHER BYTES'}")
+
+
+_MERGE_SCRIPT = _PEAK_KB + """
+import json, sys, time, numpy
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron_neobert.data.index_writer import IndexedWriter
+out, how, shards = sys.argv[1], sys.argv[2], sys.argv[3:]
+start = time.perf_counter()
+writer = (IndexedWriter(out + ".bin", numpy.uint16) if how == "ours"
+          else IndexedDatasetBuilder(out + ".bin", dtype=numpy.uint16))
+for shard in shards:
+    writer.add_index(shard)
+writer.finalize(out + ".idx")
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_kb() / 1024}))
+"""
+
+
+def merge_at_scale(documents, folder, shards=4):
+    """Merges of `shards` datasets of `documents` single-sequence documents in all (2 tokens each: the index is
+    what is measured), by megatron-core's IndexedDatasetBuilder.add_index and by ours, a fresh process each:
+    {name: {seconds, peak_mb}}, and whether the two wrote the same bytes."""
+    import filecmp
+    import json
+    import subprocess
+
+    import numpy
+
+    from megatron_neobert.data.index_writer import IndexedWriter
+    prefixes = []
+    for i in range(shards):
+        n = documents // shards
+        prefixes.append(os.path.join(folder, f"shard{i}"))
+        writer = IndexedWriter(prefixes[-1] + ".bin", numpy.uint16)
+        writer.write_tokens(numpy.random.default_rng(i).integers(0, 30_000, 2 * n, dtype=numpy.uint16))
+        writer.add_documents(numpy.full(n, 2, numpy.int32), numpy.arange(n + 1))
+        writer.finalize(prefixes[-1] + ".idx")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+    results = {}
+    for name in ("megatron-core", "ours"):
+        out = subprocess.run([sys.executable, "-c", _MERGE_SCRIPT, os.path.join(folder, name), name, *prefixes],
+                             check=True, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
+        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    same = all(filecmp.cmp(os.path.join(folder, "megatron-core" + s), os.path.join(folder, "ours" + s), False)
+               for s in (".bin", ".idx"))
+    return results, same
 
 
 def report_build(results, documents, seq_length):

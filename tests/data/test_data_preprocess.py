@@ -402,7 +402,7 @@ def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, caps
     preprocess_data must count the same tokens (the script asserts it) before any ratio is printed."""
     from tools.benchmark_data import main
     main(["--corpus", corpus_slice[0], "--repeats", "1", "--layout-documents", "20000", "--seq-length", "256",
-          "--blend-prefixes", "3"])
+          "--blend-prefixes", "3", "--merge-documents", "4000"])
     out = capsys.readouterr().out
     assert f"({len(corpus_slice[1]):,} documents," in out
     assert re.search(r"speed-up: \d+\.\d\dx Megatron-LM's loop", out)
@@ -414,3 +414,4 @@ def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, caps
         assert re.search(rf"^   {data} +cold +\d+\.\d{{3}}( +[\d,]+){{3}} +\d+\.\d{{3}}\n +warm ", out, re.M), out
     assert re.search(r"^5\. a --data-args-path blend of 3 corpora .*: first build \d+\.\d s, start with the caches "
                      r"\d+\.\d s", out, re.M), out
+    assert re.search(r"^6\. a merge of 4 datasets, 4,000 documents .*\n.*faster, the same bytes$", out, re.M), out
