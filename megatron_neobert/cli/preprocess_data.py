@@ -29,7 +29,7 @@ import os
 import sys
 
 from megatron_neobert.cli import ArgumentParser
-from megatron_neobert.data.tokenizer import TOKENIZER_TYPES, wordpiece_tokenizer_model
+from megatron_neobert.data.tokenizer import add_tokenizer_flags, wordpiece_tokenizer_model
 
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
@@ -63,12 +63,7 @@ def get_args(argv=None):
                        help="as Megatron-LM's: the punkt model (language) of --split-sentences "
                             "(default: english)")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
-                       help="as Megatron-LM's")
-    group.add_argument("--tokenizer-model", default="bert-base-uncased",
-                       help="Hugging Face name or folder, or a SentencePiece .model file")
-    group.add_argument("--vocab-file", default=None,
-                       help="WordPiece vocab.txt for the BertWordPiece* tokenizer types")
+    add_tokenizer_flags(group)
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token (EOS, else [SEP]) to each non-empty "
                             "document (with --split-sentences: to its last sentence)")

@@ -30,6 +30,18 @@ import numpy
 # Megatron-LM's WordPiece types: whether they lower-case.
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
 TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
+
+
+def add_tokenizer_flags(group) -> None:
+    """Megatron-LM's tokenizer flags, for the preprocessor and the trainer alike: data and training must name their
+    tokenizer the same way."""
+    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
+                       help="as Megatron-LM's; BertWordPiece* read --vocab-file")
+    group.add_argument("--tokenizer-model", default="bert-base-uncased",
+                       help="Hugging Face name or folder, or a SentencePiece .model file")
+    group.add_argument("--vocab-file", default=None,
+                       help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+
 HUGE_TEXT = 1 << 18
 # Whitespace to cut huge texts before: a split point for every whitespace-split tokenizer (Python's
 # \s also matches \x0b \x0c \x1c-\x1f \x85, which BERT's normalizer deletes inside a word).

@@ -14,7 +14,7 @@ from typing import List, Optional, Set, Tuple
 import yaml
 
 from megatron_neobert.cli import ArgumentParser
-from megatron_neobert.data.tokenizer import TOKENIZER_TYPES
+from megatron_neobert.data.tokenizer import add_tokenizer_flags
 from megatron_neobert.model import PRESETS
 from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.megatron_args import STRICTNESS, explicit_dests, note_recipe_defaults
@@ -178,12 +178,7 @@ def _add_data_args(g) -> None:
     g.add_argument("--data-cache-path", default=None,
                    help="folder of the datasets' layout caches (default: cache/ beside each dataset)")
     g.add_argument("--seq-length", type=int, default=1024)
-    g.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
-                   help="as Megatron-LM's; BertWordPiece* read --vocab-file")
-    g.add_argument("--tokenizer-model", default="bert-base-uncased",
-                   help="Hugging Face name or folder, or a SentencePiece .model file")
-    g.add_argument("--vocab-file", default=None,
-                   help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+    add_tokenizer_flags(g)
     g.add_argument("--legacy-tokenizer", action="store_true",
                    help="accepted: the BertWordPiece tokenizers here give Megatron-LM's legacy tokenizers' ids")
     g.add_argument("--mask-rate", type=float, default=0.2, help="fraction of tokens masked for the MLM loss")
