@@ -14,7 +14,6 @@ import time
 import traceback
 from typing import List, Optional
 
-from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
@@ -25,6 +24,8 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from megatron_neobert.training.arguments import parse_settings
+
     try:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
@@ -83,8 +84,9 @@ def error_line(err: BaseException) -> str:
 def cli() -> None:
     """The command line: ends the process with main()'s status at once (`exit_now`: Python's own exit
     could wait forever on a DataLoader worker, or on a process group whose peer is gone)."""
-    from megatron_neobert.training.process_guards import exit_now
+    from megatron_neobert.training.process_guards import exit_now, exit_with_launcher
 
+    exit_with_launcher()  # first: a rank must not outlive a torchrun that dies while it imports and meets the others
     exit_now(main())
 
 

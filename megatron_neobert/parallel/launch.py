@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from megatron_neobert.parallel.cpu import enable_cpu_execution
+from megatron_neobert.parallel.rendezvous import attempt_store, uses_agent_store
 
 # Set to 1 to run on the CPU with a CUDA build of torch that sees no GPU.
 ALLOW_CPU_ENV = "NEOBERT_ALLOW_CPU"
@@ -32,7 +33,8 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
     """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
-    (RANK, MASTER_ADDR/MASTER_PORT). A lone process that no launcher started (no RANK: a tool, a
+    (RANK, MASTER_ADDR/MASTER_PORT): on the agent's store under a name of this attempt's own when torchrun shares
+    its store, so that a restarted attempt never reads the keys of the one before (`rendezvous`). A lone process that no launcher started (no RANK: a tool, a
     notebook) needs no rendezvous and takes an in-memory store, so it never looks for a free port,
     even when the shell exports MASTER_PORT, as cluster shells often do.
     """
@@ -46,9 +48,11 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
         enable_cpu_execution()
         backend = "gloo"
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    timeout = timedelta(minutes=timeout_minutes)
     if store is None and world_size == 1 and "RANK" not in os.environ:
         store = torch.distributed.HashStore()
-    timeout = timedelta(minutes=timeout_minutes)
+    elif store is None and uses_agent_store():
+        store = attempt_store(rank, world_size, timeout)
     if store is None:
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     else:

@@ -11,6 +11,7 @@ history of the run.
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import math
 import time
@@ -36,6 +37,7 @@ from megatron_neobert.training.model_setup import (finish_param_sync, model_arch
                                                    resolve_padded_vocab_size, resume_param_sync,
                                                    setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
+from megatron_neobert.training.restarts import RestartReport, world_size_change
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, exit_with_launcher,
                                                       forked_children_die_with_rank, ignore_exit_signals,
                                                       stop_requested)
@@ -231,11 +233,11 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     configure_logging()
     faults = settings.faults
     with contextlib.ExitStack() as guards:
+        exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
         # The handler first: a pre-emption signal during the set-up must not kill the rank either.
         handler = guards.enter_context(ExitSignalHandler(faults.exit_signal)) if faults.exit_signal_handler else None
         tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once
         init_distributed(faults.distributed_timeout_minutes)
-        exit_with_launcher()
         forked_children_die_with_rank()
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
@@ -280,8 +282,12 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
     state = TrainState()
     if checkpoint:
         state = resume(settings, checkpoint, common, chunks, optimizer, scheduler, finetune)
+        change = world_size_change(common, num_micro)
+        if change:
+            logger.info(change)
     elif options.load:
         logger.info(f"no checkpoint in {options.load}: starting from scratch")
+    restarts = RestartReport(state.iteration, datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
     evals_done = state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
     _, train_iter, valid_iter = build_data(
         settings, state.consumed_samples, evals_done * evaluation.eval_iters * training.global_batch_size, tokenizer)
@@ -354,6 +360,7 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
             state.floating_point_operations += step_flops(arch, record["tokens"], record["predicted"],
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+            restarts.step_done(state.iteration)
             history["train"].append(record)
             report = state.iteration % settings.logging.log_interval == 0 or state.iteration == training.train_iters
             log.step(record, time.perf_counter() - window_start if report else None, state.skipped_iters)

@@ -125,14 +125,20 @@ def kill_stopped_local_ranks() -> None:
             continue
 
 
+_launcher_watch = {"started": False}
+
+
 def exit_with_launcher(poll_s: float = 1.0) -> None:
     """Under torchrun (TORCHELASTIC_RUN_ID set), exit when the parent torchrun is gone.
 
     A thread compares the parent pid with the one at start: the main thread may be blocked in a
-    collective. Outside torchrun nothing is watched (a `nohup` run must survive its shell).
+    collective, or in the rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the
+    process group (a second call does nothing). Outside torchrun nothing is watched (a `nohup` run must survive its
+    shell).
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    if "TORCHELASTIC_RUN_ID" not in os.environ or _launcher_watch["started"]:
         return
+    _launcher_watch["started"] = True
     launcher = os.getppid()
 
     def watch():

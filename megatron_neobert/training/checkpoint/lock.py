@@ -1,10 +1,12 @@
 """Who may write to a --save folder: one live run at a time, and only its own checkpoints.
 
 `{save}/writer.lock` names the run that writes there (host, pid, the process's start time as
-the kernel counts it, and when it started). A second run is refused while the owner lives; on
+the kernel counts it, when it started, and torchrun's run id). A second run is refused while the owner lives; on
 the same host "lives" means a process with that pid *and* that start time (a recycled pid is
 not the owner), so the lock of a run killed with -9 is taken over. From another host the owner's
-state cannot be seen: the run is refused, naming the owner, unless --break-save-lock is given.
+state cannot be seen: the run is refused, naming the owner, unless --break-save-lock is given, or unless the owner
+was an earlier attempt of the same torchrun run (the same TORCHELASTIC_RUN_ID: torchrun restarts a job's workers
+only once they are all stopped, so a lock that an attempt on a lost node held does not stop the survivors).
 
 A --save that already holds checkpoints belongs to another run unless this run resumes from it
 (--load is the same folder): a fresh run would overwrite its iterations and move its marker
@@ -42,10 +44,17 @@ def process_start_ticks(pid: int) -> Optional[str]:
     return stat[stat.rindex(")") + 2:].split()[19]  # fields after "pid (comm)", the 22nd overall
 
 
+def torchrun_run_id() -> Optional[str]:
+    """The run id torchrun gives every attempt of one job, or None outside torchrun or where it names no job
+    (static rendezvous without --rdzv-id gives every job "none")."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return run_id if run_id and run_id != "none" else None
+
+
 def _owner_record() -> dict:
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": pid, "start_ticks": process_start_ticks(pid),
-            "started": datetime.datetime.now().isoformat(timespec="seconds")}
+            "started": datetime.datetime.now().isoformat(timespec="seconds"), "torchrun_run_id": torchrun_run_id()}
 
 
 def _describe(owner: dict) -> str:
@@ -63,10 +72,11 @@ class SaveLock:
             if self._create():
                 return
             owner = self._read()
-            if not self._stale(owner, break_lock):
+            reason = self._stale_because(owner, break_lock)
+            if reason is None:
                 raise TrainingError(f"{save} is being written by another run, {_describe(owner)}; stop it "
                                     f"first, or save elsewhere")
-            logger.warning(f"{self.path}: taking over the lock of {_describe(owner)}, which is no longer running")
+            logger.warning(f"{self.path}: taking over the lock of {_describe(owner)}, {reason}")
             try:  # a rename is atomic: of two runs taking over at once, one wins
                 os.replace(self.path, f"{self.path}.stale-{uuid.uuid4().hex[:8]}")
             except FileNotFoundError:
@@ -92,15 +102,20 @@ class SaveLock:
         except (ValueError, FileNotFoundError):
             return {}  # half-written by a process killed while creating it, or just released
 
-    def _stale(self, owner: dict, break_lock: bool) -> bool:
+    def _stale_because(self, owner: dict, break_lock: bool) -> Optional[str]:
+        """Why the owner no longer writes here, or None while it may."""
         if not owner.get("pid"):
-            return True
-        if owner.get("host") != self.record["host"]:
-            if break_lock:
-                return True
-            raise TrainingError(f"{self.path} is held by {_describe(owner)}; this host cannot tell whether "
-                                f"that process still runs: if it does not, pass --break-save-lock")
-        return process_start_ticks(int(owner["pid"])) != owner.get("start_ticks")
+            return "which never finished writing it"
+        if owner.get("host") == self.record["host"]:
+            alive = process_start_ticks(int(owner["pid"])) == owner.get("start_ticks")
+            return None if alive else "which is no longer running"
+        run_id = self.record["torchrun_run_id"]
+        if run_id is not None and owner.get("torchrun_run_id") == run_id:
+            return f"an earlier attempt of this torchrun run ({run_id})"
+        if break_lock:
+            return "as --break-save-lock asks"
+        raise TrainingError(f"{self.path} is held by {_describe(owner)}; this host cannot tell whether "
+                            f"that process still runs: if it does not, pass --break-save-lock")
 
     def release(self) -> None:
         if self._read() == self.record:
