@@ -11,6 +11,7 @@ Each patch says what upstream does, why we patch it, and what to check on 0.17.
 4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group.
 5. `point_cuda_rng_at_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU
    (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks).
+6. `destroy_model_parallel_groups`: megatron-core's parallel groups destroyed, not only forgotten.
 """
 
 import contextlib
@@ -195,3 +196,25 @@ def point_cuda_rng_at_cpu() -> None:
     torch.cuda.random.get_rng_state = get_state
     mcore_random._get_cuda_rng_state = get_state
     mcore_random._set_cuda_rng_state = set_state
+
+
+# 6. ------------------------------------------------------------------------------------------------------
+def destroy_model_parallel_groups() -> None:
+    """Destroy every process group megatron-core's parallel state created, then reset the state.
+
+    Upstream (parallel_state.py): `destroy_model_parallel` sets its group globals to None and destroys only its
+    gloo copies of the data-parallel groups; `create_group` lists every group it made in the private
+    `_global_process_group_list` (None standing for the default group).
+    Why: torch keeps each forgotten group alive, a gloo group with its threads and sockets, so a process that sets the
+    parallel state up again and again (the test suite's workers, a tool called in a loop) gathers thousands of
+    threads.
+    On 0.17: check that `_global_process_group_list` still lists the groups `create_group` made, and whether
+    `destroy_model_parallel` now destroys them itself (then call it alone).
+    """
+    from megatron.core import parallel_state
+
+    for group in parallel_state._global_process_group_list or []:
+        if group is not None:
+            # destroy_model_parallel below skips the gloo groups destroyed here: it checks torch's registry.
+            torch.distributed.destroy_process_group(group)
+    parallel_state.destroy_model_parallel()

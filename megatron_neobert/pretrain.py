@@ -33,9 +33,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     from megatron_neobert.training.train_log import configure_logging
 
     configure_logging()  # before megatron-core's import, whose warnings it shows
-    import torch
-    from megatron.core import parallel_state
-
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
 
@@ -51,9 +48,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         kill_children()
         return 1
     logger.info(f"done: iteration {history['iteration']} ({history['exit']})")
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
     return 0
 
 

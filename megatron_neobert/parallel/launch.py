@@ -11,6 +11,7 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.multiprocessing as mp
 
+from megatron_neobert.megatron_core_compat import destroy_model_parallel_groups
 from megatron_neobert.parallel.cpu import enable_cpu_execution
 from megatron_neobert.parallel.rendezvous import attempt_store, uses_agent_store
 
@@ -73,7 +74,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     if not torch.distributed.is_initialized():  # a tool or a test alone; the trainer has joined already
         init_distributed(distributed_timeout_minutes)
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel_groups()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
@@ -82,6 +83,27 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     )
     if seed is not None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+class DistributedState:
+    """Whether the process group and megatron-core's parallel state exist (now, or as given); `release()` destroys
+    those that did not, so that a caller leaves the process as it found it (each gloo group holds threads and
+    sockets until destroyed)."""
+
+    def __init__(self, process_group: Optional[bool] = None, parallel_state: Optional[bool] = None):
+        from megatron.core import parallel_state as mcore_parallel_state
+
+        self.process_group = torch.distributed.is_initialized() if process_group is None else process_group
+        self.parallel_state = (mcore_parallel_state.model_parallel_is_initialized() if parallel_state is None
+                               else parallel_state)
+
+    def release(self) -> None:
+        from megatron.core import parallel_state
+
+        if not self.parallel_state and parallel_state.model_parallel_is_initialized():
+            destroy_model_parallel_groups()
+        if not self.process_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
@@ -99,12 +121,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
     except BaseException:  # report every failure to the parent, with its traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
-        from megatron.core import parallel_state
-
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        DistributedState(process_group=False, parallel_state=False).release()
 
 
 def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, **kwargs) -> List[Any]:

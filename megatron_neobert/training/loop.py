@@ -9,6 +9,7 @@ global number of masked tokens); the optimizer steps unless the loss or a gradie
 history of the run.
 """
 
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -23,7 +24,7 @@ from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank
-from megatron_neobert.parallel.launch import init_distributed
+from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.training.checkpoint.layout import iteration_dir
 from megatron_neobert.training.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
@@ -52,6 +53,10 @@ from megatron_neobert.training.train_log import TrainingLog, configure_logging
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
 DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "train_data_path", "mock_data",
                     "split", "seq_length", "packed", "seed", "tokenizer_type", "tokenizer_model")
+
+# The steps whose records `train` returns: the last ones, so that a long run's memory stays flat (a record takes
+# about 750 bytes: the 1M steps of the recipe would take 0.7 GiB on every rank).
+HISTORY_STEPS = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +227,8 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
 
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
-    """Train on every rank of the process group; returns {"train": [per-step records], "eval":
-    [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
+    """Train on every rank of the process group; returns {"train": [records of the last HISTORY_STEPS steps],
+    "eval": [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
@@ -231,6 +236,18 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     """
     started = time.time()
     configure_logging()
+    faults = settings.faults
+    found = DistributedState()
+    try:
+        history = _guarded_train(settings, forward_step, started)
+    except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed
+        found.release()
+        raise
+    found.release()  # what the run created goes with it (each gloo group holds threads and sockets)
+    return history
+
+
+def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float) -> dict:
     faults = settings.faults
     with contextlib.ExitStack() as guards:
         exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
@@ -336,7 +353,8 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
                         f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
                         f"finite step")
 
-    history = {"train": [], "eval": [], "exit": "skip-train" if evaluation.skip_train else "finished"}
+    history = {"train": collections.deque(maxlen=HISTORY_STEPS), "eval": [],
+               "exit": "skip-train" if evaluation.skip_train else "finished"}
     log = TrainingLog(settings, arch, padded_vocab)
     profiler = StepProfiler(settings)
 
@@ -381,5 +399,5 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         finish_async_save(blocking=True)
     finally:
         log.close()
-    history.update(iteration=state.iteration, skipped=state.skipped_iters)
+    history.update(train=list(history["train"]), iteration=state.iteration, skipped=state.skipped_iters)
     return history
