@@ -232,6 +232,9 @@ def _add_checkpoint_args(g) -> None:
                         "(megatron-core's StrictHandling)")
     g.add_argument("--no-verify-checkpoint", action="store_true",
                    help="load without checking the files against the checkpoint's checksums")
+    g.add_argument("--allow-data-change", action="store_true",
+                   help="resume at the checkpoint's sample position although the data files' content changed since "
+                        "it was saved (refused otherwise: the position would point into other data)")
     g.add_argument("--break-save-lock", action="store_true",
                    help="take over --save's lock held by a process on another host (when it is known dead)")
     g.add_argument("--overwrite-save", action="store_true",

@@ -29,6 +29,7 @@ from megatron_neobert.training.checkpoint.layout import iteration_dir
 from megatron_neobert.training.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
+from megatron_neobert.training.data_files import DataFiles
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
@@ -43,10 +44,10 @@ from megatron_neobert.training.process_guards import (ExitSignalHandler, Progres
                                                       forked_children_die_with_rank, ignore_exit_signals,
                                                       stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_vocabulary, trained_length)
+                                                  check_vocabulary, data_prefixes, trained_length)
 from megatron_neobert.training.settings import Settings
-from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
-                                            run_micro_batches)
+from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step,
+                                            params_are_finite, params_norm, run_micro_batches)
 from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
@@ -105,11 +106,15 @@ def describe_layout(settings: Settings, arch, padded_vocab: int, num_chunks: int
 
 
 def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer, scheduler,
-           finetune: bool) -> TrainState:
+           finetune: bool, data_files: DataFiles) -> TrainState:
     """Load the checkpoint; the state the run goes on from (iteration 0 for a fine-tune start)."""
     options = settings.checkpoint
     if not (finetune or options.no_load_optim):
         check_optimizer_setup(settings, checkpoint, common)
+    keeps_position = not finetune and common["train_state"]["data_stream"] == data_stream(settings)
+    if not finetune:  # before the load: data that changed is refused at once
+        data_files.check_resume(common["train_state"].get("data_files"), checkpoint, keeps_position,
+                                options.allow_data_change)
     load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not options.no_load_optim,
                     load_rng=not options.no_load_rng, finetune=finetune, strict=options.dist_ckpt_strictness)
     state = TrainState()
@@ -118,7 +123,7 @@ def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer,
         state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
                            skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=checkpoint,
                            floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
-        if saved["data_stream"] == data_stream(settings):
+        if keeps_position:
             state.consumed_samples = saved["consumed_samples"]
         else:  # stage 2: new data or length; the old position means nothing there
             logger.info(f"data settings differ from the checkpoint's: reading the new data "
@@ -296,9 +301,10 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         logger.info(note)
 
     training, evaluation = settings.training, settings.evaluation
+    data_files = DataFiles(data_prefixes(settings.data))
     state = TrainState()
     if checkpoint:
-        state = resume(settings, checkpoint, common, chunks, optimizer, scheduler, finetune)
+        state = resume(settings, checkpoint, common, chunks, optimizer, scheduler, finetune, data_files)
         change = world_size_change(common, num_micro)
         if change:
             logger.info(change)
@@ -328,6 +334,10 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         watchdog.at(state.iteration, "checkpoint save")
         finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
+        if not params_are_finite(chunks):
+            raise TrainingError(f"iteration {state.iteration}: the model's parameters are not finite: not saving "
+                                f"them; the checkpoint to resume from stays {state.last_checkpoint or 'none'}")
+        data_files.check_unchanged(state.iteration)
         saved_args = megatron_lm_args(
             arch, padded_vocab, **settings.flags(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
@@ -338,7 +348,8 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         save_checkpoint(
             options.save, state.iteration, chunks, optimizer, scheduler,
             dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
-                 skipped_iters=state.skipped_iters, skipped_in_a_row=state.skipped_in_a_row),
+                 data_files=data_files.files, skipped_iters=state.skipped_iters,
+                 skipped_in_a_row=state.skipped_in_a_row),
             saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
             save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
             async_saves=async_saves)

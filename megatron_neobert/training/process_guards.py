@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,43 @@ def ignore_exit_signals() -> None:
 
 
 def data_worker_init(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: the rank handles pre-emption; the worker only dies with it."""
+    """DataLoader `worker_init_fn`: the rank handles pre-emption; the worker only dies with it. A bus error is
+    named as in the rank (torch's worker set-up replaced the handler with its own, which blames shared memory)."""
     ignore_exit_signals()
     die_with_parent()
+    _install_bus_error_handler()
+
+
+_SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_bus_error = {"describe": None, "handler": None}
+
+
+def name_the_cause_of_bus_errors(describe: Callable[[], str]) -> None:
+    """From now on a bus error in this process, or in a DataLoader worker it forks, ends it with one line: `describe()`
+    says what changed among the memory-mapped files it reads. The kernel raises it inside the read that touches a
+    page of a file truncated under the job; a handler installed with Python's `signal` would run only after that
+    read returns, which it never does, so this one is installed with the C library and runs inside the read."""
+    _bus_error["describe"] = describe
+    _install_bus_error_handler()
+
+
+def _install_bus_error_handler() -> None:
+    if _bus_error["describe"] is None:
+        return
+
+    def on_bus_error(signum):
+        try:
+            cause = _bus_error["describe"]()
+        except BaseException as err:  # noqa: BLE001 - the line must be written whatever the description does
+            cause = f"(which file is unknown: {type(err).__name__}: {err})"
+        os.write(2, f"error: rank {os.environ.get('RANK', '0')}: bus error reading a memory-mapped data file: "
+                    f"{cause}\n".encode())
+        exit_now(1)
+
+    _bus_error["handler"] = _SIGNAL_HANDLER(on_bus_error)  # kept: the C library holds only its address
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, _SIGNAL_HANDLER), ctypes.c_void_p
+    libc.signal(signal.SIGBUS, _bus_error["handler"])
 
 
 def kill_children() -> None:

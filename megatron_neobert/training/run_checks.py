@@ -27,11 +27,9 @@ def check_inputs(data: DataSettings) -> MLMTokenizer:
     process group: every rank checks before the group exists, so bad input ends the run at once."""
     try:
         tokenizer = build_tokenizer(data.tokenizer_type, data.tokenizer_model)
-        sources = data_sources(data)
+        prefixes = data_prefixes(data)
     except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
         raise InputError(str(err)) from err
-    blends = [sources["blend"], *(sources["blend_per_split"] or [])]
-    prefixes = [prefix for blend in blends if blend for prefix in blend[0]]
     for prefix in prefixes:
         if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
             # preprocess_data.py names its output {output prefix}_{key}_document.
@@ -42,6 +40,13 @@ def check_inputs(data: DataSettings) -> MLMTokenizer:
                              f"{output_prefix} --json-keys {key} --tokenizer-model {data.tokenizer_model}, which "
                              f"writes {output_prefix}_{key}_document.bin / .idx")
     return tokenizer
+
+
+def data_prefixes(data: DataSettings) -> list:
+    """Every dataset prefix the data flags name (none with --mock-data)."""
+    sources = data_sources(data)
+    blends = [sources["blend"], *(sources["blend_per_split"] or [])]
+    return list(dict.fromkeys(prefix for blend in blends if blend for prefix in blend[0]))
 
 
 def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:

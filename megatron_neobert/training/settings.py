@@ -151,6 +151,7 @@ class CheckpointSettings:
     ckpt_fully_parallel_save: bool
     dist_ckpt_strictness: str
     no_verify_checkpoint: bool
+    allow_data_change: bool
     break_save_lock: bool
     overwrite_save: bool
 

@@ -138,6 +138,15 @@ def grads_are_finite(chunks) -> bool:
     return not flag.item()
 
 
+def params_are_finite(chunks) -> bool:
+    """Whether every rank's model parameters are finite (checked before a save: a checkpoint must never hold a NaN,
+    however it got into the weights)."""
+    bad = any(not torch.isfinite(p).all() for c in chunks for p in c.parameters())
+    flag = torch.tensor([float(bad)], device=next(chunks[0].parameters()).device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return not flag.item()
+
+
 def params_norm(chunks) -> float:
     """The L2 norm of the model's parameters, as Megatron-LM's --log-params-norm: each parameter counted once
     (not the tensor-parallel copies, not the shared ones twice), summed over the model-parallel ranks."""

@@ -114,10 +114,8 @@ def previous_complete(root: str, before: int) -> Optional[int]:
 
 
 def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
-    """Collective: raise a one-line TrainingError when the folder does not match its manifest."""
-    if not os.path.isfile(os.path.join(folder, MANIFEST)) and torch.distributed.get_rank() == 0:
-        logger.info(f"{folder} has no {MANIFEST} (saved before checksums, or by a converter): its files are not "
-                    f"verified")
+    """Collective: raise a one-line TrainingError when the folder does not match its manifest (see
+    `require_manifest` for a folder without one)."""
     problem = folder_problem(folder)
     if problem is None:
         return
@@ -125,6 +123,20 @@ def verify_checkpoint(folder: str, root: str, iteration: int) -> None:
     offer = (f"the previous complete checkpoint is iteration {older}: resume from it with --load {root} "
              f"--ckpt-step {older}" if older is not None else "no older complete checkpoint is in " + root)
     raise TrainingError(f"checkpoint {folder}: {problem}; {offer} (or --no-verify-checkpoint to load it anyway)")
+
+
+def require_manifest(folder: str, training_state: bool) -> None:
+    """Refuse in one line a folder that holds `training_state` but no manifest: every save of the trainer writes one,
+    so it was deleted or not copied, and nothing tells a damaged file (that loads as garbage) from a sound one. A
+    converter's folder (model weights only) has none: said, not refused."""
+    if os.path.isfile(os.path.join(folder, MANIFEST)):
+        return
+    if training_state:
+        raise TrainingError(f"checkpoint {folder} has no {MANIFEST}, which every save of the trainer writes "
+                            f"(deleted since, or not copied with the folder): its files cannot be verified; load "
+                            f"it anyway with --no-verify-checkpoint")
+    if torch.distributed.get_rank() == 0:
+        logger.info(f"{folder} has no {MANIFEST} (written by a converter): its files are not verified")
 
 
 def is_disk_full(err: BaseException) -> bool:

@@ -54,8 +54,8 @@ from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.megatron_core_compat import prepare_torch_adam_for_state_load
-from megatron_neobert.training.checkpoint.integrity import (check_space, seal_folder, verify_checkpoint,
-                                                            write_verified_folder)
+from megatron_neobert.training.checkpoint.integrity import (check_space, require_manifest, seal_folder,
+                                                            verify_checkpoint, write_verified_folder)
 from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
                                                          read_latest_iteration, write_latest_marker)
 from megatron_neobert.training.errors import InputError, TrainingError
@@ -340,7 +340,8 @@ def read_common_state(folder: str) -> dict:
 
 def read_checkpoint(root: str, step: Optional[int] = None, verify: bool = True) -> Tuple[Optional[str], Optional[dict]]:
     """Collective: (iteration folder, common state) of the checkpoint to load from `root` (the marker's, or
-    iteration `step`), checked against its manifest when `verify`; (None, None) when the root holds none.
+    iteration `step`), checked against its manifest when `verify` (a trainer's checkpoint without one is refused);
+    (None, None) when the root holds none.
     The common state is read before the model is built (its args decide the model's vocabulary size), and
     after the check, so that a damaged common.pt is named too."""
     path = find_checkpoint(root, step)
@@ -348,4 +349,7 @@ def read_checkpoint(root: str, step: Optional[int] = None, verify: bool = True) 
         return None, None
     if verify:
         verify_checkpoint(path, root, read_latest_iteration(root) if step is None else step)
-    return path, read_common_state(path)
+    common = read_common_state(path)
+    if verify:
+        require_manifest(path, holds_training_state(common))
+    return path, common

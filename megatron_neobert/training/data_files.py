@@ -1,0 +1,105 @@
+"""The data files a run reads, by identity, so that it never goes on with other data without saying so.
+
+A checkpoint records each dataset's .bin and .idx (bytes, modification time) and the CRC-32 of the .idx, which
+holds every document's length and place in the .bin (train_state["data_files"]). A resume that keeps the saved
+sample position (the same data settings) refuses files whose content changed since, as the position would point into
+other data, unless --allow-data-change; files only touched (the same sizes and CRC-32, other times) are announced.
+During the run the files are compared with their start before each save (a checkpoint whose position belongs to
+other data is refused), and a bus error, what reading a memory-mapped file that was truncated under the job gives,
+ends the rank with a line naming the changed file instead of a bare "Bus error".
+"""
+
+import logging
+import os
+from typing import Dict, List, Optional
+
+import torch
+
+from megatron_neobert.training.checkpoint.integrity import file_crc32
+from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.training.process_guards import name_the_cause_of_bus_errors
+
+logger = logging.getLogger(__name__)
+
+
+def _stat(path: str) -> List[int]:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return [-1, 0]
+    return [found.st_size, found.st_mtime_ns]
+
+
+def files_of(prefixes: List[str]) -> Dict[str, dict]:
+    """{prefix: {"bin": [bytes, mtime_ns], "idx": [bytes, mtime_ns], "idx_crc32": ...}}."""
+    return {prefix: {"bin": _stat(prefix + ".bin"), "idx": _stat(prefix + ".idx"),
+                     "idx_crc32": file_crc32(prefix + ".idx")} for prefix in prefixes}
+
+
+def _describe(path: str, then: List[int], now: List[int]) -> str:
+    if now[0] < 0:
+        return f"{path} was removed"
+    sizes = f"{then[0]:,} -> {now[0]:,} bytes" if now[0] != then[0] else f"{now[0]:,} bytes"
+    return f"{path} was rewritten ({sizes})"
+
+
+class DataFiles:
+    """The identity of the run's datasets at its start (read by rank 0, shared with every rank)."""
+
+    def __init__(self, prefixes: List[str]):
+        shared = [files_of(prefixes) if torch.distributed.get_rank() == 0 else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        self.files: Dict[str, dict] = shared[0]
+        name_the_cause_of_bus_errors(lambda: "; ".join(self.changes()) or "no data file changed")
+
+    def changes(self) -> List[str]:
+        """The files whose size or modification time differ from the start, described (stat only: cheap)."""
+        found = []
+        for prefix, then in self.files.items():
+            for ext in ("bin", "idx"):
+                now = _stat(f"{prefix}.{ext}")
+                if now != then[ext]:
+                    found.append(_describe(f"{prefix}.{ext}", then[ext], now))
+        return found
+
+    def check_unchanged(self, iteration: int) -> None:
+        """Collective, before a save: refuse a checkpoint whose data position belongs to files changed since the
+        start (rank 0 looks, every rank raises)."""
+        shared = [self.changes() if torch.distributed.get_rank() == 0 else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        if shared[0]:
+            raise TrainingError(f"the training data changed under the running job: {'; '.join(shared[0])}; the "
+                                f"checkpoint of iteration {iteration} was not saved (its data position would point "
+                                f"into other data). Restore the files, or resume on the new data with "
+                                f"--allow-data-change")
+
+    def check_resume(self, saved: Optional[Dict[str, dict]], checkpoint: str, keeps_position: bool,
+                     allow_change: bool) -> None:
+        """On every rank alike: refuse (or with `allow_change` announce) a resume at the saved position into data
+        whose content changed since `checkpoint` was saved; announce files only touched, or changed data that the
+        run reads from its start anyway (other data settings)."""
+        if saved is None:  # a checkpoint of an earlier version: nothing to compare
+            return
+        changed, touched = [], []
+        for prefix in sorted(set(saved) & set(self.files)):
+            then, now = saved[prefix], self.files[prefix]
+            same_content = then["idx_crc32"] == now["idx_crc32"] and (then["bin"][0], then["idx"][0]) == (
+                now["bin"][0], now["idx"][0])
+            if not same_content:
+                changed += [_describe(f"{prefix}.{ext}", then[ext], now[ext]) for ext in ("idx", "bin")
+                            if then[ext][0] != now[ext][0] or ext == "idx"]
+            elif (then["bin"][1], then["idx"][1]) != (now["bin"][1], now["idx"][1]):
+                touched.append(prefix)
+        if touched:
+            logger.info(f"data files modified since {checkpoint} was saved, with the same sizes and .idx checksum: "
+                        f"{', '.join(touched)}")
+        if not changed:
+            return
+        what = f"the data changed since {checkpoint} was saved: {'; '.join(changed)} (other .idx checksum)"
+        if keeps_position and not allow_change:
+            raise TrainingError(f"{what}; resuming would continue at the checkpoint's sample position in other data. "
+                                f"Restore the files, or pass --allow-data-change to go on with the new data from "
+                                f"that position")
+        going_on = ("going on from the checkpoint's sample position (--allow-data-change)" if keeps_position else
+                    "the run reads its data from the start (other data settings)")
+        logger.info(f"{what}: {going_on}")
