@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # NeoBERT stage 1: 1M steps at length 1024, 2M tokens per step, on one 8-GPU node
 # as in the paper (8 GPUs x 32 sequences x 8 accumulation x 1024 tokens). Multi-node: set NNODES,
-# NODE_RANK, MASTER_ADDR on every node; the global batch stays 2048 (accumulation shrinks).
+# MASTER_ADDR (the node that holds the rendezvous) and RDZV_ID (one name for the job) on every node; the global
+# batch stays 2048 (accumulation shrinks).
 #
 #   DATA_PATH=data/refinedweb_content_document CHECKPOINT_DIR=ckpt/neobert examples/pretrain_neobert.sh
 #
-# Re-running the same command resumes from CHECKPOINT_DIR's latest complete checkpoint.
+# Re-running the same command resumes from CHECKPOINT_DIR's latest complete checkpoint. Within the job, torchrun
+# does the same after a failure (a rank that dies, a lost node): it restarts every rank, up to MAX_RESTARTS times,
+# and they resume from the latest complete checkpoint. With NNODES=MIN:MAX (e.g. 2:4) a job that lost nodes goes on
+# with the rest (the same global batch, more accumulation per rank), and a node that comes back joins at the next
+# restart; the node at MASTER_ADDR holds the rendezvous and must stay.
 set -euo pipefail
 
 : "${DATA_PATH:?set DATA_PATH to a preprocessed prefix (neobert-preprocess-data), or a weighted blend}"
@@ -14,9 +19,14 @@ TENSORBOARD_DIR=${TENSORBOARD_DIR:-${CHECKPOINT_DIR}/tensorboard}
 TOKENIZER_MODEL=${TOKENIZER_MODEL:-bert-base-uncased}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+if [ -z "${RDZV_ID:-}" ] && [ "$NNODES" != 1 ] && [ -z "${SLURM_JOB_ID:-}" ]; then
+    echo "error: NNODES=$NNODES: set RDZV_ID to one name for this job on every node (e.g. the scheduler's job id)" >&2
+    exit 2
+fi
+RDZV_ID=${RDZV_ID:-${SLURM_JOB_ID:-neobert-$(hostname)-$$}}
 MICRO_BATCH_SIZE=${MICRO_BATCH_SIZE:-32}
 
 # The optimizer, schedule, masking and batch are the defaults (the paper's recipe); they are
@@ -39,12 +49,14 @@ ARGS=(
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
 if [ "${SLURM_TASK_PER_GPU:-0}" = 1 ]; then
     # One SLURM task per GPU (examples/pretrain_neobert.slurm): no torchrun; every rank gets the
-    # scheduler's signals itself: SIGUSR1 (#SBATCH --signal=USR1@300) asks for the save.
+    # scheduler's signals itself: SIGTERM (a pre-emption, or the batch script before the time limit) asks for the
+    # save; SLURM requeues the job, which resumes.
     export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS
-    exec python -m megatron_neobert.pretrain "${ARGS[@]}" --exit-signal SIGUSR1 "$@"
+    exec python -m megatron_neobert.pretrain "${ARGS[@]}" "$@"
 fi
 # torchrun forwards SIGTERM (--exit-signal's default) to the ranks and kills them --shutdown-timeout
-# seconds later: longer than a save.
-exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" \
+# seconds later: longer than a save. The c10d rendezvous lets the job go on at another number of nodes.
+exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
+    --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" \
+    --max-restarts "$MAX_RESTARTS" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" \
     -m megatron_neobert.pretrain "${ARGS[@]}" "$@"

@@ -6,7 +6,8 @@
 #   bash examples/quickstart.sh
 #
 # Settings through the environment: WORK_DIR (outputs), NPROC (ranks), TRAIN_ITERS (steps, at least 2; the
-# warmup is a tenth of them, at most 30), MASTER_PORT (torchrun's). Arguments go to the trainer after ours, so
+# warmup is a tenth of them, at most 30), MASTER_PORT (torchrun's), MAX_RESTARTS (how many times a failed run is
+# restarted within the job, from its latest checkpoint; 2 by default). Arguments go to the trainer after ours, so
 # they override them (e.g. `bash examples/quickstart.sh --lr 1e-3 --lr-warmup-iters 10`).
 # Runs from any directory; needs only the installed package (its assets and modules).
 set -euo pipefail
@@ -37,7 +38,8 @@ echo "== 2/5 pre-train neobert-tiny for $TRAIN_ITERS steps ($WARMUP warmup) on $
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
 # Length 128, 16 sequences (2k tokens) per step, the paper's optimizer and masking, a short
 # schedule: warmup to 2e-3 over a tenth of the steps (30 at most), cosine to 10% over 90% of the steps. Re-running resumes.
-torchrun --nproc-per-node "$NPROC" --master-port "${MASTER_PORT:-29511}" -m megatron_neobert.pretrain \
+torchrun --nproc-per-node "$NPROC" --master-port "${MASTER_PORT:-29511}" --max-restarts "${MAX_RESTARTS:-2}" \
+    -m megatron_neobert.pretrain \
     --model-preset neobert-tiny \
     --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER" \
     --data-path "$WORK_DIR/data/sample_content_document" --split 98,2,0 \
