@@ -9,6 +9,7 @@ with --exit-interval.
 """
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ from megatron_neobert.training.checkpoint.integrity import MANIFEST
 from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
-from pretrain_cases import full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
+from pretrain_cases import after_each_step, full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 from shared_runs import run_once
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -231,6 +232,135 @@ def test_the_save_lock_refuses_a_live_writer_and_takes_over_a_dead_ones(data, tm
     SaveLock(save, break_lock=True).release()
 
 
+def test_the_save_lock_of_an_earlier_attempt_of_the_same_torchrun_run_is_taken_over(tmp_path, monkeypatch, caplog):
+    """A lost node held rank 0: its lock names another host, which cannot be asked, but the same torchrun run id
+    (torchrun restarts an attempt only once every worker of the one before is stopped)."""
+    save = str(tmp_path / "ckpt")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    write_lock(save, host="node-17", pid=1234, start_ticks="99", started="t0", torchrun_run_id="job-7")
+    with caplog.at_level(logging.WARNING):
+        lock = SaveLock(save)
+    assert "taking over the lock of pid 1234 on host node-17 (started t0), an earlier attempt of this torchrun run " \
+           "(job-7)" in caplog.text
+    assert json.load(open(os.path.join(save, LOCK_NAME)))["torchrun_run_id"] == "job-7"
+    lock.release()
+    write_lock(save, host="node-17", pid=1234, start_ticks="99", started="t0", torchrun_run_id="job-6")
+    with pytest.raises(TrainingError, match="held by pid 1234 on host node-17 .* pass --break-save-lock"):
+        SaveLock(save)
+    # Static rendezvous without --rdzv-id names every job "none": that names no run.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    write_lock(save, host="node-17", pid=1234, start_ticks="99", started="t0", torchrun_run_id=None)
+    with pytest.raises(TrainingError, match="held by pid 1234 on host node-17 .* pass --break-save-lock"):
+        SaveLock(save)
+
+
+# --------------------------------------------------------------------------------------------------
+# Nothing wrong resumed silently: checkpoints without checksums, non-finite weights, changed data
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_trainer_checkpoint_without_its_manifest_is_refused_unless_asked(one_rank_run, data, tmp_path):
+    reference, root = one_rank_run
+    root = copy_root(root, tmp_path / "ckpt")
+    os.remove(os.path.join(iteration_dir(root, 8), MANIFEST))
+    with pytest.raises(TrainingError, match=rf"^checkpoint {re.escape(iteration_dir(root, 8))} has no checksums\.json, "
+                                            rf"which every save of the trainer writes .*: its files cannot be "
+                                            rf"verified; load it anyway with --no-verify-checkpoint$"):
+        train_here(data, "--train-iters", "10", "--load", root)
+    resumed = train_here(data, "--train-iters", "10", "--load", root, "--no-verify-checkpoint")
+    assert [r["iteration"] for r in resumed["train"]] == [9, 10]
+
+
+def poison(folder: str, key: str = "output_layer.weight") -> None:
+    """64 bytes of NaN (0xFF) in the middle of a tensor's bytes in its shard file, as a damaged disk block would
+    leave them."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for index, stored in FileSystemReader(folder).read_metadata().storage_data.items():
+        if index.fqn == key:
+            with open(os.path.join(folder, stored.relative_path), "r+b") as f:
+                f.seek(stored.offset + stored.length // 2)
+                f.write(b"\xff" * 64)
+            return
+    raise AssertionError(f"{key} not in {folder}")
+
+
+def test_nonfinite_weights_are_never_saved(one_rank_run, data, tmp_path):
+    """A damaged checkpoint loaded without its checks: every step is skipped as non-finite, and the final save,
+    which would seal the NaN weights as "the last finite state", is refused."""
+    root = copy_root(one_rank_run[1], tmp_path / "ckpt")
+    poison(iteration_dir(root, 8))
+    with pytest.raises(TrainingError, match=rf"^iteration 10: the model's parameters are not finite: not saving "
+                                            rf"them; the checkpoint to resume from stays "
+                                            rf"{re.escape(iteration_dir(root, 8))}$"):
+        train_here(data, "--train-iters", "10", "--load", root, "--save", root, "--no-verify-checkpoint")
+    assert read_latest_iteration(root) == 8 and not os.path.exists(iteration_dir(root, 10))
+
+
+def copy_dataset(prefix: str, folder) -> str:
+    folder.mkdir()
+    for name in os.listdir(os.path.dirname(prefix)):
+        if name.startswith(os.path.basename(prefix)):
+            shutil.copy(os.path.join(os.path.dirname(prefix), name), folder / name)
+    return str(folder / os.path.basename(prefix))
+
+
+def rewrite_reversed(prefix: str) -> None:
+    """The dataset's documents written again in reverse order: the same sizes, other bytes."""
+    import numpy
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+    dataset = IndexedDataset(prefix)
+    documents = [numpy.array(dataset[i]) for i in range(len(dataset))][::-1]
+    dtype = dataset.index.dtype
+    del dataset
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+    for document in documents:
+        builder.add_item(torch.from_numpy(document))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+
+
+def test_a_resume_on_changed_data_is_refused_and_on_touched_data_announced(data, tmp_path, caplog):
+    prefix = copy_dataset(data[0], tmp_path / "data")
+    here = lambda *extra: run_train(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, *extra))
+    root = str(tmp_path / "ckpt")
+    here("--train-iters", "4", "--save", root)
+    uninterrupted = here("--train-iters", "6")
+    for path in (prefix + ".bin", prefix + ".idx"):  # copied back: the same bytes, other times
+        os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    with caplog.at_level(logging.INFO):
+        resumed = here("--train-iters", "6", "--load", root)
+    assert f"data files modified since {iteration_dir(root, 4)} was saved, with the same sizes and .idx checksum: " \
+           f"{prefix}" in caplog.text
+    assert losses(resumed) == losses(uninterrupted, 4)
+    rewrite_reversed(prefix)
+    with pytest.raises(TrainingError, match=rf"^the data changed since {re.escape(iteration_dir(root, 4))} was saved: "
+                                            rf"{re.escape(prefix)}\.idx was rewritten \(the same [\d,]+ bytes, "
+                                            rf"modified since\) \(other \.idx checksum\); resuming would continue at "
+                                            rf"the checkpoint's sample position in other data\. Restore the files, or "
+                                            rf"pass --allow-data-change"):
+        here("--train-iters", "6", "--load", root)
+    assert [r["iteration"] for r in here("--train-iters", "6", "--load", root, "--allow-data-change")["train"]] == [5, 6]
+
+
+def test_data_changed_under_a_running_job_is_named_and_no_checkpoint_saved(data, tmp_path):
+    prefix = copy_dataset(data[0], tmp_path / "data")
+    root = str(tmp_path / "ckpt")
+
+    def touch(record):
+        if record["iteration"] == 3:
+            os.utime(prefix + ".idx", ns=(0, os.stat(prefix + ".idx").st_mtime_ns + 10**9))
+
+    with after_each_step(touch), pytest.raises(TrainingError, match=(
+            rf"^the training data changed under the running job: {re.escape(prefix)}\.idx was rewritten \(the same "
+            rf"[\d,]+ bytes, modified since\); the checkpoint of iteration 4 was not saved")):
+        run_train(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", "6", "--save", root,
+                            "--save-interval", "2"))
+    assert read_latest_iteration(root) == 2
+
+
 def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, tmp_path):
     from megatron_neobert.conversion.convert import mcore_to_hf
 
@@ -301,28 +431,41 @@ def processes() -> dict:
     return found
 
 
-class Job:
-    """`torchrun --nproc-per-node 2 -m megatron_neobert.pretrain ...` in its own session; its
-    output (stdout and stderr) collected line by line."""
+# The product's time bounds below (how soon a job ends after a fault, how soon a restart trains again) hold on an
+# idle machine. A busy one (CI runners, shared cores) is slower at everything, so each bound is multiplied by how
+# much slower than idle this test's own job was to start and take its first step (at least 1); a hang still fails.
+# Seconds from torchrun's start to the first step's log line, and to the error line of a run refused before any
+# step, of the 2-rank tiny jobs below on 2 idle cores (the fastest of several runs).
+IDLE_S = {"first step": 9.0, "refused before training": 8.0}
 
-    def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain")):
+
+class Job:
+    """A torchrun agent (by default `torchrun --standalone --nproc-per-node 2 -m megatron_neobert.pretrain ...`) in
+    its own session; its output (stdout and stderr) collected line by line, each with the time it came."""
+
+    def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain"),
+                 launcher=("--standalone", "--nproc-per-node", "2")):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             *torchrun_flags, *entry, *train_argv],
+            [sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
-        self.lines, self.sessions = [], set()
+        self.lines, self.times, self.sessions = [], [], set()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
+            self.times.append(time.monotonic())
             self.lines.append(line)
 
     @property
     def output(self) -> str:
         return "".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+    def wait_for(self, pattern: str, timeout: float = 900) -> re.Match:
+        """The first match of `pattern` in the output, waiting for it (the generous default is no promise: it only
+        ends a test whose job hangs before its fault)."""
         deadline, ended = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             found = re.search(pattern, self.output)
@@ -335,16 +478,32 @@ class Job:
             time.sleep(0.2)
         raise AssertionError(f"no {pattern!r} in the output:\n{self.output[-4000:]}")
 
+    def time_of(self, pattern: str, after: float = 0.0, timeout: float = 900) -> float:
+        """When the first line matching `pattern` among those that came after `after` came (time.monotonic()),
+        waiting for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [t for t, line in zip(list(self.times), list(self.lines)) if t >= after and re.search(pattern, line)]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline and self.proc.poll() is None, \
+                f"no {pattern!r} in the output:\n{self.output[-4000:]}"
+            time.sleep(0.2)
+
+    def slowdown(self, mark: str = r"iteration +1/", idle: str = "first step") -> float:
+        """How many times slower than on an idle machine this job reached `mark` (IDLE_S[idle]); at least 1."""
+        return max(1.0, (self.time_of(mark) - self.started) / IDLE_S[idle])
+
     def ranks(self) -> list:
-        """The rank processes (torchrun's children), once both are up; each leads its own session."""
-        deadline = time.monotonic() + 60
+        """The rank processes (torchrun's children), once all are up; each leads its own session."""
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             children = sorted(pid for pid, (ppid, _) in processes().items() if ppid == self.proc.pid)
-            if len(children) == 2:
+            if len(children) == self.nproc:
                 self.sessions |= set(children)
                 return children
             time.sleep(0.2)
-        raise AssertionError("torchrun did not start 2 ranks")
+        raise AssertionError(f"torchrun did not start {self.nproc} ranks")
 
     def first_error(self) -> str:
         return next((line.strip() for line in self.lines if line.startswith("error:")), None)
@@ -353,6 +512,11 @@ class Job:
         """Lines that report an error, but torchrun's own report of the signal it got."""
         return [line for line in self.lines if re.search(r"Error|Exception|killed by signal", line)
                 and "SignalException" not in line]
+
+    def logged_losses(self, after: float = 0.0) -> dict:
+        """{iteration: the logged loss, as printed} of the step lines that came after `after` (time.monotonic())."""
+        return {int(m.group(1)): m.group(2) for t, line in zip(list(self.times), list(self.lines)) if t >= after
+                for m in [re.search(r"iteration +(\d+)/.*\| lm loss: (\S+) \|", line)] if m}
 
     def survivors(self) -> list:
         return [pid for pid, (_, sid) in processes().items() if sid in self.sessions]
@@ -402,11 +566,12 @@ def test_sigterm_to_torchrun_with_data_workers_saves_and_resumes_exactly(data, t
     job = job_factory(long_run(data, root, "--exit-signal-handler", "--num-workers", "1"))
     job.ranks()
     job.wait_for(r"iteration +2/")
+    slowdown = job.slowdown()
     os.killpg(job.proc.pid, signal.SIGTERM)
     stop = stopped_iteration(job)
     job.wait_for(rf"done: iteration {stop} \(signal\)")
-    job.proc.wait(timeout=120)
-    job.wait_until_gone(30)
+    job.proc.wait(timeout=120 * slowdown)
+    job.wait_until_gone(30 * slowdown)
     assert not job.errors(), job.errors()
     assert read_latest_iteration(root) == stop and os.path.isfile(os.path.join(iteration_dir(root, stop), MANIFEST))
     until = ["--train-iters", LONG, "--exit-interval", str(stop + 2)]
@@ -423,11 +588,12 @@ def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, j
                                "--save-interval", "1"))
     _, rank1 = job.ranks()
     job.wait_for(r"saved checkpoint at iteration 2 ")
+    slowdown = job.slowdown()
     os.killpg(rank1, signal.SIGUSR1)
     stop = stopped_iteration(job)
-    assert job.proc.wait(timeout=120) == 0, job.output[-3000:]
+    assert job.proc.wait(timeout=120 * slowdown) == 0, job.output[-3000:]
     assert not job.errors() and read_latest_iteration(root) == stop, job.errors()
-    job.wait_until_gone(30)
+    job.wait_until_gone(30 * slowdown)
 
 
 FORKING_RANK = """
@@ -479,8 +645,9 @@ def test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock(data, tmp_path, jo
     job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
     job.ranks()
     job.wait_for(r"iteration +2/")
+    slowdown = job.slowdown()
     os.kill(job.proc.pid, signal.SIGKILL)
-    print(f"ranks gone {job.wait_until_gone(30):.1f} s after torchrun")
+    print(f"ranks gone {job.wait_until_gone(30 * slowdown):.1f} s after torchrun (slowdown {slowdown:.1f})")
     job.wait_for(r"torchrun \(pid \d+\) is gone; exiting without saving")
     lock = SaveLock(root)  # the dead run's lock is taken over
     lock.release()
@@ -494,11 +661,145 @@ def test_kill_9_of_a_rank_leaves_no_process_behind(data, tmp_path, job_factory):
     job = job_factory(long_run(data, root, "--num-workers", "1", "--save-interval", "1"))
     rank0, _ = job.ranks()
     job.wait_for(r"saved checkpoint at iteration 2 ")
+    slowdown = job.slowdown()
     os.kill(rank0, signal.SIGKILL)
-    assert job.proc.wait(timeout=120) != 0
-    print(f"all gone {job.wait_until_gone(60):.1f} s after torchrun")
+    assert job.proc.wait(timeout=120 * slowdown) != 0
+    print(f"all gone {job.wait_until_gone(60 * slowdown):.1f} s after torchrun (slowdown {slowdown:.1f})")
     latest = read_latest_iteration(root)
     assert latest >= 2 and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+
+
+@pytest.mark.integration
+def test_a_torchrun_killed_while_its_ranks_start_leaves_none_behind(data, tmp_path, job_factory):
+    """Before the process group exists the ranks would wait for the dead torchrun's store until its timeout."""
+    job = job_factory(long_run(data, str(tmp_path / "ckpt")))
+    job.ranks()
+    time.sleep(2)  # importing, or in the rendezvous: no step yet
+    os.kill(job.proc.pid, signal.SIGKILL)
+    print(f"ranks gone {job.wait_until_gone(60):.1f} s after torchrun")
+    assert not re.search(r"iteration +\d+/", job.output)
+
+
+# --------------------------------------------------------------------------------------------------
+# In-job restarts: torchrun --max-restarts, and a lost node under --nnodes MIN:MAX
+# --------------------------------------------------------------------------------------------------
+
+RESTARTED = r"restarted after failure: resumed at iteration (\d+), (\d+) steps redone, ([\d.]+) s lost"
+
+
+def checkpoint_tensors(folder: str, tmp_path) -> dict:
+    """Every tensor of an iteration folder (weights, Adam moments), read without a process group."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp_path / f"{os.path.basename(folder)}-{abs(hash(folder))}.pt"
+    dcp_to_torch_save(folder, out)
+    return {k: v for k, v in torch.load(out, weights_only=False).items() if isinstance(v, torch.Tensor)}
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    different = [k for k in a if not bool((a[k] == b[k]).all())]
+    assert not different, different
+
+
+def logged(history: dict, start: int) -> dict:
+    """{iteration: loss as the log prints it} of the steps after `start`."""
+    return {r["iteration"]: f"{r['loss']:.6E}" for r in history["train"] if r["iteration"] > start}
+
+
+def restart_cost(job: Job, fault: float) -> tuple:
+    """(iteration resumed at, steps redone, seconds lost as the trainer says, seconds from the fault to the first
+    step after the restart as the log's times say)."""
+    found = job.wait_for(RESTARTED)
+    resumed = int(found.group(1))
+    first_step = job.time_of(rf"iteration +{resumed + 1}/", after=job.time_of(RESTARTED))
+    return resumed, int(found.group(2)), float(found.group(3)), first_step - fault
+
+
+@pytest.mark.integration
+def test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job(data, tmp_path, job_factory):
+    """torchrun restarts both ranks on the store of the failed attempt: the process groups of the new attempt live
+    under a name of their own, rank 0 takes over the lock of the dead one, and the run ends as if uninterrupted."""
+    root, reference_root = str(tmp_path / "ckpt"), str(tmp_path / "reference")
+    train = argv(data, "--train-iters", "16", "--log-interval", "1", "--save-interval", "5")
+    job = job_factory([*train, "--save", root, "--load", root], "--max-restarts", "2")
+    rank0, _ = job.ranks()
+    job.wait_for(r"iteration +7/")  # past the checkpoint of iteration 5
+    slowdown = job.slowdown()
+    os.kill(rank0, signal.SIGKILL)
+    fault = time.monotonic()
+    resumed, redone, lost, to_first_step = restart_cost(job, fault)
+    restarted = job.time_of(RESTARTED)
+    assert job.proc.wait(timeout=600) == 0, job.output[-3000:]
+    print(f"kill -9 of rank 0 after iteration 7: resumed at iteration {resumed}, {redone} steps redone, "
+          f"{lost:.1f} s lost (trainer), first step {to_first_step:.1f} s after the kill (slowdown {slowdown:.1f})")
+    # A restart costs what a start costs, and the time torchrun takes to notice: 3 starts at most.
+    assert resumed in (5, 10) and to_first_step < 3 * IDLE_S["first step"] * slowdown
+    assert "taking over the lock of pid" in job.output
+    reference = run_on_ranks(run_train, 2, [*train, "--save", reference_root])[0]
+    assert job.logged_losses(after=restarted) == logged(reference, resumed)
+    assert_same_tensors(checkpoint_tensors(iteration_dir(root, 16), tmp_path),
+                        checkpoint_tensors(iteration_dir(reference_root, 16), tmp_path))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 600) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port}"
+            time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_a_lost_node_continues_on_the_rest(data, tmp_path, job_factory):
+    """Two torchrun agents of one rank each on one machine stand for two nodes (--nnodes 1:2, c10d rendezvous);
+    kill -9 of the second agent (its rank dies with it) leaves the first to go on alone from the last checkpoint:
+    the same global batch at twice the accumulation, the losses of a run that was at 1 rank from that checkpoint."""
+    root, reference_root = str(tmp_path / "ckpt"), str(tmp_path / "reference")
+    train = argv(data, "--train-iters", "16", "--log-interval", "1", "--save-interval", "5")
+    port = free_port()
+    launcher = ("--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{port}", "--rdzv-id", f"lost-node-{port}",
+                # the survivor waits for the other node at most 10 s; a node missing 3 heartbeats of 1 s is gone
+                "--rdzv-conf", "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3")
+    survivor = job_factory([*train, "--save", root, "--load", root], "--max-restarts", "2", launcher=launcher)
+    wait_for_port(port)  # the first agent holds the rendezvous (and, started first, is node 0): it must stay
+    lost = job_factory([*train, "--save", root, "--load", root], "--max-restarts", "2", launcher=launcher)
+    survivor.wait_for(r"layout: 2 ranks")
+    survivor.wait_for(r"iteration +7/")  # past the checkpoint of iteration 5
+    slowdown = survivor.slowdown()
+    os.kill(lost.proc.pid, signal.SIGKILL)
+    fault = time.monotonic()
+    resumed, redone, lost_s, to_first_step = restart_cost(survivor, fault)
+    restarted = survivor.time_of(RESTARTED)
+    assert survivor.proc.wait(timeout=600) == 0, survivor.output[-3000:]
+    lost.wait_until_gone(30 * slowdown)
+    print(f"kill -9 of the second agent after iteration 7: resumed at iteration {resumed} on 1 rank, "
+          f"{redone} steps redone, {lost_s:.1f} s lost (trainer), first step {to_first_step:.1f} s after the kill "
+          f"(slowdown {slowdown:.1f})")
+    # The other node's heartbeats stop, the rendezvous waits for it 10 s: then a start on the survivor.
+    assert resumed in (5, 10) and to_first_step < 3 + 10 + 3 * IDLE_S["first step"] * slowdown
+    assert "world size 2 -> 1: gradient accumulation 2 -> 4" in survivor.output
+    assert re.search(r"layout: 1 ranks = .* global batch 8 = micro-batch 2 x 4 accumulation x DP 1", survivor.output)
+    reference = run_on_ranks(run_train, 1, [*train, "--load", root, "--ckpt-step", str(resumed),
+                                            "--save", reference_root])[0]
+    assert survivor.logged_losses(after=restarted) == logged(reference, resumed)
+    assert_same_tensors(checkpoint_tensors(iteration_dir(root, 16), tmp_path),
+                        checkpoint_tensors(iteration_dir(reference_root, 16), tmp_path))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -509,14 +810,16 @@ WORKERS = "2"  # --num-workers' default (tiny_argv runs without workers)
 ANY_WORKERS = pytest.mark.parametrize("workers", ["0", "1", WORKERS])  # for the faults that cost seconds
 
 
-def ends_after_error(job: Job, error: str, within: float = 30) -> float:
+def ends_after_error(job: Job, error: str, within: float = 30, mark: str = r"iteration +1/",
+                     idle: str = "first step") -> float:
     """Seconds from the first `error:` line, which must match `error`, until torchrun has failed and no
-    process of the ranks (DataLoader workers, checkpoint writers) is left; at most `within`."""
+    process of the ranks (DataLoader workers, checkpoint writers) is left; at most `within` times the job's slowdown
+    (to `mark`, see IDLE_S)."""
     job.ranks()
-    job.wait_for(r"(?m)^error: ", 120)
-    start = time.monotonic()
+    start = job.time_of(r"^error: ")
     assert re.search(error, job.first_error()), job.output[-3000:]
-    assert job.proc.wait(timeout=within) != 0
+    within *= job.slowdown(mark, idle)
+    assert job.proc.wait(timeout=max(1.0, within - (time.monotonic() - start))) != 0
     job.wait_until_gone(within - (time.monotonic() - start))
     return time.monotonic() - start
 
@@ -530,22 +833,24 @@ def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_p
                                "--num-workers", WORKERS))
     rank0, rank1 = job.ranks()
     job.wait_for(r"iteration +3/")
+    slowdown = job.slowdown()  # the collectives' timeout is wall-clock time: only the margins after it scale
     os.kill(rank1, signal.SIGSTOP)
     start = time.monotonic()
-    found = job.wait_for(r"watchdog: rank 0 has made no progress for \d+ s in iteration (\d+) \(([a-z ]+)\)", 120)
-    job.wait_for(r"(?m)^error: ", 120)
+    found = job.wait_for(r"watchdog: rank 0 has made no progress for \d+ s in iteration (\d+) \(([a-z ]+)\)",
+                         timeout_s + 60 * slowdown)
+    job.wait_for(r"(?m)^error: ", timeout_s + 60 * slowdown)
     # gloo says "Timed out ..." or "Application timeout caused pair closure", as the wait ends.
     assert re.search(r"^error: rank 0: .*([Tt]imed out|timeout)", job.first_error()), job.output[-3000:]
     while any(sid == rank0 for _, sid in processes().values()):  # rank 0 and its workers
-        assert time.monotonic() - start < timeout_s + 10, job.output[-3000:]
+        assert time.monotonic() - start < timeout_s + 10 * slowdown, job.output[-3000:]
         time.sleep(0.1)
     rank0_ended = time.monotonic() - start
-    assert job.proc.wait(timeout=15) != 0
-    job.wait_until_gone(5)
+    assert job.proc.wait(timeout=15 * slowdown) != 0
+    job.wait_until_gone(5 * slowdown)
     ended = time.monotonic() - start
     print(f"watchdog line: {found.group(0)!r}; after the freeze rank 0 ended in {rank0_ended:.1f} s, the job in "
-          f"{ended:.1f} s")
-    assert int(found.group(1)) >= 3 and ended < timeout_s + 15
+          f"{ended:.1f} s (slowdown {slowdown:.1f})")
+    assert int(found.group(1)) >= 3 and ended < timeout_s + 15 * slowdown
     assert read_latest_iteration(root) >= 2
 
 
@@ -564,7 +869,7 @@ cli()
 def test_a_full_disk_is_named_and_ends_the_job(workers, data, tmp_path, job_factory):
     root, rank = str(tmp_path / "ckpt"), tmp_path / "full_disk_rank.py"
     rank.write_text(FULL_DISK_RANK.format(tests=os.path.dirname(os.path.abspath(__file__))))
-    job = job_factory(argv(data, "--train-iters", "4", "--save", root, "--save-interval", "2",
+    job = job_factory(argv(data, "--train-iters", "4", "--save", root, "--save-interval", "2", "--log-interval", "1",
                            "--num-workers", workers), entry=(str(rank),))
     took = ends_after_error(job, rf"^error: no space left on {re.escape(root)}: the checkpoint of iteration 2 "
                                  rf"was not saved")
@@ -607,7 +912,8 @@ def test_ids_beyond_the_vocabulary_with_a_record_end_the_job_before_training(bey
     job = job_factory(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", "4",
                                 "--split", "99,1,0", "--num-workers", WORKERS))
     took = ends_after_error(job, rf"^error: rank \d: ValueError: dataset {re.escape(prefix)} was tokenized with "
-                                 rf".* largest id 9,000\) but training uses .* with 8,192 entries")
+                                 rf".* largest id 9,000\) but training uses .* with 8,192 entries",
+                            mark=r"^error: ", idle="refused before training")
     print(f"job ended {took:.1f} s after the error line")
     assert not re.search(r"iteration +\d+/", job.output)
 
@@ -621,6 +927,6 @@ def test_ids_beyond_the_vocabulary_without_a_record_end_the_job_as_read(workers,
     job = job_factory(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", "4",
                                 "--split", "99,1,0", "--num-workers", workers))
     took = ends_after_error(job, rf"^error: rank \d: ValueError: dataset {re.escape(prefix)}: document \d+ holds "
-                                 rf"token id [\d,]+, beyond the 8,192 ids of the tokenizer")
+                                 rf"token id [\d,]+, beyond the 8,192 ids of the tokenizer", mark=r"^error: ")
     print(f"job ended {took:.1f} s after the error line")
     assert ("Caught ValueError in DataLoader worker process" in job.output) == (workers != "0")

@@ -39,8 +39,9 @@ def files_of(prefixes: List[str]) -> Dict[str, dict]:
 def _describe(path: str, then: List[int], now: List[int]) -> str:
     if now[0] < 0:
         return f"{path} was removed"
-    sizes = f"{then[0]:,} -> {now[0]:,} bytes" if now[0] != then[0] else f"{now[0]:,} bytes"
-    return f"{path} was rewritten ({sizes})"
+    if now[0] != then[0]:
+        return f"{path} was rewritten ({then[0]:,} -> {now[0]:,} bytes)"
+    return f"{path} was rewritten (the same {now[0]:,} bytes, modified since)"
 
 
 class DataFiles:
