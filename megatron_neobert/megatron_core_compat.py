@@ -200,21 +200,29 @@ def point_cuda_rng_at_cpu() -> None:
 
 # 6. ------------------------------------------------------------------------------------------------------
 def destroy_model_parallel_groups() -> None:
-    """Destroy every process group megatron-core's parallel state created, then reset the state.
+    """Destroy every process group megatron-core's parallel state created, and drop every reference it keeps to them.
 
-    Upstream (parallel_state.py): `destroy_model_parallel` sets its group globals to None and destroys only its
-    gloo copies of the data-parallel groups; `create_group` lists every group it made in the private
-    `_global_process_group_list` (None standing for the default group).
-    Why: torch keeps each forgotten group alive, a gloo group with its threads and sockets, so a process that sets the
-    parallel state up again and again (the test suite's workers, a tool called in a loop) gathers thousands of
-    threads.
-    On 0.17: check that `_global_process_group_list` still lists the groups `create_group` made, and whether
-    `destroy_model_parallel` now destroys them itself (then call it alone).
+    Upstream (parallel_state.py): `destroy_model_parallel` sets most of its group globals to None and destroys only
+    its gloo copies of the data-parallel groups; it leaves `_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP` (and its gloo
+    copy) set. `create_group` lists every group it made in the private `_global_process_group_list` (None standing
+    for the default group). RotaryEmbedding.forward is an lru_cache keyed on the module, which holds its
+    context-parallel group.
+    Why: torch keeps a group alive while anything refers to it, a gloo group with its threads and sockets, so a
+    process that sets the parallel state up again and again (the test suite's workers, a tool called in a loop)
+    gathered thousands of threads.
+    On 0.17: check that `_global_process_group_list` still lists the groups `create_group` made, whether
+    `destroy_model_parallel` now destroys them and resets every group global itself (then call it alone), and
+    whether RotaryEmbedding.forward is still cached that way.
     """
     from megatron.core import parallel_state
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     for group in parallel_state._global_process_group_list or []:
         if group is not None:
             # destroy_model_parallel below skips the gloo groups destroyed here: it checks torch's registry.
             torch.distributed.destroy_process_group(group)
     parallel_state.destroy_model_parallel()
+    for name, value in list(vars(parallel_state).items()):
+        if isinstance(value, torch.distributed.ProcessGroup):
+            setattr(parallel_state, name, None)
+    RotaryEmbedding.forward.cache_clear()

@@ -39,10 +39,21 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+@pytest.fixture(scope="session")
+def distributed_state_of_the_session():
+    """What of torch.distributed and megatron-core's parallel state the tests of a worker create in its process is
+    destroyed at the end of the session (each gloo group holds threads and sockets)."""
+    from megatron_neobert.parallel.launch import DistributedState
+
+    found = DistributedState()
+    yield
+    found.release()
+
+
 @pytest.fixture
-def single_rank():
-    """megatron-core parallel state for one CPU rank, inside the test process; made again where a trainer run in
-    this process (pretrain.main, which ends by destroying it) came before, whichever tests an xdist worker got."""
+def single_rank(distributed_state_of_the_session):
+    """megatron-core parallel state for one CPU rank, inside the test process, kept for the worker's next tests; made
+    again where a trainer run in this process came before (a run destroys what it created)."""
     from megatron.core import parallel_state
 
     from megatron_neobert.parallel.launch import initialize_model_parallel

@@ -62,6 +62,25 @@ def after_each_step(callback):
         loop.train_step = step
 
 
+def process_memory_and_threads() -> dict:
+    """This process's anonymous resident memory (bytes: what it allocated, without the pages of the files it maps,
+    which the kernel shares and reclaims), file-backed resident memory, and thread count."""
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {"rss_anon": int(status["RssAnon"].split()[0]) * 1024, "rss_file": int(status["RssFile"].split()[0]) * 1024,
+            "threads": int(status["Threads"])}
+
+
+def run_train_sampling_memory(argv: list, at: tuple) -> tuple:
+    """(history, {iteration: process_memory_and_threads()} after each iteration of `at`)."""
+    samples = {}
+
+    def sample(record):
+        if record["iteration"] in at:
+            samples[record["iteration"]] = process_memory_and_threads()
+    with after_each_step(sample):
+        return train(parse_settings(argv)), samples
+
+
 def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signal.SIGTERM) -> dict:
     """Train; one rank sends itself `signum` after `at_iteration` (as a cluster scheduler would)."""
     def on_step(record):

@@ -854,6 +854,24 @@ def test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job(data, tmp_p
     assert read_latest_iteration(root) >= 2
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_data_file_truncated_under_the_job_is_named(workers, data, tmp_path, job_factory):
+    """The .idx is memory-mapped: its truncation kills the reader with SIGBUS, in the rank or its DataLoader worker
+    (whose handler torch would have blame shared memory). The line names the file instead."""
+    prefix = copy_dataset(data[0], tmp_path / "data")
+    job = job_factory(tiny_argv(prefix, str(tmp_path / "cache"), *SCHEDULE, "--train-iters", LONG, "--log-interval",
+                                "1", "--num-workers", workers))
+    job.ranks()
+    job.wait_for(r"iteration +3/")
+    size = os.path.getsize(prefix + ".idx")
+    os.truncate(prefix + ".idx", 0)
+    took = ends_after_error(job, rf"^error: rank \d: bus error reading a memory-mapped data file: "
+                                 rf"{re.escape(prefix)}\.idx was rewritten \({size:,} -> 0 bytes\)$")
+    print(f"job ended {took:.1f} s after the error line")
+    assert "shared memory" not in job.output
+
+
 FULL_DISK_RANK = """import sys
 sys.path.insert(0, {tests!r})
 from megatron.core.dist_checkpointing.strategies import filesystem_async

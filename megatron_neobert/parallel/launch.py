@@ -1,5 +1,6 @@
 """Set up torch.distributed and megatron-core's parallel state; run a function on N local ranks."""
 
+import gc
 import os
 import pickle
 import queue
@@ -104,6 +105,9 @@ class DistributedState:
             destroy_model_parallel_groups()
         if not self.process_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        # A destroyed group lives on while the model or optimizer of a finished run refers to it, and those sit in
+        # reference cycles (modules and their hooks): collected now, their groups' threads end now.
+        gc.collect()
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
