@@ -168,3 +168,24 @@ def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator():
     with tracker.fork():
         assert not torch.equal(torch.rand(4), first)  # the tracker's stream went on
     assert not torch.equal(torch.rand(4), first)  # the CPU generator's own stream is another one
+
+
+def test_model_parallel_groups_are_destroyed_and_every_reference_dropped():
+    from megatron.core import parallel_state
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from megatron_neobert.parallel.launch import DistributedState, initialize_model_parallel
+
+    found = DistributedState()
+    initialize_model_parallel(1, 1)
+    created = [group for group in parallel_state._global_process_group_list if group is not None]
+    assert created and parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP is not None
+    RotaryEmbedding(kv_channels=8, rotary_percent=1.0).forward(4)
+    assert RotaryEmbedding.forward.cache_info().currsize > 0
+
+    compat.destroy_model_parallel_groups()
+    assert not parallel_state.model_parallel_is_initialized()
+    assert not [name for name, value in vars(parallel_state).items() if isinstance(value, torch.distributed.ProcessGroup)]
+    assert not [group for group in created if group in torch.distributed.distributed_c10d._world.pg_map]
+    assert RotaryEmbedding.forward.cache_info().currsize == 0
+    found.release()
