@@ -35,9 +35,9 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
     """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
-    (RANK, MASTER_ADDR/MASTER_PORT): on the agent's store under a name of this attempt's own when torchrun shares
-    its store, so that a restarted attempt never reads the keys of the one before (`rendezvous`). A lone process that no launcher started (no RANK: a tool, a
-    notebook) needs no rendezvous and takes an in-memory store, so it never looks for a free port,
+    (RANK, MASTER_ADDR/MASTER_PORT): on the agent's store under a name of this attempt's own when torchrun
+    shares its store, so that a restarted attempt never reads the keys of the one before (`rendezvous`). A
+    lone process that no launcher started (no RANK: a tool, a notebook) needs no rendezvous and takes an in-memory store, so it never looks for a free port,
     even when the shell exports MASTER_PORT, as cluster shells often do.
     """
     if torch.distributed.is_initialized():

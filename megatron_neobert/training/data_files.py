@@ -5,8 +5,8 @@ holds every document's length and place in the .bin (train_state["data_files"]).
 sample position (the same data settings) refuses files whose content changed since, as the position would point into
 other data, unless --allow-data-change; files only touched (the same sizes and CRC-32, other times) are announced.
 During the run the files are compared with their start before each save (a checkpoint whose position belongs to
-other data is refused), and a bus error, what reading a memory-mapped file that was truncated under the job gives,
-ends the rank with a line naming the changed file instead of a bare "Bus error".
+other data is refused), and `describe_changes` names them when a bus error ends a reader (see
+`process_guards.bus_errors_named`).
 """
 
 import logging
@@ -17,7 +17,6 @@ import torch
 
 from megatron_neobert.training.checkpoint.integrity import file_crc32
 from megatron_neobert.training.errors import TrainingError
-from megatron_neobert.training.process_guards import name_the_cause_of_bus_errors
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ class DataFiles:
         shared = [files_of(prefixes) if torch.distributed.get_rank() == 0 else None]
         torch.distributed.broadcast_object_list(shared, src=0)
         self.files: Dict[str, dict] = shared[0]
-        name_the_cause_of_bus_errors(lambda: "; ".join(self.changes()) or "no data file changed")
 
     def changes(self) -> List[str]:
         """The files whose size or modification time differ from the start, described (stat only: cheap)."""
@@ -62,6 +60,9 @@ class DataFiles:
                 if now != then[ext]:
                     found.append(_describe(f"{prefix}.{ext}", then[ext], now))
         return found
+
+    def describe_changes(self) -> str:
+        return "; ".join(self.changes()) or "no data file changed since the start"
 
     def check_unchanged(self, iteration: int) -> None:
         """Collective, before a save: refuse a checkpoint whose data position belongs to files changed since the

@@ -39,10 +39,10 @@ from megatron_neobert.training.model_setup import (finish_param_sync, model_arch
                                                    resolve_padded_vocab_size, resume_param_sync,
                                                    setup_model_and_optimizer, use_checkpoint_args)
 from megatron_neobert.training.profiling import StepProfiler
+from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
+                                                      exit_with_launcher, forked_children_die_with_rank,
+                                                      ignore_exit_signals, stop_requested)
 from megatron_neobert.training.restarts import RestartReport, world_size_change
-from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, exit_with_launcher,
-                                                      forked_children_die_with_rank, ignore_exit_signals,
-                                                      stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
                                                   check_vocabulary, data_prefixes, trained_length)
 from megatron_neobert.training.settings import Settings
@@ -241,7 +241,6 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     """
     started = time.time()
     configure_logging()
-    faults = settings.faults
     found = DistributedState()
     try:
         history = _guarded_train(settings, forward_step, started)
@@ -260,17 +259,19 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         handler = guards.enter_context(ExitSignalHandler(faults.exit_signal)) if faults.exit_signal_handler else None
         tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once
         init_distributed(faults.distributed_timeout_minutes)
+        data_files = DataFiles(data_prefixes(settings.data))
+        guards.enter_context(bus_errors_named(data_files.describe_changes))
         forked_children_die_with_rank()
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
         lock = claim_save_dir(settings.checkpoint)
         if lock:
             guards.callback(lock.release)
-        return _train(settings, tokenizer, forward_step, handler, watchdog, started)
+        return _train(settings, tokenizer, data_files, forward_step, handler, watchdog, started)
 
 
-def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Optional[ExitSignalHandler],
-           watchdog: ProgressWatchdog, started: float) -> dict:
+def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
+           handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float) -> dict:
     options = settings.checkpoint
     verify = not options.no_verify_checkpoint
     checkpoint, common = (read_checkpoint(options.load, options.ckpt_step, verify)
@@ -301,11 +302,10 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         logger.info(note)
 
     training, evaluation = settings.training, settings.evaluation
-    data_files = DataFiles(data_prefixes(settings.data))
     state = TrainState()
     if checkpoint:
         state = resume(settings, checkpoint, common, chunks, optimizer, scheduler, finetune, data_files)
-        change = world_size_change(common, num_micro)
+        change = None if finetune else world_size_change(common, num_micro)
         if change:
             logger.info(change)
     elif options.load:

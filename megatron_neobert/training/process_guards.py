@@ -19,11 +19,15 @@ A training job ends in one of four ways, and each rank must take part in the sam
   of torchrun, or of its node's agent) instead of training on unwatched; `exit_now` ends a failed rank
   and its helpers at once, so that torchrun learns of the failure; `kill_stopped_local_ranks` ends a
   frozen (SIGSTOPped) peer, which would not act on torchrun's SIGTERM.
+- A data file that changes under the job. Reading a memory-mapped dataset file that was truncated raises a bus
+  error inside the read; `bus_errors_named` turns it into one line naming the file, in the rank and its DataLoader
+  workers, instead of a bare "Bus error" (or torch's guess, a lack of shared memory).
 - A peer that hangs. The others wait in their next collective without a word until
   --distributed-timeout-minutes; `ProgressWatchdog` says in the log, at half that time, which iteration
   and phase the rank waits in.
 """
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -91,18 +95,33 @@ _SIGNAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 _bus_error = {"describe": None, "handler": None}
 
 
-def name_the_cause_of_bus_errors(describe: Callable[[], str]) -> None:
-    """From now on a bus error in this process, or in a DataLoader worker it forks, ends it with one line: `describe()`
-    says what changed among the memory-mapped files it reads. The kernel raises it inside the read that touches a
-    page of a file truncated under the job; a handler installed with Python's `signal` would run only after that
-    read returns, which it never does, so this one is installed with the C library and runs inside the read."""
+@contextlib.contextmanager
+def bus_errors_named(describe: Callable[[], str]):
+    """Inside the block a bus error in this process, or in a DataLoader worker it forks, ends it with one line:
+    `describe()` says what changed among the memory-mapped files it reads. The kernel raises it inside the read
+    that touches a page of a file truncated under the job; a handler installed with Python's `signal` would run
+    only after that read returns, which it never does, so this one is installed with the C library and runs inside
+    the read."""
     _bus_error["describe"] = describe
-    _install_bus_error_handler()
+    previous = _install_bus_error_handler()
+    try:
+        yield
+    finally:
+        _bus_error["describe"] = None
+        _c_signal(signal.SIGBUS, previous)
 
 
-def _install_bus_error_handler() -> None:
+def _c_signal(sig: int, handler) -> Optional[int]:
+    """The C library's signal(): installs `handler` (a C function pointer, None for the default); returns the
+    previous one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+    return libc.signal(sig, handler)
+
+
+def _install_bus_error_handler() -> Optional[int]:
     if _bus_error["describe"] is None:
-        return
+        return None
 
     def on_bus_error(signum):
         try:
@@ -114,9 +133,7 @@ def _install_bus_error_handler() -> None:
         exit_now(1)
 
     _bus_error["handler"] = _SIGNAL_HANDLER(on_bus_error)  # kept: the C library holds only its address
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, _SIGNAL_HANDLER), ctypes.c_void_p
-    libc.signal(signal.SIGBUS, _bus_error["handler"])
+    return _c_signal(signal.SIGBUS, ctypes.cast(_bus_error["handler"], ctypes.c_void_p))
 
 
 def kill_children() -> None:
