@@ -24,7 +24,7 @@ import torch
 
 JOB_PREFIX = "megatron_neobert"
 _ATTEMPT_KEY = f"{JOB_PREFIX}/attempt"
-_POLL_S = 0.05
+_POLL_S = 0.1  # how often a rank that waits for rank 0's answer looks again
 
 
 def uses_agent_store() -> bool:
@@ -43,22 +43,25 @@ def agree_on_attempt(store: torch.distributed.Store, rank: int, world_size: int,
     if rank == 0:
         name = uuid.uuid4().hex
         store.set(_ATTEMPT_KEY, name)
-        for other in range(1, world_size):
-            nonce = store.get(f"{JOB_PREFIX}/{name}/hello/{other}").decode()  # waits up to the store's timeout
-            store.set(f"{JOB_PREFIX}/{name}/welcome/{nonce}", "1")
+        hellos = [f"{JOB_PREFIX}/{name}/hello/{other}" for other in range(1, world_size)]
+        if hellos:
+            store.wait(hellos)  # up to the store's timeout
+            store.multi_set([f"{JOB_PREFIX}/{name}/welcome/{nonce.decode()}" for nonce in store.multi_get(hellos)],
+                            ["1"] * len(hellos))
         return name
     nonce, answered, deadline = uuid.uuid4().hex, None, time.monotonic() + timeout.total_seconds()
     while True:
-        name = store.get(_ATTEMPT_KEY).decode()
+        name = store.get(_ATTEMPT_KEY).decode()  # waits for the first attempt's rank 0
         if name != answered:
             store.set(f"{JOB_PREFIX}/{name}/hello/{rank}", nonce)
             answered = name
+        # Polled: a store wait that times out has torch print a warning each time.
         if store.check([f"{JOB_PREFIX}/{name}/welcome/{nonce}"]):
             return name
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank {rank}: rank 0 of this torchrun attempt did not answer within "
                                f"{timeout.total_seconds():.0f} s on the store {os.environ.get('MASTER_ADDR')}:"
-                               f"{os.environ.get('MASTER_PORT')} (last name seen: {name})")
+                               f"{os.environ.get('MASTER_PORT')} (the last name it published: {name})")
         time.sleep(_POLL_S)
 
 
