@@ -41,8 +41,9 @@ def test_runs_and_parallel_set_ups_in_this_process_leave_its_threads_as_they_wer
 def test_memory_records_and_threads_stay_flat_over_2000_steps(data, tmp_path):
     """2 ranks of a 1 x 32 model, 2 sequences of 32 tokens per step, an evaluation and a checkpoint every 500
     steps: after the warm-up (the first evaluation and checkpoint included), each rank's threads are the same and its
-    memory grows by less than 2% per 1,000 steps (the per-step records, 750 bytes each, are kept for the last
-    HISTORY_STEPS steps only)."""
+    memory grows by less than 4% per 1,000 steps, about 15 KB a step (measured: 0.3-1.4%, the allocator settling;
+    flat within 0.2 MiB from 2,000 to 6,000 steps). The per-step records, 750 bytes each, are kept for the last
+    HISTORY_STEPS steps only, which the history's length checks exactly."""
     argv = tiny_argv(*data, "--num-layers", "1", "--hidden-size", "32", "--ffn-hidden-size", "64", "--seq-length",
                      "32", "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2000",
                      "--lr-decay-iters", "2000", "--log-interval", "500", "--eval-interval", "500",
@@ -53,4 +54,4 @@ def test_memory_records_and_threads_stay_flat_over_2000_steps(data, tmp_path):
             f"{s['threads']} threads" for step, s in sorted(samples.items())))
         assert len(history["train"]) == HISTORY_STEPS and history["train"][-1]["iteration"] == 2000
         assert samples[1000]["threads"] == samples[2000]["threads"]
-        assert samples[2000]["rss_anon"] - samples[1000]["rss_anon"] < 0.02 * samples[1000]["rss_anon"]
+        assert samples[2000]["rss_anon"] - samples[1000]["rss_anon"] < 0.04 * samples[1000]["rss_anon"]
