@@ -29,17 +29,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)
+    from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
     from megatron_neobert.training.train_log import configure_logging
 
     configure_logging()  # before megatron-core's import, whose warnings it shows
+    try:
+        import_megatron_core()
+    except TransformerEngineInstallError as err:
+        return _report(err)
     import torch
     from megatron.core import parallel_state
 
+    from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
 
     try:
-        history = train(settings)
+        with cpu_execution():
+            history = train(settings)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)

@@ -40,7 +40,16 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
-def single_rank():
+def cpu_execution():
+    """megatron-core's CUDA calls on the CPU for the test (a no-op with a GPU), as the trainer's entry point runs."""
+    from megatron_neobert.parallel.cpu import cpu_execution
+
+    with cpu_execution():
+        yield
+
+
+@pytest.fixture
+def single_rank(cpu_execution):
     """megatron-core parallel state for one CPU rank, inside the test process; made again where a trainer run in
     this process (pretrain.main, which ends by destroying it) came before, whichever tests an xdist worker got."""
     from megatron.core import parallel_state

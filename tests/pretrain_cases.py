@@ -6,13 +6,14 @@ import os
 import signal
 
 import torch
-from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.training import loop
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
+from megatron_neobert.parallel.cpu import cpu_execution
+from megatron_neobert.training.checkpoint.state import (load_model_state, load_sharded_state_dict,
+                                                        model_sharded_state_dict)
 from megatron_neobert.training.loop import NonFiniteLossError, train
 from megatron_neobert.training.model_setup import build_model_chunks, model_arch
 from megatron_neobert.training.step import mlm_forward_step
@@ -29,7 +30,9 @@ def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
 
 
 def run_train(argv: list) -> dict:
-    return train(parse_settings(argv))
+    """The trainer on `argv`, as its entry point runs it (here or on a rank of run_on_ranks)."""
+    with cpu_execution():
+        return train(parse_settings(argv))
 
 
 def real_tokens_per_step(argv: list, steps: int) -> list:
@@ -67,7 +70,7 @@ def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signa
     def on_step(record):
         if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
             os.kill(os.getpid(), signum)
-    with after_each_step(on_step):
+    with after_each_step(on_step), cpu_execution():
         return train(parse_settings(argv))
 
 
@@ -89,7 +92,7 @@ def run_train_until_nonfinite(argv: list, nonfinite_at: list):
         return output, (poisoned(loss_func) if next_iteration in nonfinite_at else loss_func)
 
     try:
-        with after_each_step(records.append):
+        with after_each_step(records.append), cpu_execution():
             train(parse_settings(argv), forward_step=forward_step)
     except NonFiniteLossError as err:
         return records, str(err)
@@ -107,7 +110,7 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
     chunks = build_model_chunks(arch, transformer_config(arch), "local")
     weights = []
     for path in checkpoint_dirs:
-        load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), path))
+        load_model_state(chunks, load_sharded_state_dict(model_sharded_state_dict(chunks), path))
         weights.append({k: v.clone() for k, v in unwrap_model(chunks[0]).state_dict().items()
                         if "_extra_state" not in k})
     return weights

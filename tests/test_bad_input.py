@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hf_fixtures import make_neobert_folder
-from megatron_neobert.model.layer_specs import transformer_engine_available
+from megatron_neobert.kernels import transformer_engine_available
 from megatron_neobert.pretrain import main
 from pretrain_cases import tiny_argv
 

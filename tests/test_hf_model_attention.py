@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from transformers import DataCollatorWithFlattening, PreTrainedModel
 
-from megatron_neobert.parallel import cpu
 from megatron_neobert.conversion.modeling_neobert import (
     NeoBERT,
     NeoBERTForMultipleChoice,
@@ -19,18 +18,6 @@ from megatron_neobert.conversion.modeling_neobert import (
 from test_hf_model import ATOL, VOCAB, load_model, pad, random_official_state_dict, sentences, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(autouse=True)
-def traceable():
-    """An earlier test in this worker may have converted a checkpoint in-process, which leaves megatron's
-    CPU redirection on; the HF model needs none, and compile/export/flex cannot trace through its function mode,
-    which is therefore off inside each test."""
-    if cpu._mode is None:
-        yield
-        return
-    with torch.overrides._pop_mode_temporarily():
-        yield
 
 
 @pytest.fixture(scope="module")

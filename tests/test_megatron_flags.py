@@ -74,16 +74,9 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
 @pytest.mark.parametrize("flags, meaning", [
     (["--attention-backend", "auto"], ("attention_backend", "auto")),
     (["--attention-backend", "local"], ("transformer_impl", "local")),
-    (["--dataloader-type", "single"], ("dataloader_type", "single")),
-    (["--untie-embeddings-and-output-weights"], ("untie_embeddings_and_output_weights", True)),
-    (["--position-embedding-type", "rope"], ("position_embedding_type", "rope")),
-    (["--normalization", "RMSNorm"], ("normalization", "RMSNorm")),
-    (["--swiglu"], ("swiglu", True)),
-    (["--auto-detect-ckpt-format"], ("auto_detect_ckpt_format", True)),
     (["--skip-train"], ("skip_train", True)),
     (["--log-params-norm"], ("log_params_norm", True)),
     (["--log-num-zeros-in-grad"], ("log_num_zeros_in_grad", True)),
-    (["--timing-log-level", "0"], ("timing_log_level", 0)),
     (["--tensorboard-log-interval", "5"], ("tensorboard_log_interval", 5)),
     (["--log-timers-to-tensorboard"], ("log_timers_to_tensorboard", True)),
     (["--log-validation-ppl-to-tensorboard"], ("log_validation_ppl_to_tensorboard", True)),
@@ -91,23 +84,18 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--log-world-size-to-tensorboard"], ("log_world_size_to_tensorboard", True)),
     (["--no-log-loss-scale-to-tensorboard"], ("log_loss_scale_to_tensorboard", False)),
     (["--mask-prob", "0.15"], ("mask_rate", 0.15)),
-    (["--bert-no-binary-head"], ("bert_no_binary_head", True)),
     (["--hidden-dropout", "0.1"], ("hidden_dropout", 0.1)),
     (["--attention-dropout", "0.1"], ("attention_dropout", 0.1)),
     (["--init-method-std", "0.02"], ("init_method_std", 0.02)),
-    (["--legacy-tokenizer"], ("legacy_tokenizer", True)),
-    (["--distributed-backend", "gloo"], ("distributed_backend", "gloo")),
     (["--no-save-rng"], ("no_save_rng", True)),
-    (["--use-checkpoint-opt_param-scheduler"], ("use_checkpoint_opt_param_scheduler", True)),
     (["--pretrained-checkpoint", "pre"], ("pretrained_checkpoint", "pre")),
-    (["--short-seq-prob", "0"], ("short_seq_prob", 0.0)),
     (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
-    (["--ckpt-fully-parallel-save"], ("ckpt_fully_parallel_save", True)),
     (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
     (["--async-save"], ("async_save", True)),
 ])
 def test_megatron_lm_flag_is_taken(flags, meaning):
-    assert parse_settings(BASE + flags).flags()[meaning[0]] == meaning[1]
+    """The flags that set something (those that choose nothing here: tests/test_settings.py)."""
+    assert parse_settings(BASE + flags).as_dict()[meaning[0]] == meaning[1]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -220,7 +208,8 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
-    from megatron.core import dist_checkpointing
+
+    from megatron_neobert.training.checkpoint.state import load_common_state_dict
 
     from megatron_neobert.training.checkpoint.integrity import MANIFEST
     from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
@@ -237,7 +226,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
             "iter_0000004", "latest_checkpointed_iteration.txt"]  # iteration 2 pruned once 4 was complete
         assert os.path.isfile(os.path.join(iteration_dir(str(root), 4), MANIFEST))  # sealed; checked by the resume
     assert [r["loss"] for r in runs["sync"]["train"]] == [r["loss"] for r in runs["async"]["train"]]
-    states = [dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
+    states = [load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
     assert states[0]["opt_param_scheduler"] == states[1]["opt_param_scheduler"]
     resumed = {}
     for mode in ("sync", "async"):
@@ -249,7 +238,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
 
 
 def test_use_checkpoint_args_does_not_claim_the_recipes_length():
-    from megatron_neobert.training.megatron_args import recipe_defaults_applied
+    from megatron_neobert.training.resolve import recipe_defaults_applied
 
     applied = recipe_defaults_applied(parse_settings(BASE + ["--load", "ckpt", "--use-checkpoint-args"]))
     assert applied and not any(item.startswith("--seq-length") for item in applied)

@@ -1,6 +1,7 @@
 """The start-of-run checks on given arguments and a checkpoint's saved args, without a run (the runs that meet
 them end to end are in test_bad_input.py and test_faults.py)."""
 
+import argparse
 import dataclasses
 import logging
 
@@ -24,7 +25,7 @@ def settings_of(*flags):
 
 def saved(arch=TINY, **args):
     """The `common` dict of a checkpoint whose args record `arch`."""
-    return {"args": dict(arch=dataclasses.asdict(arch), **args)}
+    return {"args": argparse.Namespace(arch=dataclasses.asdict(arch), **args)}
 
 
 @pytest.mark.parametrize("prefix, made_by", [
@@ -66,7 +67,7 @@ def test_a_checkpoint_of_another_shape_names_every_difference():
                                      "activation swiglu there, gelu here; this run: --model-preset neobert-tiny")
     # The vocabulary rows and the RoPE length are not the shape; a checkpoint without our args is megatron-core's.
     check_model_shape(settings, dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64), "ckpt", saved())
-    check_model_shape(settings, other, "ckpt", {"args": {}})
+    check_model_shape(settings, other, "ckpt", {"args": argparse.Namespace()})
 
 
 def test_learned_positions_are_part_of_the_shape():
@@ -110,8 +111,7 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.megatron_args import schedule_steps
-    from megatron_neobert.training.model_setup import build_scheduler
+    from megatron_neobert.training.schedule import build_scheduler, schedule_steps
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)

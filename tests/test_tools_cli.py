@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = sorted(p.name for p in (REPO / "tools").glob("*.py"))
@@ -22,7 +22,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
 # per tool, the heavy modules imported so far, the flags without help text and the help text itself.
 PROBE = r"""
 import json, runpy, sys
-import megatron_neobert.cli as cli
+import megatron_neobert.flags as cli
 
 seen = {}
 original = cli.ArgumentParser.print_help

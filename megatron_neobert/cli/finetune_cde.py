@@ -11,11 +11,11 @@ megatron_neobert.embeddings.cde.load_cde and evaluate with neobert-run-mteb --cd
 import logging
 from dataclasses import fields
 
-from megatron_neobert.cli import ArgumentParser, add_config_flags
+from megatron_neobert.flags import ArgumentParser, add_flags
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CONFIG_HELP, CDEConfig
+    from megatron_neobert.embeddings.config import CDEConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
@@ -27,7 +27,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--split", default="train", help="split of hub datasets")
     p.add_argument("--checkpoint-dir", default=None, help="resumable checkpoints (default: <output>-checkpoints)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    add_config_flags(p, CDEConfig(), CONFIG_HELP)
+    add_flags(p, CDEConfig)
     return p
 
 

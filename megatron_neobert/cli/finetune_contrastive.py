@@ -10,11 +10,11 @@ the paper's instruction from megatron_neobert/assets/instructions.json unless --
 
 import logging
 
-from megatron_neobert.cli import ArgumentParser, add_config_flags
+from megatron_neobert.flags import ArgumentParser, add_flags
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CONFIG_HELP, ContrastiveConfig
+    from megatron_neobert.embeddings.config import ContrastiveConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
@@ -28,7 +28,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--max-negatives", type=int, default=None, help="hard negatives kept per query (default: all)")
     p.add_argument("--checkpoint-dir", default=None, help="default: <output>-checkpoints")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    add_config_flags(p, ContrastiveConfig(), CONFIG_HELP)
+    add_flags(p, ContrastiveConfig)
     return p
 
 

@@ -9,7 +9,7 @@
 
 from pathlib import Path
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:

@@ -13,7 +13,7 @@ Writes summary.md / summary.json (by task type, beside the paper's numbers) and 
 import logging
 from pathlib import Path
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:

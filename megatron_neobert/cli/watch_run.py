@@ -13,7 +13,8 @@ Safe to stop and restart at any time: what is done (same weights, same settings)
 
 import sys
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
@@ -56,5 +57,6 @@ def main(argv=None) -> int:
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     runs = [Run(root, suite, device, args.output, args.tensorboard_dir, args.tokenizer)
             for root in (args.compare or [args.save])]
-    watch(runs, once=args.once, interval=args.interval, compare_plot=args.plot if args.compare else None)
+    with megatron_runtime():  # each checkpoint is converted in this process
+        watch(runs, once=args.once, interval=args.interval, compare_plot=args.plot if args.compare else None)
     return 0

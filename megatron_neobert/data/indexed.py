@@ -12,8 +12,9 @@ import struct
 from typing import Type
 
 import numpy
-from megatron.core.datasets.indexed_dataset import (
-    _INDEX_HEADER, DType, IndexedDataset, get_bin_path, get_idx_path)
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, get_bin_path, get_idx_path
+
+from megatron_neobert.megatron_core_compat import index_header
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -106,7 +107,7 @@ def read_header(idx_path: str):
     """(version, dtype code, sequences, documents + 1) from a megatron-core index header."""
     with open(idx_path, "rb") as f:
         head = f.read(34)
-    if len(head) < 34 or head[:9] != _INDEX_HEADER:
+    if len(head) < 34 or head[:9] != index_header():
         raise IndexedDataError(f"{idx_path} is not a megatron-core index (bad header)")
     return struct.unpack("<QBQQ", head[9:34])
 

@@ -19,6 +19,7 @@ encode through ``WordPieceCache``: each distinct whitespace-delimited piece of t
 once and its ids reused, with the ids of whole-document encoding (see its doc).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -27,20 +28,38 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy
 
+from megatron_neobert.flags import setting
+
 # Megatron-LM's WordPiece types: whether they lower-case.
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
 TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
 
 
-def add_tokenizer_flags(group) -> None:
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
     """Megatron-LM's tokenizer flags, for the preprocessor and the trainer alike: data and training must name their
     tokenizer the same way."""
-    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
-                       help="as Megatron-LM's; BertWordPiece* read --vocab-file")
-    group.add_argument("--tokenizer-model", default="bert-base-uncased",
-                       help="Hugging Face name or folder, or a SentencePiece .model file")
-    group.add_argument("--vocab-file", default=None,
-                       help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+
+    tokenizer_type: str = setting("HuggingFaceTokenizer", "as Megatron-LM's; BertWordPiece* read --vocab-file",
+                                  choices=TOKENIZER_TYPES)
+    tokenizer_model: str = setting("bert-base-uncased", "Hugging Face name or folder, or a SentencePiece .model file")
+    vocab_file: Optional[str] = setting(
+        None, "WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+
+
+def resolve_tokenizer_flags(values: dict, given) -> dict:
+    """The tokenizer `values` (TokenizerSettings' fields) as the tokenizer is built: `--vocab-file` alone means
+    BertWordPieceLowerCase (Megatron-LM's pretrain_bert.py default), and for the WordPiece types the checked,
+    absolute vocab file is the tokenizer's model. `given`: the flags the user gave. Raises ValueError naming the
+    flags for a pair that cannot go together."""
+    values = dict(values)
+    if values["vocab_file"] is not None and "tokenizer_type" not in given:
+        values["tokenizer_type"] = "BertWordPieceLowerCase"
+    vocab_file = wordpiece_tokenizer_model(values["tokenizer_type"], values["vocab_file"], "tokenizer_model" in given)
+    if vocab_file is not None:
+        values["vocab_file"] = values["tokenizer_model"] = vocab_file
+    return values
+
 
 HUGE_TEXT = 1 << 18
 # Whitespace to cut huge texts before: a split point for every whitespace-split tokenizer (Python's

@@ -30,7 +30,8 @@ from megatron_neobert.training.checkpoint.state import (AsyncSaves, holds_traini
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
+from megatron_neobert.training.resolve import recipe_defaults_applied
+from megatron_neobert.training.schedule import schedule_steps
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
@@ -41,10 +42,10 @@ from megatron_neobert.training.process_guards import (ExitSignalHandler, Progres
                                                       stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
                                                   check_vocabulary, trained_length)
-from megatron_neobert.training.settings import Settings
+from megatron_neobert.training.settings import RECIPE_DIFFERENCES, Settings
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
                                             run_micro_batches)
-from megatron_neobert.training.train_log import TrainingLog, configure_logging
+from megatron_neobert.training.train_log import TrainingLog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
@@ -71,8 +72,8 @@ class TrainState:
 
 
 def data_stream(settings: Settings) -> dict:
-    flags = settings.flags()
-    return {k: flags[k] for k in DATA_STREAM_KEYS}
+    values = settings.as_dict()
+    return {k: values[k] for k in DATA_STREAM_KEYS}
 
 
 def num_micro_batches(settings: Settings) -> int:
@@ -220,7 +221,7 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
 
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
-    """Train on every rank of the process group; returns {"train": [per-step records], "eval":
+    """Train on every rank of the process group (on CPU inside `parallel.cpu.cpu_execution()`); returns {"train": [per-step records], "eval":
     [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
@@ -228,7 +229,6 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     function), for training and validation.
     """
     started = time.time()
-    configure_logging()
     faults = settings.faults
     with contextlib.ExitStack() as guards:
         # The handler first: a pre-emption signal during the set-up must not kill the rank either.
@@ -306,7 +306,7 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
         saved_args = megatron_lm_args(
-            arch, padded_vocab, **settings.flags(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            arch, padded_vocab, **settings.as_dict(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,

@@ -16,8 +16,8 @@ from megatron_neobert.training.settings import DataSettings, Settings
 # What decides the model's tensors (besides the vocabulary rows, see resolve_padded_vocab_size).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
                 "position_embedding_type", "add_bias_linear")
-# Settings that decide the layout of the optimizer state in a checkpoint.
-OPTIMIZER_SETUP = {"bf16": "--bf16", "use_distributed_optimizer": "--use-distributed-optimizer"}
+# Settings that decide the layout of the optimizer state in a checkpoint: (section, name).
+OPTIMIZER_SETUP = (("precision", "bf16"), ("parallel", "use_distributed_optimizer"))
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,11 @@ def trained_length(settings: Settings, arch: NeoBERTArch, common: Optional[dict]
 
 def check_optimizer_setup(settings: Settings, checkpoint: str, common: dict) -> None:
     """A checkpoint's optimizer state loads only into the optimizer setup that saved it."""
-    saved, here = checkpoint_args(common), settings.flags()
+    saved = checkpoint_args(common)
     on_off = lambda value: "on" if value else "off"
-    differs = [f"{flag} {on_off(saved.get(key))} there, {on_off(here[key])} here"
-               for key, flag in OPTIMIZER_SETUP.items() if bool(saved.get(key)) != bool(here[key])]
+    here = {name: getattr(getattr(settings, section), name) for section, name in OPTIMIZER_SETUP}
+    differs = [f"--{name.replace('_', '-')} {on_off(saved.get(name))} there, {on_off(value)} here"
+               for name, value in here.items() if bool(saved.get(name)) != bool(value)]
     if differs:
         raise TrainingError(f"checkpoint {checkpoint} holds optimizer state of another setup ({'; '.join(differs)}); "
                             f"start with a fresh optimizer state with --no-load-optim (the weights, iteration, "

@@ -204,7 +204,7 @@ class WandbWriter:
         save_dir = options.wandb_save_dir or os.path.join(settings.checkpoint.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
         self.run = wandb.init(dir=save_dir, name=options.wandb_exp_name, project=options.wandb_project,
-                              config=settings.flags())
+                              config=settings.as_dict())
 
     def add_scalar(self, name: str, value: float, step: int) -> None:
         if name.endswith(" vs samples"):  # wandb's step only increases: the iteration is it (as Megatron-LM)

@@ -18,8 +18,7 @@ An iteration folder (see `layout.py`) holds, as one megatron-core distributed ch
   written by rank 0);
 - "args", as Megatron-LM saves them: an `argparse.Namespace` with the model's sizes at top level
   (what Megatron-LM's load_args_from_checkpoint and its tools read) plus "arch", the `NeoBERTArch`
-  fields (`megatron_lm_args`). Older checkpoints of this project hold a dict instead; `checkpoint_args`
-  reads both;
+  fields (`megatron_lm_args`);
 - "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
   have other ranks).
 
@@ -64,9 +63,19 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
 
-# torch.load(weights_only=True), also inside megatron-core's load_common_state_dict, refuses any
-# class it does not know; a Namespace of plain values is safe to rebuild.
-torch.serialization.add_safe_globals([argparse.Namespace])
+
+
+def load_common_state_dict(folder: str) -> dict:
+    """megatron-core's `load_common_state_dict`, its `torch.load(weights_only=True)` allowed to rebuild the args'
+    Namespace (a Namespace of plain values is safe to rebuild; Megatron-LM's checkpoints hold one too)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return dist_checkpointing.load_common_state_dict(folder)
+
+
+def load_sharded_state_dict(sharded_state_dict: dict, folder: str, **kwargs) -> dict:
+    """megatron-core's `dist_checkpointing.load` (which reads the common state too), as `load_common_state_dict`."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        return dist_checkpointing.load(sharded_state_dict, folder, **kwargs)
 
 
 def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
@@ -90,9 +99,8 @@ def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Names
 
 
 def checkpoint_args(common: dict) -> dict:
-    """A checkpoint's args as a dict (a live view of a Namespace), from either form."""
-    args = common["args"]
-    return vars(args) if isinstance(args, argparse.Namespace) else args
+    """A checkpoint's args as a dict (a live view of its Namespace)."""
+    return vars(common["args"])
 
 
 def rotary_layout_problem(args: dict) -> Optional[str]:
@@ -303,7 +311,7 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
                     "restored", saved_layout, _layout())
     state = _full_state(chunks, optimizer, scheduler, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
-    loaded = dist_checkpointing.load(state, path, strict=strict)
+    loaded = load_sharded_state_dict(state, path, strict=strict)
     load_model_state(chunks, loaded)
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
@@ -325,10 +333,11 @@ def read_common_state(folder: str) -> dict:
     if backend != "torch_dist":
         raise InputError(f"checkpoint {folder}: sharded backend {backend!r} is not supported (torch_dist only)")
     try:
-        common = dist_checkpointing.load_common_state_dict(folder)
+        common = load_common_state_dict(folder)
     except Exception as err:  # a missing or unreadable common.pt
         raise InputError(f"checkpoint {folder}: cannot read the common state: {err}") from None
-    args = checkpoint_args(common) if isinstance(common, dict) and "args" in common else None
+    args = (checkpoint_args(common) if isinstance(common, dict) and isinstance(common.get("args"), argparse.Namespace)
+            else None)
     if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
         raise InputError(f"checkpoint {folder}: the common state has no args['arch']: not a megatron_neobert "
                          f"checkpoint (expected the trainer's layout)")
