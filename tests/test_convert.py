@@ -65,7 +65,7 @@ def official_folder(path, config, state_dict, tokenizer=None):
 
 
 def tiny_config():
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+    from megatron_neobert.hf import NeoBERTConfig
 
     # intermediate 192 -> SwiGLU width 128, the trainer's --ffn-hidden-size in tiny_argv
     return NeoBERTConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=192,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from megatron_neobert.conversion import modeling_neobert as mn
+from megatron_neobert.hf import modeling_neobert as mn
 from megatron_neobert.conversion.hf_format import (
     AUTO_MAP,
     expected_hf_shapes,
@@ -19,7 +19,7 @@ from megatron_neobert.conversion.hf_format import (
     read_hf_folder,
     write_hf_folder,
 )
-from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTLMHead
+from megatron_neobert.hf import NeoBERT, NeoBERTLMHead
 from megatron_neobert.conversion.state_dict_mapping import (
     hf_state_dict_from_mcore,
     mcore_state_dict_from_hf,

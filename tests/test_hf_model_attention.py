@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import DataCollatorWithFlattening, PreTrainedModel
 
 from megatron_neobert.parallel import cpu
-from megatron_neobert.conversion.modeling_neobert import (
+from megatron_neobert.hf import (
     NeoBERT,
     NeoBERTForMultipleChoice,
     NeoBERTForQuestionAnswering,

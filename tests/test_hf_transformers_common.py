@@ -30,7 +30,7 @@ import pytest
 import torch
 import transformers
 
-from megatron_neobert.conversion.modeling_neobert import (
+from megatron_neobert.hf import (
     NeoBERT,
     NeoBERTConfig,
     NeoBERTForMultipleChoice,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_fixtures import VOCAB, make_neobert_folder, random_mlm_state_dict, tiny_config
-from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+from megatron_neobert.hf import NeoBERTLMHead
 from megatron_neobert.evaluation.pseudo_perplexity import (SequenceResult, bucket_results, load_mlm, load_texts,
                                                            masked_token_losses, pseudo_perplexities)
 
