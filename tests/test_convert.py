@@ -22,7 +22,8 @@ from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
 from convert_cases import load_and_forward
-from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
+from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model,
                                                  hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf

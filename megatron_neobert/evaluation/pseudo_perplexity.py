@@ -39,6 +39,11 @@ def load_mlm(folder, rope_scaling: Optional[dict] = None, device="cpu"):
     folder = str(folder)
     config = load_neobert_auto_config(folder)
     if rope_scaling:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_scaling.get("rope_type") not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"RoPE scaling {rope_scaling}: rope_type must be one of transformers' "
+                             f"{sorted(ROPE_INIT_FUNCTIONS)}")
         try:
             config.rope_parameters = {"rope_theta": config.rope_parameters["rope_theta"], **rope_scaling}
             config.standardize_rope_params()
