@@ -149,7 +149,7 @@ def test_tool_end_to_end(folder, tmp_path):
     from PIL import Image
 
     assert Image.open(tmp_path / "out" / "pppl.png").text["Title"] == (
-        f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, ntk RoPE x1.5")
+        f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, dynamic RoPE x1.5")
 
 
 @pytest.mark.integration
