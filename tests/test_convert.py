@@ -22,7 +22,8 @@ from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
 from convert_cases import load_and_forward
-from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
+from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model,
                                                  hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
@@ -65,7 +66,7 @@ def official_folder(path, config, state_dict, tokenizer=None):
 
 
 def tiny_config():
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+    from megatron_neobert.hf import NeoBERTConfig
 
     # intermediate 192 -> SwiGLU width 128, the trainer's --ffn-hidden-size in tiny_argv
     return NeoBERTConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=192,

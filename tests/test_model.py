@@ -136,8 +136,8 @@ def test_mlm_loss_runs_only_on_labelled_positions(single_rank):
 def hf_logits(model, arch, ids, mask):
     """The same weights in our Hugging Face modeling file: an implementation written independently of
     megatron-core's layers."""
-    from megatron_neobert.conversion.convert import hf_config_for_arch
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERTLMHead
     from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore
 
     state = {k: v for k, v in model.state_dict().items() if "_extra_state" not in k}

@@ -33,9 +33,8 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, neobert_config_from_dims, read_hf_folder,
-                                                   replace_folder, write_hf_folder)
-from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.conversion import shape_bridge
+from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, replace_folder, write_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
@@ -96,13 +95,14 @@ class ConversionSummary:
 
 def check_convertible(arch: NeoBERTArch) -> None:
     """Only the NeoBERT block (RoPE, SwiGLU, RMSNorm, no biases) has an HF counterpart."""
-    wanted = dict(position_embedding_type="rope", activation="swiglu", normalization="RMSNorm",
-                  add_bias_linear=False)
-    wrong = {k: getattr(arch, k) for k, v in wanted.items() if getattr(arch, k) != v}
-    if wrong:
-        raise ConversionError(
-            f"this architecture has {wrong}; only NeoBERT's RoPE / SwiGLU / RMSNorm / bias-free blocks "
-            f"convert to the Hugging Face NeoBERT layout (BERT-like presets such as ablation-m0 do not)")
+    shape_bridge_call(shape_bridge.hf_config_for_arch, arch)
+
+
+def shape_bridge_call(function, *args):
+    try:
+        return function(*args)
+    except shape_bridge.ShapeBridgeError as err:
+        raise ConversionError(str(err)) from None
 
 
 def check_preset(arch: NeoBERTArch, model_preset: Optional[str], where: str) -> None:
@@ -119,28 +119,6 @@ def check_preset(arch: NeoBERTArch, model_preset: Optional[str], where: str) -> 
     if diff:
         listed = ", ".join(f"{k}={mine} (preset: {theirs})" for k, (mine, theirs) in diff.items())
         raise ConversionError(f"{where} does not match --model-preset {model_preset}: {listed}")
-
-
-def hf_config_for_arch(arch: NeoBERTArch) -> NeoBERTConfig:
-    check_convertible(arch)
-    return neobert_config_from_dims(
-        arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.ffn_hidden_size, arch.vocab_size,
-        arch.max_sequence_length, norm_eps=arch.norm_epsilon, rope_theta=float(arch.rotary_base),
-        embedding_init_range=arch.init_range, decoder_init_range=arch.init_range)
-
-
-def arch_for_hf_config(config: NeoBERTConfig) -> NeoBERTArch:
-    if config.rope_scaling is not None:
-        raise ConversionError(f"rope_scaling={config.rope_scaling} has no megatron-core counterpart here; "
-                              f"convert the unscaled model")
-    if float(config.rope_theta) != int(config.rope_theta):
-        raise ConversionError(f"rope_theta={config.rope_theta} is not an integer base")
-    if config.dim_head * config.num_attention_heads != config.hidden_size:
-        raise ConversionError("dim_head * num_attention_heads != hidden_size is not supported")
-    return NeoBERTArch(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                       config.ffn_hidden_size, config.vocab_size, config.max_length,
-                       norm_epsilon=config.norm_eps, rotary_base=int(config.rope_theta),
-                       init_range=config.embedding_init_range)
 
 
 def preset_name_of(arch: NeoBERTArch) -> Optional[str]:
@@ -332,7 +310,7 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
     if save.exists() and not overwrite:
         raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
     arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
-    config = hf_config_for_arch(arch)
+    config = shape_bridge_call(shape_bridge.hf_config_for_arch, arch)
     hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, config), DTYPES[dtype], progress, "mcore -> HF")
     with tempfile.TemporaryDirectory() as workdir:
         tok = _resolve_tokenizer(tokenizer, args, Path(workdir), no_tokenizer)
@@ -406,7 +384,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         raise ConversionError(str(err)) from None
     if "decoder.weight" not in hf_sd:
         raise ConversionError(f"{src} has no MLM head (decoder.weight/bias): pre-training needs one")
-    arch = arch_for_hf_config(config)
+    arch = shape_bridge_call(shape_bridge.arch_for_hf_config, config)
     check_preset(arch, model_preset, f"{src} (arch {arch})")
     if arch.num_layers % pp or arch.num_attention_heads % tp or arch.ffn_hidden_size % tp:
         raise ConversionError(f"TP={tp} x PP={pp} does not divide {arch.num_layers} layers, "

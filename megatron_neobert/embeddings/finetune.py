@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..conversion.hf_format import read_hf_folder, write_hf_folder
-from ..conversion.modeling_neobert import NeoBERT, NeoBERTConfig
+from ..hf import NeoBERT, NeoBERTConfig
 from .config import ContrastiveConfig
 from .contrastive import MeanPoolEncoder, grad_cache_step, info_nce_loss
 from .data import MixtureBatchSampler, PairDataset

@@ -19,6 +19,7 @@ from typing import Dict
 
 import torch
 
+from .. import hf  # noqa: F401  (registers NeoBERT with the Auto classes: no remote code runs)
 from ..conversion.hf_format import load_neobert_auto_config
 from ..progress import library_bars, progress_bar
 from .glue_data import HF_DATASET, GlueTask, get_task, load_split
@@ -40,12 +41,12 @@ def load_classifier(folder, task: GlueTask, seed: int = 0):
     from transformers import AutoModelForSequenceClassification
 
     folder = str(folder)
-    source = load_neobert_auto_config(folder, "AutoModelForSequenceClassification")
+    source = load_neobert_auto_config(folder)
     labels = task.labels or ("score",)
     id2label = dict(enumerate(labels))
     torch.manual_seed(seed)  # new head weights depend on the run's seed only
     model = AutoModelForSequenceClassification.from_pretrained(
-        folder, trust_remote_code=True, num_labels=len(labels), id2label=id2label,
+        folder, trust_remote_code=False, num_labels=len(labels), id2label=id2label,
         label2id={v: k for k, v in id2label.items()},
         problem_type="regression" if task.is_regression else "single_label_classification",
         ignore_mismatched_sizes=True,  # MNLI's 3-way classifier into a 2-way or regression head

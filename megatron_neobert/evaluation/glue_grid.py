@@ -270,7 +270,7 @@ def run_glue(
         raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
                                 f"(docs/glue.md gives the layout)")
     if pending and Path(model_path).is_dir():  # a folder that cannot load fails once, not in every run
-        load_neobert_auto_config(model_path, "AutoModelForSequenceClassification")
+        load_neobert_auto_config(model_path)
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
             s.task == "MNLI" for s in pending):

@@ -29,21 +29,28 @@ TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 
 
 def load_mlm(folder, rope_scaling: Optional[dict] = None, device="cpu"):
-    """AutoModelForMaskedLM (trust_remote_code) from a NeoBERT folder, optionally with RoPE scaling
-    ({"type": "linear" | "ntk" | "yarn", "factor": f[, "original_max_position_embeddings": n]})."""
-    from transformers import AutoModelForMaskedLM
+    """NeoBERT's MLM model from a NeoBERT folder (ours or the published layout; no remote code runs), optionally
+    with RoPE scaled past the trained length: `rope_scaling` holds transformers' RoPE parameters,
+    {"rope_type": "linear" | "dynamic" | "yarn", "factor": f[, "original_max_position_embeddings": n]}."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from ..hf import NeoBERTLMHead
 
     folder = str(folder)
-    config = load_neobert_auto_config(folder, "AutoModelForMaskedLM")
+    config = load_neobert_auto_config(folder)
     if rope_scaling:
-        validate = getattr(type(config), "_validated_rope_scaling", None)
-        if validate is None:
-            raise ValueError(
-                f"the modeling code in {folder} has no RoPE scaling; export the model with megatron_neobert's "
-                f"modeling_neobert.py to evaluate past the trained length"
-            )
-        config.rope_scaling = validate(rope_scaling, config.max_length)
-    model = AutoModelForMaskedLM.from_pretrained(folder, config=config, trust_remote_code=True)
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_scaling.get("rope_type") not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"RoPE scaling {rope_scaling}: rope_type must be one of transformers' "
+                             f"{sorted(ROPE_INIT_FUNCTIONS)}")
+        try:
+            config.rope_parameters = {"rope_theta": config.rope_parameters["rope_theta"], **rope_scaling}
+            config.standardize_rope_params()
+            config.validate_rope()
+        except (KeyError, ValueError, StrictDataclassError) as err:
+            raise ValueError(f"RoPE scaling {rope_scaling}: {err}") from None
+    model = NeoBERTLMHead.from_pretrained(folder, config=config)
     return model.to(device).eval()
 
 

@@ -187,14 +187,12 @@ def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dt
     """name -> model(input_ids=..., attention_mask=...) for each model compared."""
     import transformers
 
-    from megatron_neobert.conversion.hf_format import neobert_config_from_dims
-    from megatron_neobert.conversion.modeling_neobert import NeoBERT
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERT
     from megatron_neobert.model import build_model, transformer_config
     from megatron_neobert.parallel.launch import initialize_model_parallel
 
-    cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
-                                   arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length,
-                                   arch.norm_epsilon, float(arch.rotary_base))
+    cfg = hf_config_for_arch(arch)
     initialize_model_parallel(1, 1)
     config = transformer_config(arch, bf16=dtype == torch.bfloat16, params_dtype=dtype)
     models = {"neobert-hf": NeoBERT(cfg), "neobert-megatron": _HiddenStates(build_model(arch, config))}
@@ -247,11 +245,10 @@ def benchmark_inference(arch: NeoBERTArch, seq_lengths: List[int], steps: int, m
 def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compiled: bool) -> Callable:
     """The released NeoBERT's way: HF model, padded, AdamW, bf16 autocast, head on every token,
     gradients accumulated over the micro-batches."""
-    from megatron_neobert.conversion.hf_format import neobert_config_from_dims
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERTLMHead
 
-    cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
-                                   arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length)
+    cfg = hf_config_for_arch(arch)
     model = NeoBERTLMHead(cfg).to(device).train()
     if compiled:  # the whole model; dynamo splits it at its data-dependent checks (does a mask pad?)
         model.compile()
