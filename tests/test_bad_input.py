@@ -158,7 +158,8 @@ def test_a_config_of_the_wrong_kind_is_named_by_every_hf_tool(big_config, tmp_pa
     from tools.pseudo_perplexity import main as pseudo_perplexity
     from tools.run_glue import main as run_glue
 
-    named = f"{big_config}/config.json: NeoBERT config: hidden_size='big': sizes must be positive integers"
+    named = (f"{big_config}/config.json: Validation error for field 'hidden_size': TypeError: Field 'hidden_size' "
+             f"expected int, got str (value: 'big')")
     assert convert(["--direction", "hf-to-mcore", "--load", str(big_config), "--save", str(tmp_path / "m")]) == 1
     assert error_lines(capsys.readouterr().err) == [f"error: {named}"]
     texts = tmp_path / "texts.jsonl"

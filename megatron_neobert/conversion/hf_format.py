@@ -302,8 +302,8 @@ def neobert_config(config_dict: dict, path: Path) -> NeoBERTConfig:
 
     try:
         return NeoBERTConfig.from_dict(config_dict)
-    except (ValueError, StrictDataclassError) as err:
-        raise ValueError(f"{path}: {err}") from None
+    except (ValueError, StrictDataclassError) as err:  # the strict dataclass's message spans lines
+        raise ValueError(f"{path}: {' '.join(str(err).split())}") from None
 
 
 def load_neobert_auto_config(folder: PathLike) -> NeoBERTConfig:
