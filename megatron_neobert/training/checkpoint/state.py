@@ -163,7 +163,7 @@ def _restore_rng(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: bool, with_rng: bool):
+def _full_state(chunks, optimizer, is_loading: bool, with_optimizer: bool, with_rng: bool):
     state = model_sharded_state_dict(chunks)
     if with_optimizer:
         if is_loading:
@@ -192,7 +192,7 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
             shutil.rmtree(path)
         os.makedirs(path)
     torch.distributed.barrier()
-    state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=save_optimizer,
+    state = _full_state(chunks, optimizer, is_loading=False, with_optimizer=save_optimizer,
                         with_rng=save_rng)
     state.update(args=args, iteration=iteration, train_state={**train_state, "schedule_in_samples": True},
                  opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION,
@@ -309,7 +309,7 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     elif load_rng and not finetune and not with_rng:
         logger.info("checkpoint layout (PP, TP, DP) %s differs from this run's %s: RNG states not "
                     "restored", saved_layout, _layout())
-    state = _full_state(chunks, optimizer, scheduler, is_loading=True,
+    state = _full_state(chunks, optimizer, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
     loaded = load_sharded_state_dict(state, path, strict=strict)
     load_model_state(chunks, loaded)
