@@ -3,7 +3,7 @@
 from typing import Dict, List, Optional
 
 import torch
-from megatron.core import parallel_state
+from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -11,7 +11,7 @@ from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.checkpoint.layout import resolve_checkpoint_dir
-from megatron_neobert.training.checkpoint.state import (checkpoint_args, load_common_state_dict, load_model_state, load_sharded_state_dict, model_sharded_state_dict)
+from megatron_neobert.training.checkpoint.state import checkpoint_args, load_model_state, model_sharded_state_dict
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape
 from parallel_cases import Layout
@@ -52,12 +52,12 @@ def pipeline_logits(chunks: List[torch.nn.Module], micro_batches: List[Batch]) -
 def load_and_forward(ckpt: str, layout: Layout, micro_batches: List[Batch]) -> Optional[torch.Tensor]:
     """Load a converted checkpoint at `layout` from its args alone, as the trainer would; MLM logits."""
     ckpt_dir = resolve_checkpoint_dir(ckpt)
-    args = checkpoint_args(load_common_state_dict(ckpt_dir))
+    args = checkpoint_args(dist_checkpointing.load_common_state_dict(ckpt_dir))
     arch = NeoBERTArch(**args["arch"])
     initialize_model_parallel(layout.tp, layout.pp, layout.vpp, seed=1)
     config = transformer_config(arch, tensor_model_parallel_size=layout.tp,
                                 pipeline_model_parallel_size=layout.pp,
                                 virtual_pipeline_model_parallel_size=layout.vpp, pipeline_dtype=torch.float32)
     chunks = build_model_chunks(arch, config, "local", padded_vocab=args["padded_vocab_size"])
-    load_model_state(chunks, load_sharded_state_dict(model_sharded_state_dict(chunks), ckpt_dir))
+    load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir))
     return pipeline_logits(chunks, micro_batches)

@@ -12,7 +12,7 @@ from megatron.core.utils import unwrap_model
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpoint.state import (load_model_state, load_sharded_state_dict, model_sharded_state_dict)
+from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.model_setup import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
@@ -57,7 +57,7 @@ def save_initial_weights(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
 def read_full_state_dict(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):
     """Load a distributed checkpoint of any layout into a TP=1/PP=1 model: its full state dict."""
     _, chunks = setup(Layout(), arch, ddp=False)
-    state = load_sharded_state_dict(model_sharded_state_dict(chunks), ckpt_dir)
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_dir)
     load_model_state(chunks, state)
     return {k: v.clone() for k, v in unwrap_model(chunks[0]).state_dict().items() if "_extra_state" not in k}
 
@@ -81,7 +81,7 @@ def gradients(layout: Layout, ckpt_in: str, ckpt_out: str, batches, micro_batch_
     which `read_full_state_dict` reads back at TP=1/PP=1. Returns the global mean MLM loss (on last-stage
     ranks)."""
     config, chunks = setup(layout)
-    state = load_sharded_state_dict(model_sharded_state_dict(chunks), ckpt_in)
+    state = dist_checkpointing.load(model_sharded_state_dict(chunks), ckpt_in)
     load_model_state(chunks, state)
 
     dp_rank, dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()

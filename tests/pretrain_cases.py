@@ -6,14 +6,14 @@ import os
 import signal
 
 import torch
+from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.training import loop
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
-from megatron_neobert.training.checkpoint.state import (load_model_state, load_sharded_state_dict,
-                                                        model_sharded_state_dict)
+from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.loop import NonFiniteLossError, train
 from megatron_neobert.training.model_setup import build_model_chunks, model_arch
 from megatron_neobert.training.step import mlm_forward_step
@@ -110,7 +110,7 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
     chunks = build_model_chunks(arch, transformer_config(arch), "local")
     weights = []
     for path in checkpoint_dirs:
-        load_model_state(chunks, load_sharded_state_dict(model_sharded_state_dict(chunks), path))
+        load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), path))
         weights.append({k: v.clone() for k, v in unwrap_model(chunks[0]).state_dict().items()
                         if "_extra_state" not in k})
     return weights

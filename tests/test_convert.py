@@ -31,7 +31,7 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
-from megatron_neobert.training.checkpoint.state import (checkpoint_args, load_common_state_dict)
+from megatron_neobert.training.checkpoint.state import checkpoint_args
 from parallel_cases import Layout
 from pretrain_cases import run_train, tiny_argv
 from shared_runs import run_once
@@ -140,7 +140,7 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     ckpt = iteration_dir(str(root), 0)
     # torch_dist writes one __<rank>_<n>.distcp set per saving rank: 4 ranks wrote it
     assert {name.split("_")[2] for name in os.listdir(ckpt) if name.endswith(".distcp")} == {"0", "1", "2", "3"}
-    common = load_common_state_dict(ckpt)
+    common = dist_checkpointing.load_common_state_dict(ckpt)
     assert isinstance(common["args"], argparse.Namespace)  # as Megatron-LM saves it, sizes at top level
     args = checkpoint_args(common)
     assert common["iteration"] == 0 and common["checkpoint_version"] == 3.0

@@ -85,14 +85,13 @@ MEGATRON_LM_FIELDS = {
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.training.checkpoint.state import load_common_state_dict
-
     from megatron_neobert.training.checkpoint.layout import iteration_dir
 
     root, _ = bert_run
     ckpt = iteration_dir(str(root / "ckpt"), ITERS)
-    # torch.load(weights_only=True) inside megatron-core, only the args' Namespace allowed besides tensors.
-    common = load_common_state_dict(ckpt)
+    # torch.load(weights_only=True) inside megatron-core (which allows the args' Namespace), as Megatron-LM's tools
+    # load it.
+    common = dist_checkpointing.load_common_state_dict(ckpt)
     args = common["args"]
     assert isinstance(args, argparse.Namespace)
     assert common["checkpoint_version"] == 3.0 and common["iteration"] == ITERS
@@ -101,7 +100,7 @@ def test_saved_args_read_with_megatron_lm_rules(bert_run):
     wrong = {k: (getattr(args, k, "<missing>"), v) for k, v in MEGATRON_LM_FIELDS.items()
              if getattr(args, k, "<missing>") != v}
     assert not wrong, wrong
-    with open(os.path.join(ckpt, "common.pt"), "rb") as f, torch.serialization.safe_globals([argparse.Namespace]):
+    with open(os.path.join(ckpt, "common.pt"), "rb") as f:
         assert torch.load(f, weights_only=True)["args"] == args
     # The schedule counts samples and the FLOPs are kept, as Megatron-LM's tools read them.
     assert common["opt_param_scheduler"]["num_steps"] == ITERS * 8
@@ -148,8 +147,7 @@ def _mock_argv(*extra):
 
 @pytest.mark.integration
 def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
-
-    from megatron_neobert.training.checkpoint.state import load_common_state_dict
+    from megatron.core import dist_checkpointing
 
     from megatron_neobert.training.checkpoint.layout import iteration_dir
 
@@ -157,7 +155,7 @@ def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
                                                     "--lr-decay-samples", "48", "--save", str(tmp_path),
                                                     "--no-save-optim"))[0]
     assert history["iteration"] == 64 // 8
-    common = load_common_state_dict(iteration_dir(str(tmp_path), 8))
+    common = dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path), 8))
     assert "optimizer" not in common  # --no-save-optim
     assert (common["args"].train_samples, common["args"].consumed_train_samples, common["args"].mock_data) == (
         64, 64, True)

@@ -209,7 +209,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
 
-    from megatron_neobert.training.checkpoint.state import load_common_state_dict
+    from megatron.core import dist_checkpointing
 
     from megatron_neobert.training.checkpoint.integrity import MANIFEST
     from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
@@ -226,7 +226,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
             "iter_0000004", "latest_checkpointed_iteration.txt"]  # iteration 2 pruned once 4 was complete
         assert os.path.isfile(os.path.join(iteration_dir(str(root), 4), MANIFEST))  # sealed; checked by the resume
     assert [r["loss"] for r in runs["sync"]["train"]] == [r["loss"] for r in runs["async"]["train"]]
-    states = [load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
+    states = [dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
     assert states[0]["opt_param_scheduler"] == states[1]["opt_param_scheduler"]
     resumed = {}
     for mode in ("sync", "async"):

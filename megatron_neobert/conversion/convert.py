@@ -41,8 +41,7 @@ from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
 from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
-                                                        load_sharded_state_dict, megatron_lm_args,
-                                                        model_sharded_state_dict, read_common_state)
+                                                        megatron_lm_args, model_sharded_state_dict, read_common_state)
 from megatron_neobert.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -224,6 +223,7 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
 
     Returns (arch, args, full TP=1/PP=1 megatron-core state dict, padded vocabulary size, stored dtype).
     """
+    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     ckpt_dir, args = read_checkpoint_args(load)
@@ -242,7 +242,7 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
         model = build_single_rank_model(arch, padded, stored_dtype)
     # Only the model's tensors are requested: optimizer and RNG state stay on disk.
     with _megatron_deprecations_hidden():
-        state = load_sharded_state_dict({"model": model.sharded_state_dict()}, ckpt_dir,
+        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
                                         strict=StrictHandling.RAISE_UNEXPECTED)
     model.load_state_dict(state["model"], strict=True)
     state_dict = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
@@ -352,7 +352,7 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default 128 x TP.
     chunks = build_model_chunks(arch, config, "local", padded_vocab=checkpoint_args(common)["padded_vocab_size"])
     with _megatron_deprecations_hidden():
-        state = load_sharded_state_dict(model_sharded_state_dict(chunks), stage_dir)
+        state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
     load_model_state(chunks, state)
     if torch.distributed.get_rank() == 0:
         os.makedirs(out_dir, exist_ok=True)

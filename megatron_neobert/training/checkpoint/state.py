@@ -61,21 +61,9 @@ from megatron_neobert.training.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
-
-
-
-def load_common_state_dict(folder: str) -> dict:
-    """megatron-core's `load_common_state_dict`, its `torch.load(weights_only=True)` allowed to rebuild the args'
-    Namespace (a Namespace of plain values is safe to rebuild; Megatron-LM's checkpoints hold one too)."""
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return dist_checkpointing.load_common_state_dict(folder)
-
-
-def load_sharded_state_dict(sharded_state_dict: dict, folder: str, **kwargs) -> dict:
-    """megatron-core's `dist_checkpointing.load` (which reads the common state too), as `load_common_state_dict`."""
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return dist_checkpointing.load(sharded_state_dict, folder, **kwargs)
+# Megatron-LM's: args a Namespace, TP and PP sizes in them. torch.load(weights_only=True), inside megatron-core's
+# loads too, rebuilds the Namespace because megatron-core allows it at its own import (megatron/core/safe_globals.py).
+CHECKPOINT_VERSION = 3.0
 
 
 def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
@@ -311,7 +299,7 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
                     "restored", saved_layout, _layout())
     state = _full_state(chunks, optimizer, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
-    loaded = load_sharded_state_dict(state, path, strict=strict)
+    loaded = dist_checkpointing.load(state, path, strict=strict)
     load_model_state(chunks, loaded)
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
@@ -333,7 +321,7 @@ def read_common_state(folder: str) -> dict:
     if backend != "torch_dist":
         raise InputError(f"checkpoint {folder}: sharded backend {backend!r} is not supported (torch_dist only)")
     try:
-        common = load_common_state_dict(folder)
+        common = dist_checkpointing.load_common_state_dict(folder)
     except Exception as err:  # a missing or unreadable common.pt
         raise InputError(f"checkpoint {folder}: cannot read the common state: {err}") from None
     args = (checkpoint_args(common) if isinstance(common, dict) and isinstance(common.get("args"), argparse.Namespace)
