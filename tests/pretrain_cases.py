@@ -17,6 +17,7 @@ from megatron_neobert.training.checkpoint.state import load_model_state, model_s
 from megatron_neobert.training.loop import NonFiniteLossError, train
 from megatron_neobert.training.model_setup import build_model_chunks, model_arch
 from megatron_neobert.training.step import mlm_forward_step
+from megatron_neobert.training.train_log import configure_logging
 
 
 def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
@@ -29,9 +30,18 @@ def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
             "--seed", "7", *extra]
 
 
+@contextlib.contextmanager
+def as_the_entry_point():
+    """What the trainer's entry point (pretrain.main) sets up around train(): its console, and megatron-core's CUDA
+    calls on the CPU where there is no GPU."""
+    configure_logging()
+    with cpu_execution():
+        yield
+
+
 def run_train(argv: list) -> dict:
     """The trainer on `argv`, as its entry point runs it (here or on a rank of run_on_ranks)."""
-    with cpu_execution():
+    with as_the_entry_point():
         return train(parse_settings(argv))
 
 
@@ -70,7 +80,7 @@ def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signa
     def on_step(record):
         if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
             os.kill(os.getpid(), signum)
-    with after_each_step(on_step), cpu_execution():
+    with after_each_step(on_step), as_the_entry_point():
         return train(parse_settings(argv))
 
 
@@ -92,7 +102,7 @@ def run_train_until_nonfinite(argv: list, nonfinite_at: list):
         return output, (poisoned(loss_func) if next_iteration in nonfinite_at else loss_func)
 
     try:
-        with after_each_step(records.append), cpu_execution():
+        with after_each_step(records.append), as_the_entry_point():
             train(parse_settings(argv), forward_step=forward_step)
     except NonFiniteLossError as err:
         return records, str(err)

@@ -231,7 +231,7 @@ def test_the_save_lock_refuses_a_live_writer_and_takes_over_a_dead_ones(data, tm
     SaveLock(save, break_lock=True).release()
 
 
-def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, tmp_path, cpu_execution):
+def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, tmp_path):
     from megatron_neobert.conversion.convert import mcore_to_hf
 
     with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of "

@@ -157,13 +157,18 @@ def _model_config(arch: NeoBERTArch, dtype: torch.dtype, **parallel):
                               **parallel)
 
 
-def _init_single_rank() -> None:
+@contextlib.contextmanager
+def _single_rank():
+    """megatron-core on this one process for the block, its CUDA calls on the CPU where there is no GPU."""
+    from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.parallel.launch import init_distributed, initialize_model_parallel
 
     init_distributed()
     if torch.distributed.get_world_size() != 1:
         raise RuntimeError("run the converter as one process (not under torchrun): it spawns its own ranks")
-    initialize_model_parallel(1, 1)
+    with cpu_execution():
+        initialize_model_parallel(1, 1)
+        yield
 
 
 def build_single_rank_model(arch: NeoBERTArch, vocab_size: int, dtype: torch.dtype = torch.float32):
@@ -235,16 +240,16 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
         raise ConversionError(f"{ckpt_dir}: args give padded_vocab_size={padded}, smaller than the "
                               f"vocabulary ({arch.vocab_size})")
 
-    _init_single_rank()
-    model = build_single_rank_model(arch, padded)
-    stored_dtype = _check_tensors_and_shards(ckpt_dir, _sharded_tensors(model.sharded_state_dict()), arch)
-    if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
-        model = build_single_rank_model(arch, padded, stored_dtype)
-    # Only the model's tensors are requested: optimizer and RNG state stay on disk.
-    with _megatron_deprecations_hidden():
-        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
-                                        strict=StrictHandling.RAISE_UNEXPECTED)
-    model.load_state_dict(state["model"], strict=True)
+    with _single_rank():
+        model = build_single_rank_model(arch, padded)
+        stored_dtype = _check_tensors_and_shards(ckpt_dir, _sharded_tensors(model.sharded_state_dict()), arch)
+        if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
+            model = build_single_rank_model(arch, padded, stored_dtype)
+        # Only the model's tensors are requested: optimizer and RNG state stay on disk.
+        with _megatron_deprecations_hidden():
+            state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
+                                            strict=StrictHandling.RAISE_UNEXPECTED)
+        model.load_state_dict(state["model"], strict=True)
     state_dict = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     return arch, args, state_dict, padded, stored_dtype
 
@@ -403,21 +408,21 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
     stage = tmp / "stage-tp1"
     try:
         # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
-        _init_single_rank()
-        model = build_single_rank_model(arch, padded, DTYPES[dtype])
-        mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
-        params = dict(model.state_dict())
-        unexpected = sorted(set(mcore_sd) - set(params))
-        if unexpected:
-            raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
-        with torch.no_grad():
-            for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
-                                            enabled=progress, unit="tensor"):
-                params[name].copy_(value)
-        stage.mkdir(parents=True)
-        with _megatron_deprecations_hidden():
-            dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
-        del model, params, mcore_sd
+        with _single_rank():
+            model = build_single_rank_model(arch, padded, DTYPES[dtype])
+            mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
+            params = dict(model.state_dict())
+            unexpected = sorted(set(mcore_sd) - set(params))
+            if unexpected:
+                raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
+            with torch.no_grad():
+                for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
+                                                enabled=progress, unit="tensor"):
+                    params[name].copy_(value)
+            stage.mkdir(parents=True)
+            with _megatron_deprecations_hidden():
+                dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
+            del model, params, mcore_sd
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
         common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
