@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
+from ..model_source import check_model_source
 from .modeling_neobert import NeoBERTConfig, swiglu_hidden_size
 
 PathLike = Union[str, os.PathLike]
@@ -361,6 +362,7 @@ def load_neobert_auto_config(folder: PathLike, auto_class: str):
     "AutoModelForMaskedLM"); a clear error for anything else."""
     from transformers import AutoConfig
 
+    check_model_source(folder)
     config_file = Path(folder) / "config.json"
     if config_file.is_file() and _read_json(config_file).get("model_type") == "neobert":
         # Checked with this version's config class: a folder's own modeling code may predate these checks.
