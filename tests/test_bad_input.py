@@ -123,7 +123,8 @@ def test_only_rank_0_reports(data, checkpoint, tmp_path, case):
     the usage once per rank before (253 lines, the `error:` at line 109). torchrun's own traceback for a rank's
     non-zero status stays (it raises ChildFailedError whatever the rank says), but its summary's root cause
     shows the rank's line in place of "To enable traceback see: ..."."""
-    extra = {"a mistyped flag": ["--trian-iters", "2"], "before the process group": ["--data-path", str(tmp_path / "missing")],
+    extra = {"a mistyped flag": ["--trian-iters", "2"],
+             "before the process group": ["--data-path", str(tmp_path / "missing")],
              "after it": ["--load", checkpoint, "--hidden-size", "128"]}[case]
     seconds, status, output = run_cli(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -133,8 +134,8 @@ def test_only_rank_0_reports(data, checkpoint, tmp_path, case):
     root_cause = output[output.index("Root Cause"):]
     assert "exitcode  : 1 " in root_cause and f"traceback : {error_lines(output)[0]}" in root_cause, output
     if case == "a mistyped flag":
-        assert error_lines(output)[0] == ("error: unrecognized arguments: --trian-iters 2 (did you mean --train-iters?); "
-                                          "neobert-pretrain --help lists the flags")
+        assert error_lines(output)[0] == ("error: unrecognized arguments: --trian-iters 2 (did you mean "
+                                          "--train-iters?); neobert-pretrain --help lists the flags")
     assert seconds < 60, seconds
 
 
@@ -153,9 +154,10 @@ def test_a_mistyped_flag_is_one_line_without_the_usage(data, capsys):
     ("{tmp}/corpus.idx", "--data-path {tmp}/corpus.idx: a dataset is named by its prefix, without .idx: --data-path "
                          "{tmp}/corpus (which names {tmp}/corpus.bin and {tmp}/corpus.idx; neither pair is there yet)"),
     ("{tmp}/corpus.parquet", "--data-path {tmp}/corpus.parquet is raw text: the trainer reads tokenized .bin / .idx "
-                             "datasets; make one first with python tools/preprocess_data.py --input {tmp}/corpus.parquet "
-                             "--output-prefix {tmp}/corpus --json-keys text --tokenizer-model {tokenizer} (--json-keys: "
-                             "the field holding the text), then train with --data-path {tmp}/corpus_text_document"),
+                             "datasets; make one first with python tools/preprocess_data.py --input "
+                             "{tmp}/corpus.parquet --output-prefix {tmp}/corpus --json-keys text --tokenizer-model "
+                             "{tokenizer} (--json-keys: the field holding the text), then train with --data-path "
+                             "{tmp}/corpus_text_document"),
     ("{tmp}/corpus.jsonl.gz", "--data-path {tmp}/corpus.jsonl.gz is raw text: the trainer reads tokenized .bin / .idx "
                               "datasets; make one first with python tools/preprocess_data.py --input "
                               "{tmp}/corpus.jsonl.gz --output-prefix {tmp}/corpus --json-keys text --tokenizer-model "
@@ -311,17 +313,19 @@ def test_the_watcher_refuses_a_folder_without_checkpoints(case, hf_folder, tmp_p
     saying what it found, status 1, nothing written there."""
     suite = tmp_path / "suite.yaml"
     suite.write_text("pseudo_perplexity:\n  texts: texts.jsonl\n")
-    root = {"missing": tmp_path / "no_run", "a Hugging Face folder": hf_folder, "an empty folder": tmp_path / "run"}[case]
+    root = {"missing": tmp_path / "no_run", "a Hugging Face folder": hf_folder,
+            "an empty folder": tmp_path / "run"}[case]
     if case == "an empty folder":
         root.mkdir()
     before = sorted(os.listdir(root)) if root.exists() else None
     run = run_tool("watch_run", "--save", root, "--suite", suite, "--once")
     layout = "no latest_checkpointed_iteration.txt, no iter_NNNNNNN folder"
-    line = {"missing": f"error: {root} does not exist: give the run's --save folder (the trainer makes it as it starts)",
+    line = {"missing": f"error: {root} does not exist: give the run's --save folder (the trainer makes it as it "
+                       f"starts)",
             "a Hugging Face folder": f"error: {root} is a Hugging Face model folder (1_Pooling, config.json, "
                                      f"config_sentence_transformers.json, model.safetensors, modeling_neobert.py, ... "
-                                     f"(11 entries)), not a run's --save folder ({layout}): the watcher exports each "
-                                     f"checkpoint itself; give the trainer's --save",
+                                     f"({len(before or [])} entries)), not a run's --save folder ({layout}): the "
+                                     f"watcher exports each checkpoint itself; give the trainer's --save",
             "an empty folder": f"error: {root} holds no trainer checkpoint ({layout}; it holds: nothing): nothing to "
                                f"evaluate with --once"}[case]
     one_line_at_once(*run, line)

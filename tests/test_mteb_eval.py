@@ -262,7 +262,8 @@ def test_a_failing_task_leaves_the_summary_of_those_that_finished(model_dir, tmp
     _write_jsonl(tmp_path / "tasks" / "LocalTopicSTS" / "test.jsonl", sts.dataset["test"].to_list())
     with pytest.raises(SystemExit) as stop:
         load_tool("run_mteb").main(["--model", str(model_dir), "--output", str(tmp_path / "out"), "--dtype",
-                                    "float32", "--local-task", str(one_class), str(tmp_path / "tasks" / "LocalTopicSTS")])
+                                    "float32", "--local-task", str(one_class),
+                                    str(tmp_path / "tasks" / "LocalTopicSTS")])
     message = str(stop.value)
     assert message.startswith(f"error: 1 of 2 MTEB task(s) failed ({tmp_path}/out/summary.md holds the 1 that "
                               f"finished): OneClass: ") and "\n" not in message, message

@@ -197,8 +197,9 @@ def test_a_folder_without_checkpoints_is_refused_or_waited_for(tmp_path):
     run.mkdir()
     (run / "writer.lock").write_text("{}")
     layout = "no latest_checkpointed_iteration.txt, no iter_NNNNNNN folder"
-    assert check_run_folder(str(run), once=False) == f"{run}: no checkpoint yet ({layout}): waiting for the run's first save"
-    with pytest.raises(ValueError, match=re.escape(f"it holds: writer.lock): nothing to evaluate with --once")):
+    assert check_run_folder(str(run), once=False) == \
+        f"{run}: no checkpoint yet ({layout}): waiting for the run's first save"
+    with pytest.raises(ValueError, match=re.escape("it holds: writer.lock): nothing to evaluate with --once")):
         check_run_folder(str(run), once=True)
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path} holds no trainer checkpoint ({layout}; it holds: run): "
                                                    f"give the run's --save folder")):

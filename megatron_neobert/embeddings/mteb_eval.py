@@ -166,7 +166,8 @@ def _write_summary(output_dir: Path, task_results, types: Dict[str, str], failed
     summary = summarize(task_results, types)
     summary.update(model={"name": meta.name, "revision": meta.revision}, failed=failed)
     write_json_atomic(output_dir / "summary.json", summary)
-    write_text_atomic(output_dir / "summary.md", summary_markdown(summary, f"MTEB results: {meta.name} @ {meta.revision}"))
+    write_text_atomic(output_dir / "summary.md",
+                      summary_markdown(summary, f"MTEB results: {meta.name} @ {meta.revision}"))
     return summary
 
 

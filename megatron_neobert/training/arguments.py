@@ -37,7 +37,8 @@ ARCH_OVERRIDES = {
 def build_parser() -> argparse.ArgumentParser:
     # The shared parser refuses abbreviations: Megatron-LM's --exit-signal must not be read as a prefix of
     # another flag.
-    p = ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.", error_class=InputError)
+    p = ArgumentParser(prog="neobert-pretrain", description="Pre-train NeoBERT with megatron-core.",
+                       error_class=InputError)  # one line, on rank 0, in place of the usage on every rank
     p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
     _add_model_args(p.add_argument_group(ModelSettings.TITLE))
     _add_precision_args(p.add_argument_group(PrecisionSettings.TITLE))

@@ -70,7 +70,8 @@ def stage2_plan(stage1: str, save: str, load_optim: bool = True, seq_length: Opt
                  ["--tokenizer-type", args["tokenizer_type"], "--tokenizer-model", args["tokenizer_model"]])
     flags = ["--use-checkpoint-args", "--load", save if resume else stage1, "--save", save, *tokenizer,
              "--data-path", *(data_path or args["data_path"]), "--split", args["split"],
-             "--seq-length", str(seq_length), "--micro-batch-size", str(micro), "--global-batch-size", str(global_batch),
+             "--seq-length", str(seq_length), "--micro-batch-size", str(micro),
+             "--global-batch-size", str(global_batch),
              "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
              "--bf16" if args["bf16"] else "--no-bf16", *_switch("--fp16", args.get("fp16")),
              *_switch("--use-distributed-optimizer", args.get("use_distributed_optimizer")),
