@@ -14,6 +14,7 @@ Kept free of torch, transformers and megatron-core, so that `--help` answers at 
 
 import argparse
 import dataclasses
+import difflib
 import sys
 import typing
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -112,12 +113,26 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 class ArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that reads `--max_length` as `--max-length` when only the dashed flag exists, and refuses
-    abbreviations: a prefix is an error, not whichever flag it begins (`--task` must not run `--tasks`' grid)."""
+    abbreviations: a prefix is an error, not whichever flag it begins (`--task` must not run `--tasks`' grid).
 
-    def __init__(self, *args, **kwargs):
+    With `error_class`, a bad command line raises it with one line (argparse's message, the flag a mistyped one
+    was probably meant to be) instead of printing the usage and exiting: the trainer's usage fills a screen,
+    printed by every rank under torchrun."""
+
+    def __init__(self, *args, error_class=None, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.error_class = error_class
+
+    def error(self, message):
+        if self.error_class is None:
+            super().error(message)
+        guesses = [difflib.get_close_matches(word.split("=")[0], self._option_string_actions, n=1)
+                   for word in message.split() if word.startswith("--")]
+        meant = sorted({g[0] for g in guesses if g})
+        hint = f" (did you mean {' / '.join(meant)}?)" if meant and "unrecognized" in message else ""
+        raise self.error_class(f"{message}{hint}; {self.prog} --help lists the flags")
 
     def _dashed(self, arg: str) -> str:
         if not arg.startswith("--") or "_" not in arg:

@@ -414,7 +414,8 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
 
 @pytest.mark.integration
 def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
-    with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
+    with pytest.raises(ConversionError, match="mcore: a trainer checkpoint, not a Hugging Face model folder: export "
+                                              "it first with neobert-convert-checkpoint --direction mcore-to-hf"):
         hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
     with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=64"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "b", model_preset="neobert-250m")
@@ -423,7 +424,9 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(VOCAB_SIZE + 5, 64)})
     with pytest.raises(ConversionError, match="vocab size mismatch"):
         hf_to_mcore(official_folder(tmp_path / "vocab", config, bad), tmp_path / "d")
-    with pytest.raises(ConversionError, match="neither a local folder nor a downloadable hub repository"):
+    with pytest.raises(ConversionError, match="^--load chandar-lab/NeoBERT-not-cached: no folder "
+                                              "chandar-lab/NeoBERT-not-cached in .*, nor in the Hugging Face cache .*, "
+                                              "and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it$"):
         hf_to_mcore("chandar-lab/NeoBERT-not-cached", tmp_path / "e")  # offline in tests
     assert sorted(os.listdir(tmp_path)) == ["vocab"]
 

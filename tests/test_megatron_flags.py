@@ -130,7 +130,7 @@ def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers(
     assert settings.data.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
     arch = model_arch(settings.model, tokenizer_vocab_size=5000)
     assert (arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size) == (64, 176, 5000)
-    overridden = startup_notes(settings, arch)[-1]
+    overridden = startup_notes(settings, arch)[-2]  # the last: the precision's
     assert "ffn_hidden_size 344 -> 176 (derived from --hidden-size)" in overridden
     assert "vocab_size 8192 -> 5000 (the tokenizer's)" in overridden
     given = parse_settings(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"]).model
@@ -144,7 +144,7 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
     settings = parse_settings(BASE + ["--sequence-parallel"])
     assert not settings.parallel.sequence_parallel
     assert "disabling sequence parallelism because tensor model parallelism is disabled" in startup_notes(
-        settings, model_arch(settings.model))[-1]
+        settings, model_arch(settings.model))[-2]
 
 
 def _model(argv):

@@ -94,11 +94,19 @@ def run_tool(tool, *args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+# Tools that read the trainer's flags answer a bad command line as the trainer does: one `error:` line, status 1.
+TRAINER_FLAGS = {"build_data_cache.py"}
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_abbreviated_flags_are_refused(tool):
     # Were prefixes accepted, `--hel` would be --help: the help text and exit status 0.
     out = run_tool(tool, "--hel", timeout=60)
-    assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+    if tool in TRAINER_FLAGS:
+        assert out.returncode == 1 and out.stderr.startswith("error: unrecognized arguments: --hel (did you mean "
+                                                             "--help?)"), (out.returncode, out.stderr[-2000:])
+    else:
+        assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
 
 
 def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):

@@ -36,8 +36,15 @@ def main(argv=None):
     from megatron_neobert.embeddings.cde import finetune_cde
     from megatron_neobert.embeddings.config import CDEConfig
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
+    from megatron_neobert.model_source import check_model_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:  # the folders first: a mistyped one fails before the datasets are read
+        check_model_source(args.model, hub=False)
+        if args.second_stage_model:
+            check_model_source(args.second_stage_model, "--second-stage-model", hub=False)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     datasets = []
     for spec in args.dataset:
         try:

@@ -37,8 +37,13 @@ def main(argv=None):
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.embeddings.config import ContrastiveConfig
     from megatron_neobert.embeddings.finetune import finetune_contrastive
+    from megatron_neobert.model_source import check_model_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:  # the folder first: a mistyped one fails before the datasets are read
+        check_model_source(args.model, hub=False)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     instructions = {}
     for item in args.instruction:
         name, sep, text = item.partition("=")

@@ -38,6 +38,7 @@ from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folde
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
 from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
@@ -331,6 +332,10 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
 
 def _fetch_hf(load: str) -> Path:
     """A local folder, or a hub name fetched with `snapshot_download` (cache first, network if allowed)."""
+    try:
+        check_model_source(load, "--load")
+    except ValueError as err:
+        raise ConversionError(str(err)) from None
     if os.path.exists(load):
         return Path(load)
     from huggingface_hub import snapshot_download

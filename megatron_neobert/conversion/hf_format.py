@@ -14,6 +14,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from ..hf import NeoBERTConfig
+from ..model_source import check_model_source
 
 PathLike = Union[str, os.PathLike]
 StateDict = Dict[str, torch.Tensor]
@@ -309,6 +310,7 @@ def neobert_config(config_dict: dict, path: Path) -> NeoBERTConfig:
 def load_neobert_auto_config(folder: PathLike) -> NeoBERTConfig:
     """The config of a NeoBERT folder (ours or the published layout), read by this package's NeoBERTConfig
     without remote code; a clear error for anything else."""
+    check_model_source(folder)
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{folder} is not a loadable Hugging Face model folder: it has no config.json")

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy
 
 from megatron_neobert.flags import setting
+from megatron_neobert.model_source import check_hub_reachable
 
 # Megatron-LM's WordPiece types: whether they lower-case.
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
@@ -270,7 +271,7 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
 
     @staticmethod
     def _load(tokenizer_model: str):
-        _check_hub_reachable(tokenizer_model)
+        check_hub_reachable(tokenizer_model)
         return load_auto_tokenizer(tokenizer_model)
 
     def tokenize(self, text: str) -> List[int]:
@@ -284,31 +285,6 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
         if self._backend is not None:
             return [e.ids for e in _batch_encoder(self._backend)(list(texts), add_special_tokens=False)]
         return super().tokenize_batch(texts)
-
-
-def _check_hub_reachable(name: str) -> None:
-    """A name that is neither a local folder nor in the Hugging Face cache is downloaded: without
-    the Hub, fail at once (transformers retries for about a minute before it gives up)."""
-    import socket
-    from urllib.parse import urlsplit
-    from urllib.request import getproxies
-
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    if os.path.isdir(name) or os.path.isdir(os.path.join(constants.HF_HUB_CACHE, "models--" + name.replace("/", "--"))):
-        return
-    where = f"no folder {name} in {os.getcwd()}, nor in the Hugging Face cache {constants.HF_HUB_CACHE}"
-    if huggingface_hub.is_offline_mode():
-        raise OSError(f"{where}, and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it")
-    endpoint = urlsplit(constants.ENDPOINT)
-    if getproxies().get(endpoint.scheme) or getproxies().get("all"):
-        return  # reached through a proxy: only the download can tell
-    try:
-        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-        socket.create_connection((endpoint.hostname, port), timeout=5).close()
-    except OSError as err:
-        raise OSError(f"{where}, and the Hub ({constants.ENDPOINT}) cannot be reached: {err}") from err
 
 
 def check_wordpiece_vocab(vocab_file: str) -> None:

@@ -125,7 +125,7 @@ def finetune_contrastive(
         scheduler.step()
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"non-finite loss at step {step + 1} on dataset {datasets[d].name}")
-        if config.log_every and (step + 1) % config.log_every == 0:
+        if config.log_every and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             logger.info("step %d/%d dataset %s loss %.4f grad_norm %.3f lr %.2e", step + 1, config.steps,
                         datasets[d].name, loss.item(), norm.item(), scheduler.get_last_lr()[0])
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:

@@ -74,7 +74,8 @@ def build_parser(prog: str = "neobert-pretrain", description: str = "Pre-train N
     """The trainer's command line. A tool that reads a part of the settings from the training command (`shown`:
     their names) takes every flag of it, and its --help lists only those."""
     # The shared parser refuses abbreviations: Megatron-LM's --exit-signal must not be read as a prefix of another.
-    p = ArgumentParser(prog=prog, description=description, epilog=epilog)
+    p = ArgumentParser(prog=prog, description=description, epilog=epilog,
+                       error_class=InputError)  # one line, on rank 0, in place of the usage on every rank
     p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
     for section in SECTIONS.values():
         add_flags(p.add_argument_group(section.TITLE), section)

@@ -160,7 +160,25 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if "sequence_parallel" in settings.explicit and settings.parallel.tensor_model_parallel_size == 1:
         notes.append("warning: disabling sequence parallelism because tensor model parallelism is disabled "
                      "(--tensor-model-parallel-size 1)")
+    notes.append(precision_note(settings, torch.cuda.is_available()))
     return notes
+
+
+def precision_note(settings: Settings, on_gpu: bool) -> str:
+    """What precision the step runs in, on this device. On a CPU, --bf16 is not ignored: megatron-core's
+    Float16Module holds bf16 weights and the linear layers, attention and norms compute in bf16 there too."""
+    precision = settings.precision
+    if not (precision.bf16 or precision.fp16):
+        why = "--no-bf16" if "bf16" in settings.explicit else "the default without a GPU; --bf16 runs bf16 here too"
+        return f"precision: fp32 weights, activations, gradients and optimizer state ({why})"
+    half = "bf16" if precision.bf16 else "fp16"
+    where = "" if on_gpu else ", on the CPU as on a GPU"
+    scaling = ("" if precision.bf16 else f"; loss scale {precision.loss_scale:g}" if precision.loss_scale
+               else f"; dynamic loss scale from {precision.initial_loss_scale:g}")
+    fp8 = (f"FP8 ({precision.fp8_format}, {precision.fp8_recipe} recipe) matrix multiplications in Transformer "
+           f"Engine's layers, else " if precision.fp8_format else "")
+    return (f"precision: {fp8}{half} weights and activations (linear layers, attention and norms compute in {half}"
+            f"{where}); fp32 main weights, gradient reduction and optimizer state (--{half}{scaling})")
 
 
 def fp16_step(optimizer, state: TrainState) -> tuple:

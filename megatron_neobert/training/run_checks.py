@@ -6,6 +6,8 @@ import os
 import re
 from typing import Optional
 
+from megatron_neobert.data.indexed import IndexedDataError, check_sizes
+from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import NeoBERTArch
@@ -33,15 +35,39 @@ def check_inputs(data: DataSettings) -> MLMTokenizer:
     blends = [sources["blend"], *(sources["blend_per_split"] or [])]
     prefixes = [prefix for blend in blends if blend for prefix in blend[0]]
     for prefix in prefixes:
-        if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
-            # preprocess_data.py names its output {output prefix}_{key}_document.
-            named = re.fullmatch(r"(.*)_([^_/]+)_document", prefix)
-            output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
-            raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
-                             f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
-                             f"{output_prefix} --json-keys {key} --tokenizer-model {data.tokenizer_model}, which "
-                             f"writes {output_prefix}_{key}_document.bin / .idx")
+        check_dataset(prefix, data.tokenizer_model)
     return tokenizer
+
+
+def check_dataset(prefix: str, tokenizer_model: str) -> None:
+    """A --data-path prefix names a .bin / .idx pair whose sizes and header are megatron-core's (constant time:
+    a few bytes of each file); else an InputError saying how to get one: the prefix without a .bin / .idx
+    suffix, raw text (Parquet, JSON lines) preprocessed first, or the dataset made with preprocess_data.py."""
+    stem, suffix = os.path.splitext(prefix)
+    if suffix in (".bin", ".idx"):
+        made = os.path.isfile(stem + ".bin") and os.path.isfile(stem + ".idx")
+        raise InputError(f"--data-path {prefix}: a dataset is named by its prefix, without {suffix}: --data-path "
+                         f"{stem}" + ("" if made else f" (which names {stem}.bin and {stem}.idx; neither pair is "
+                                                      f"there yet)"))
+    raw = next((s for s in JSON_SUFFIXES + PARQUET_SUFFIXES if prefix.endswith(s)), None)
+    if raw:
+        output_prefix = prefix[:-len(raw)]
+        raise InputError(f"--data-path {prefix} is raw text: the trainer reads tokenized .bin / .idx datasets; make "
+                         f"one first with python tools/preprocess_data.py --input {prefix} --output-prefix "
+                         f"{output_prefix} --json-keys text --tokenizer-model {tokenizer_model} (--json-keys: the "
+                         f"field holding the text), then train with --data-path {output_prefix}_text_document")
+    if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
+        # preprocess_data.py names its output {output prefix}_{key}_document.
+        named = re.fullmatch(r"(.*)_([^_/]+)_document", prefix)
+        output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
+        raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
+                         f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
+                         f"{output_prefix} --json-keys {key} --tokenizer-model {tokenizer_model}, which "
+                         f"writes {output_prefix}_{key}_document.bin / .idx")
+    try:
+        check_sizes(prefix + ".idx", prefix + ".bin")
+    except IndexedDataError as err:
+        raise InputError(f"dataset {prefix}: {err} (make it again with python tools/preprocess_data.py)") from None
 
 
 def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
