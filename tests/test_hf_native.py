@@ -156,3 +156,13 @@ def test_packed_classification_equals_padded(single_rank):
         packed = model(**classification_batch("packed"))
     torch.testing.assert_close(packed.logits, padded.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed.loss, padded.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_the_published_swiglu_rule_is_the_presets():
+    """The standalone HF config (it must load without this package) reads the published config.json's nominal
+    intermediate_size with its own copy of NeoBERT's SwiGLU rule; the presets' rule must give the same widths."""
+    from megatron_neobert.hf.configuration_neobert import published_swiglu_width
+    from megatron_neobert.model import PRESETS, swiglu_width
+
+    assert all(swiglu_width(n) == published_swiglu_width(n) for n in range(1, 20000))
+    assert PRESETS["neobert-250m"].ffn_hidden_size == published_swiglu_width(3072) == 2048

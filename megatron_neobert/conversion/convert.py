@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,8 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 
 from megatron_neobert.conversion import shape_bridge
-from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, replace_folder, write_hf_folder
+from megatron_neobert.atomic_write import atomic_path
+from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, write_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
@@ -408,10 +408,8 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                             pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
                             params_dtype=dtype, converted_from=str(load))
 
-    save.parent.mkdir(parents=True, exist_ok=True)
-    tmp = save.parent / f".{save.name}.tmp-{uuid.uuid4().hex[:8]}"
-    stage = tmp / "stage-tp1"
-    try:
+    with atomic_path(save) as tmp:
+        stage = tmp / "stage-tp1"
         # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
         with _single_rank():
             model = build_single_rank_model(arch, padded, DTYPES[dtype])
@@ -435,10 +433,6 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)
         write_latest_marker(str(tmp), 0)
-        replace_folder(tmp, save)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ConversionSummary("hf-to-mcore", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
                              dtype, _disk_size(save),
                              layout=f"TP={tp} x PP={pp}, vocabulary padded to {padded}, iteration 0")

@@ -7,12 +7,12 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
 import torch
 
+from ..atomic_write import atomic_path
 from ..hf import NeoBERTConfig
 from ..model_source import check_model_source
 
@@ -158,7 +158,7 @@ def _sentence_transformers_files(config: NeoBERTConfig) -> Dict[str, dict]:
 
 def _write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:  # into a folder that atomic_path commits whole
         json.dump(obj, f, indent=2, sort_keys=False)
         f.write("\n")
 
@@ -208,20 +208,6 @@ def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> 
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def replace_folder(tmp: Path, dst: Path) -> None:
-    """Put a finished temporary folder at `dst`, replacing whatever is there.
-
-    os.replace cannot replace a non-empty folder: move the old one aside, swap, then delete it.
-    """
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(dst, old)
-        os.replace(tmp, dst)
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    else:
-        os.replace(tmp, dst)
-
-
 def write_hf_folder(
     dst: PathLike,
     hf_state_dict: StateDict,
@@ -241,10 +227,8 @@ def write_hf_folder(
         raise ValueError("the state dict has no MLM head (decoder.weight / decoder.bias); export expects NeoBERTLMHead")
     validate_hf_state_dict(hf_state_dict, config)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_path(dst) as tmp:
+        tmp.mkdir()
         _write_json(tmp / "config.json", hf_config_dict(config, dtype))
         _save_safetensors(hf_state_dict, tmp / WEIGHTS_NAME, dtype)
         for source in MODEL_FILES:
@@ -253,11 +237,6 @@ def write_hf_folder(
             _copy_tokenizer(tokenizer_path, tmp, config)
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
-
-        replace_folder(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dst
 
 

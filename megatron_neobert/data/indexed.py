@@ -14,6 +14,7 @@ from typing import Type
 import numpy
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, get_bin_path, get_idx_path
 
+from megatron_neobert.atomic_write import commit
 from megatron_neobert.megatron_core_compat import index_header
 
 PARTIAL_SUFFIX = ".partial"
@@ -134,8 +135,8 @@ def commit_pair(prefix: str) -> None:
     check_indexed_files(idx_tmp, bin_tmp)
     if os.path.exists(get_idx_path(prefix)):
         os.remove(get_idx_path(prefix))
-    os.replace(bin_tmp, get_bin_path(prefix))
-    os.replace(idx_tmp, get_idx_path(prefix))
+    commit(bin_tmp, get_bin_path(prefix))
+    commit(idx_tmp, get_idx_path(prefix))
 
 
 def discard_partial(prefix: str) -> None:

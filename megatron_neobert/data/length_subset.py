@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path
 
+from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.documents import raw_lengths
 from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths
@@ -92,9 +93,8 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
         if os.path.isfile(input_prefix + SOURCE_IDS_SUFFIX) and "source_documents" in source:
             ids = numpy.load(input_prefix + SOURCE_IDS_SUFFIX, mmap_mode="r")[keep]
             corpus_size = source["source_documents"]
-        tmp = output_prefix + SOURCE_IDS_SUFFIX + ".partial.npy"
-        numpy.save(tmp, ids)
-        os.replace(tmp, output_prefix + SOURCE_IDS_SUFFIX)
+        with atomic_path(output_prefix + SOURCE_IDS_SUFFIX) as tmp:
+            numpy.save(tmp, ids)
         publish(output_prefix, {**source, "documents": int(keep.size),
                                 "source_documents": int(corpus_size)})
     except BaseException:

@@ -10,16 +10,14 @@ resumes where it stopped; see `run_glue`.
 import contextlib
 import logging
 import math
-import os
-import shutil
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict
 
 import torch
 
+from ..atomic_write import atomic_path
 from .. import hf  # noqa: F401  (registers NeoBERT with the Auto classes: no remote code runs)
 from ..conversion.hf_format import load_neobert_auto_config
 from ..progress import library_bars, progress_bar
@@ -102,20 +100,17 @@ def _report_unexpected_loading(folder: str, loading: dict, head_was_trained: boo
 
 
 def _save_checkpoint(model, tokenizer, state_dict, dst: Path) -> None:
-    """Writes the best weights as a loadable folder, atomically (temporary sibling, then rename)."""
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    """Writes the best weights as a loadable folder, atomically."""
+    if dst.exists():
+        raise FileExistsError(f"checkpoint {dst} already exists; refusing to overwrite it")
     current = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(state_dict)
     try:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        if dst.exists():
-            raise FileExistsError(f"checkpoint {dst} already exists; refusing to overwrite it")
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            model.save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
     finally:
         model.load_state_dict(current)
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------------

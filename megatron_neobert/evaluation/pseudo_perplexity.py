@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..atomic_write import atomic_file, atomic_path
 from ..conversion.hf_format import load_neobert_auto_config
 from ..defaults import DEFAULT_BUCKETS
 from ..progress import progress_bar
@@ -192,11 +193,11 @@ def write_outputs(results: Sequence[SequenceResult], buckets: List[dict], prefix
     prefix.parent.mkdir(parents=True, exist_ok=True)
     paths = [prefix.with_suffix(".csv"), prefix.parent / f"{prefix.name}_sequences.csv", prefix.with_suffix(".png")]
     fields = ["min_length", "max_length", "sequences", "tokens", "mean_length", "mean_loss", "pseudo_perplexity"]
-    with open(paths[0], "w", newline="", encoding="utf-8") as f:
+    with atomic_file(paths[0], "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(buckets)
-    with open(paths[1], "w", newline="", encoding="utf-8") as f:
+    with atomic_file(paths[1], "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["index", "length", "scored", "mean_loss", "pseudo_perplexity"])
         writer.writerows([r.index, r.length, r.scored, r.mean_loss, r.pseudo_perplexity] for r in results)
@@ -210,7 +211,8 @@ def write_outputs(results: Sequence[SequenceResult], buckets: List[dict], prefix
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[2], dpi=120, metadata={"Title": title})  # readable without viewing the image
+    with atomic_path(paths[2]) as tmp:
+        fig.savefig(tmp, dpi=120, metadata={"Title": title})  # readable without viewing the image
     plt.close(fig)
     return paths
 

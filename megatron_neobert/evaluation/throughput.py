@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model import NeoBERTArch, padded_vocab_size
 from megatron_neobert.training.metrics import attended_pairs, peak_tflops, step_flops
@@ -429,6 +430,7 @@ def plot(results: List[Measurement], path: str):
     axes[1].set(ylabel="10^3 real tokens/s", title="Training step")
     axes[1].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return axes

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
+from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.model_source import folder_listing
 from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, complete_iterations, iteration_dir,
                                                          saved_iterations)
@@ -199,11 +200,9 @@ def plot_scores(rows_by_run: Dict[str, List[dict]], path) -> Path:
         ax.axis("off")
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.stem}.tmp{path.suffix}"  # renamed over: a dashboard never reads half a PNG
-    fig.savefig(tmp, dpi=100, metadata={"Description": json.dumps(points, sort_keys=True)})
+    with atomic_path(path) as tmp:  # a dashboard never reads half a PNG
+        fig.savefig(tmp, dpi=100, metadata={"Description": json.dumps(points, sort_keys=True)})
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
