@@ -13,6 +13,7 @@ from typing import Dict, List
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_model_config
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
@@ -134,7 +135,7 @@ def host_syncs(events) -> HostSyncReport:
                          f"through profiled_step")
     begin, end = min(starts[FIRST_FORWARD]), max(starts[BACKWARD_DONE])
     window = [e for e in events if begin <= e.time_range.start < end]
-    calls = [e for e in window if runtime_call(e.name)]
+    calls = [e for e in window if e.device_type == DeviceType.CPU and runtime_call(e.name)]  # not the kernels
     syncs = ([e for e in calls if runtime_call(e.name) in HOST_BLOCKING_CALLS] if calls
              else [e for e in window if e.name in HOST_READ_OPS and not _reads_a_host_value(e)])
     return HostSyncReport(len(calls), [_describe(e) for e in sorted(syncs, key=lambda e: e.time_range.start)])

@@ -14,25 +14,26 @@ from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_va
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
-from gpu_cases import ARCH, MICRO_BATCH, SEQ, batch, needs, needs_gpu, needs_te
+from gpu_cases import ARCH, MICRO_BATCH, SEQ, batch, needs, needs_fp8, needs_gpu, needs_te
 
 pytestmark = needs_gpu
 
 
-@pytest.mark.parametrize("impl, packed, kernel", [
-    pytest.param("transformer_engine", False, None, marks=needs_te),
-    pytest.param("transformer_engine", True, None, marks=needs_te),
-    ("local", False, None),
+@pytest.mark.parametrize("impl, packed, kernel, flags", [
+    pytest.param("transformer_engine", False, None, (), marks=needs_te),
+    pytest.param("transformer_engine", True, None, (), marks=needs_te),
+    pytest.param("transformer_engine", True, None, ("--fp8-format", "hybrid"), marks=[needs_te, needs_fp8]),
+    ("local", False, None, ()),
     # Packed on the local spec: FlexAttention where flash-attn is absent (as on the GPU host), flash-attn's
     # varlen kernel where it is installed. Its segmented-SDPA fallback reads the document lengths once a step.
-    ("local", True, "flex"),
-    pytest.param("local", True, "flash", marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
-])
-def test_step_makes_no_host_sync(monkeypatch, impl, packed, kernel):
+    ("local", True, "flex", ()),
+    pytest.param("local", True, "flash", (), marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
+], ids=["te-padded", "te-packed", "te-packed-fp8", "local-padded", "local-packed-flex", "local-packed-flash"])
+def test_step_makes_no_host_sync(monkeypatch, impl, packed, kernel, flags):
     if kernel:
         monkeypatch.setenv(PACKED_ATTENTION_ENV, kernel)
     settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
-                               "--bf16", "--transformer-impl", impl, "--lr-warmup-iters", "0"])
+                               "--bf16", "--transformer-impl", impl, "--lr-warmup-iters", "0", *flags])
     _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
     batches = [batch(packed, seed=i, pinned=True) for i in range(2)]
     run_micro_batches(chunks, batches, forward_only=False)  # compiles the fused kernels, picks the backends
