@@ -14,7 +14,7 @@ from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "cpu_execution")
 
 ARCH = get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
                 vocab_size=512)
