@@ -332,7 +332,7 @@ def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], 
 
 def fp8_unavailable() -> Optional[str]:
     """Why FP8 training cannot run here, or None when it can."""
-    from megatron_neobert.model.layer_specs import transformer_engine_available
+    from megatron_neobert.kernels import transformer_engine_available
 
     if not torch.cuda.is_available():
         return "no GPU"
