@@ -49,6 +49,10 @@ def fails_in_one_line(capsys, argv) -> str:
     pytest.param(["--fp8-format", "e4m3"], "--fp8-format e4m3 needs Transformer Engine, which does not import here",
                  marks=pytest.mark.skipif(transformer_engine_available(), reason="Transformer Engine imports here")),
     (["--ckpt-format", "torch"], "--ckpt-format torch: only torch_dist is written and read"),
+    # Before megatron-core builds the model (its ValueError, a traceback): the run's shape against its TP size.
+    (["--tensor-model-parallel-size", "8"], "--num-attention-heads 4 (--model-preset neobert-tiny) at "
+     "--tensor-model-parallel-size 8: each rank computes whole heads, and 8 does not divide 4; use "
+     "--tensor-model-parallel-size 1, 2 or 4"),
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer"),
     (["--lr-warmup-fraction", "0.1"], "give --lr-warmup-fraction or --lr-warmup-iters, not both"),
 ])

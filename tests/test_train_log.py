@@ -132,6 +132,10 @@ def test_our_figures_follow_on_the_line(single_rank, capsys):
     log.step(_record(4, 10.0, 1e-4), 0.5 / 3, 0)
     assert "| MFU: 25.0% |" in capsys.readouterr().out and log.writers[-1].last["perf/mfu"] == pytest.approx(0.25)
 
+    log.peak, log.bf16_peak = tflops * 8, tflops * 4  # FP8: twice the bf16 peak, for the linears alone
+    log.step(_record(5, 10.0, 1e-4), 0.5 / 3, 0)
+    assert "| MFU: 12.5% of FP8 peak (25.0% of bf16 peak) |" in capsys.readouterr().out
+
 
 def test_a_window_of_skipped_steps_leaves_out_the_loss_and_counts_them(single_rank, capsys):
     skipped = [dict(_record(it, float("nan"), 1e-4, skipped=True), grad_norm=None, loss_scale=4096.0)

@@ -41,7 +41,7 @@ from megatron_neobert.training.process_guards import (ExitSignalHandler, Progres
                                                       forked_children_die_with_rank, ignore_exit_signals,
                                                       stop_requested)
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_vocabulary, trained_length)
+                                                  check_tensor_parallel_shapes, check_vocabulary, trained_length)
 from megatron_neobert.training.settings import RECIPE_DIFFERENCES, Settings
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step, params_norm,
                                             run_micro_batches)
@@ -280,6 +280,7 @@ def _train(settings: Settings, tokenizer, forward_step: ForwardStep, handler: Op
         settings, checkpoint_arch = use_checkpoint_args(settings, checkpoint, common)
     arch = trained_length(settings, model_arch(settings.model, tokenizer.vocab_size, checkpoint_arch), common)
     check_vocabulary(tokenizer, arch)
+    check_tensor_parallel_shapes(settings, arch)
     if checkpoint:
         check_model_shape(settings, arch, checkpoint, common)
     finetune = options.finetune or pretrained
