@@ -257,13 +257,34 @@ def test_bad_megatron_lm_flags_are_refused_before_anything_is_built(argv, messag
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mock-data", "--split", "98,1,1"], "--split divides --data-path"),
     (["--train-data-path", "a", "--split", "98,1,1"], "--split divides --data-path"),
     (["--valid-data-path", "a"], "need --train-data-path"),
 ])
 def test_data_sources_are_refused_when_mixed(argv, message):
     with pytest.raises(ValueError, match=message):
         parse_settings(argv)
+
+
+def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
+    """Megatron-LM's scripts pass --split with --mock-data (one block for mock and real data); megatron-core splits
+    mock data 1,1,1 whatever it says, and the start-up notes say so."""
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.model_setup import model_arch
+
+    given, plain = (parse_settings(_mock_argv("--train-iters", "10", "--lr-warmup-iters", "1", *split))
+                    for split in (["--split", "949,50,1"], []))
+    notes = startup_notes(given, model_arch(given.model))
+    assert "--split 949,50,1 does not apply to --mock-data: megatron-core splits mock data 1,1,1" in notes
+    assert not any("--split" in note for note in startup_notes(plain, model_arch(plain.model)))
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
+    datasets = [build_trainer_datasets(settings, tokenizer) for settings in (given, plain)]
+    for split in range(2):  # train, valid: the same documents with and without --split
+        assert (datasets[0][split].config.split_matrix, len(datasets[0][split])) == (
+            datasets[1][split].config.split_matrix, len(datasets[1][split]))
+        assert (datasets[0][split][3]["tokens"] == datasets[1][split][3]["tokens"]).all()
+    assert datasets[0][0].config.split_matrix == [(0, 1 / 3), (1 / 3, 2 / 3), (2 / 3, 1.0)]
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():

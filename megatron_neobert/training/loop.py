@@ -153,6 +153,9 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
                      + "; ".join(applied))
+    if settings.data.mock_data and "split" in settings.explicit:
+        notes.append(f"--split {settings.data.split} does not apply to --mock-data: megatron-core splits mock data "
+                     f"1,1,1")
     changed = preset_overrides(settings.model, arch)
     if changed:
         notes.append(f"model preset {settings.model.model_preset} overridden by the flags: {', '.join(changed)} "
