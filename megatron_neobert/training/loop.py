@@ -20,6 +20,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
+from megatron_neobert.data.tokenizer import NULL_TOKENIZER, build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank
 from megatron_neobert.parallel.launch import init_distributed
@@ -153,6 +154,8 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
                      + "; ".join(applied))
+    if settings.data.tokenizer_type == NULL_TOKENIZER:
+        notes.append(build_tokenizer(NULL_TOKENIZER, settings.data.tokenizer_model).describe())
     if settings.data.mock_data and "split" in settings.explicit:
         notes.append(f"--split {settings.data.split} does not apply to --mock-data: megatron-core splits mock data "
                      f"1,1,1")

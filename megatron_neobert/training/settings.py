@@ -154,6 +154,14 @@ class DataSettings(TokenizerSettings):
     test_data_path: Optional[List[str]] = setting(
         None, "prefixes (or weight-prefix pairs) of the test split only; replaces --data-path and --split",
         nargs="*")
+    null_tokenizer_pad_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [PAD] id (default: one of its own, --vocab-size + 1)")
+    null_tokenizer_cls_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [CLS] id (default: --vocab-size + 2)")
+    null_tokenizer_sep_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [SEP] id (default: --vocab-size + 3)")
+    null_tokenizer_mask_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [MASK] id (default: --vocab-size + 4)")
     mock_data: bool = setting(
         False, "synthetic deterministic documents, packed and masked as real ones: no files")
     split: str = setting("949,50,1", megatron_default="969,30,1")
