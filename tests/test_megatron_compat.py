@@ -298,10 +298,12 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[1]
     assert "--lr-decay-style cosine" in notes[1] and "--adam-beta2" not in notes[1]
     assert "--hidden-dropout 0.0 (Megatron-LM's default: 0.1)" in notes[1]
-    assert "neobert-tiny overridden" in notes[2] and "num_layers 4 -> 2" in notes[2]
-    assert "hidden_size 128 -> 64" in notes[2]
+    assert notes[2] == ("learning rate: linear warmup from 0 to 0.0006 until iteration 2000, then cosine decay to "
+                        "6e-05 by iteration 900000, then 6e-05")
+    assert "neobert-tiny overridden" in notes[3] and "num_layers 4 -> 2" in notes[3]
+    assert "hidden_size 128 -> 64" in notes[3]
     plain = parse_settings(["--data-path", "x", "--model-preset", "neobert-tiny"])
-    assert len(startup_notes(plain, model_arch(plain.model))) == 2
+    assert len(startup_notes(plain, model_arch(plain.model))) == 3
     from megatron_neobert.training.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())

@@ -32,7 +32,7 @@ from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.resolve import recipe_defaults_applied
-from megatron_neobert.training.schedule import schedule_steps
+from megatron_neobert.training.schedule import checkpoint_schedule_note, describe_schedule, schedule_steps
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
@@ -105,8 +105,12 @@ def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer,
     options = settings.checkpoint
     if not (finetune or options.no_load_optim):
         check_optimizer_setup(settings, checkpoint, common)
+    flags_schedule = scheduler.state_dict()
     load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not options.no_load_optim,
                     load_rng=not options.no_load_rng, finetune=finetune, strict=options.dist_ckpt_strictness)
+    note = None if finetune else checkpoint_schedule_note(flags_schedule, scheduler.state_dict())
+    if note:
+        logger.info(note)
     state = TrainState()
     if not finetune:
         saved = common["train_state"]
@@ -154,6 +158,7 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
                      + "; ".join(applied))
+    notes.append(describe_schedule(settings.training))
     if settings.data.tokenizer_type == NULL_TOKENIZER:
         notes.append(build_tokenizer(NULL_TOKENIZER, settings.data.tokenizer_model).describe())
     if settings.data.mock_data and "split" in settings.explicit:

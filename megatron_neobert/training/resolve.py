@@ -11,7 +11,7 @@ from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLE
                                               resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
 from megatron_neobert.training.errors import InputError
-from megatron_neobert.training.schedule import resolve_schedule
+from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.training.settings import SECTIONS, Settings, declared_fields
 
 # TE's FP8 GEMMs need every dimension but the last a multiple of 8 and the last of 16; the token
@@ -198,6 +198,8 @@ def recipe_defaults_applied(settings: Settings) -> List[str]:
             else {"lr_decay_samples", "lr_warmup_samples"})
     if training.lr_warmup_fraction is not None:
         skip |= {"lr_warmup_iters", "lr_warmup_samples"}
+    if training.lr_decay_style in DECAY_TO_THE_END:  # the decay ends with the run, as Megatron-LM's
+        skip |= {"lr_decay_iters", "lr_decay_samples"}
     if data.mock_data or data.train_data_path:
         skip.add("split")
     if settings.checkpoint.use_checkpoint_args:  # the checkpoint's length, unless given

@@ -123,11 +123,29 @@ class TrainingSettings:
                                                recipe_default="2000 x --global-batch-size", megatron_default="0")
     lr_warmup_fraction: Optional[float] = setting(
         None, "warmup over this fraction of the decay steps (instead of --lr-warmup-iters/-samples)")
-    lr_decay_iters: Optional[int] = setting(None, recipe_default="90% of --train-iters",
-                                            megatron_default="--train-iters")
-    lr_decay_samples: Optional[int] = setting(None, "with --train-samples", recipe_default="90% of --train-samples",
-                                              megatron_default="--train-samples")
-    lr_decay_style: str = setting("cosine", choices=["cosine", "linear", "constant"], megatron_default="linear")
+    lr_decay_iters: Optional[int] = setting(
+        None, "the decay ends here; --min-lr after it",
+        recipe_default="90% of --train-iters (--train-iters with WSD and inverse-square-root)",
+        megatron_default="--train-iters")
+    lr_decay_samples: Optional[int] = setting(
+        None, "with --train-samples",
+        recipe_default="90% of --train-samples (--train-samples with WSD and inverse-square-root)",
+        megatron_default="--train-samples")
+    lr_decay_style: str = setting(
+        "cosine", "after the warmup: cosine or linear from --lr to --min-lr over the decay steps; constant: --lr; "
+                  "inverse-square-root: --lr x sqrt(warmup / step), not below --min-lr; WSD (warmup-stable-decay): "
+                  "--lr until the last --lr-wsd-decay-iters (-samples) of the decay steps, then --lr-wsd-decay-style "
+                  "down to --min-lr. Every style gives --min-lr after the decay steps (megatron-core's "
+                  "OptimizerParamScheduler)", choices=["cosine", "linear", "constant", "inverse-square-root", "WSD"],
+        megatron_default="linear")
+    lr_wsd_decay_style: str = setting(
+        "exponential", "WSD's final decay, at a fraction r of it: exponential 2 x 0.5^r - 1, linear 1 - r, cosine "
+                       "(1 + cos(pi r)) / 2, minus_sqrt 1 - sqrt(r) (ModernBERT's 1-sqrt) of the way from --min-lr "
+                       "to --lr", choices=["exponential", "linear", "cosine", "minus_sqrt"])
+    lr_wsd_decay_iters: Optional[int] = setting(
+        None, "with --lr-decay-style WSD: iterations of the final decay, the last of the decay steps")
+    lr_wsd_decay_samples: Optional[int] = setting(
+        None, "with --lr-decay-style WSD and --train-samples: samples of the final decay, the last of the decay steps")
     override_opt_param_scheduler: bool = setting(
         False, "take the schedule from the flags, not from the loaded checkpoint")
     weight_decay: float = setting(0.1, megatron_default="0.01")
