@@ -14,10 +14,11 @@ from test_megatron_compat import _lrs
 GBS = 16
 
 
-def megatron_lm_lrs(args: dict, steps: int) -> list:
-    """The learning rate of each of the first `steps` iterations under megatron-core's OptimizerParamScheduler, built
-    as Megatron-LM's get_optimizer_param_scheduler (training.py, core_v0.16.1) builds it from its args (its
-    defaults where `args` has none), stepped by the global batch as its train_step steps it."""
+def megatron_lm_lrs(args: dict, batch_sizes: list) -> list:
+    """The learning rate of each iteration under megatron-core's OptimizerParamScheduler, built as Megatron-LM's
+    get_optimizer_param_scheduler (training.py, core_v0.16.1) builds it from its args (its defaults where `args` has
+    none; --global-batch-size GBS), stepped by each iteration's global batch (`batch_sizes`) as its train_step
+    steps it."""
     import torch
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -44,9 +45,9 @@ def megatron_lm_lrs(args: dict, steps: int) -> list:
         use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=False,
         wsd_decay_steps=wsd_decay_steps, lr_wsd_decay_style=a["lr_wsd_decay_style"])
     lrs = []
-    for _ in range(steps):
+    for batch in batch_sizes:
         lrs.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(increment=GBS)
+        scheduler.step(increment=batch)
     return lrs
 
 
@@ -74,7 +75,7 @@ SHOWN = (0, 5, 10, 40, 59, 60, 61, 70, 80, 89, 90, 95, 99)
 
 @pytest.mark.parametrize("case", CASES)
 def test_learning_rate_is_megatron_cores_at_every_step(case):
-    ours, theirs = _lrs(_argv(CASES[case]), 100), megatron_lm_lrs(CASES[case], 100)
+    ours, theirs = _lrs(_argv(CASES[case]), 100), megatron_lm_lrs(CASES[case], [GBS] * 100)
     print(f"\n{case}\n  step  this trainer   megatron-core")
     for step in SHOWN:
         print(f"  {step:4d}  {ours[step]:.9e}  {theirs[step]:.9e}")
@@ -92,7 +93,8 @@ def test_wsd_and_inverse_square_root_decay_to_the_end_of_the_run_by_default():
                                    "--lr-decay-style", style, *extra])
         assert settings.training.lr_decay_iters == 100
         assert not any(item.startswith("--lr-decay-iters") for item in recipe_defaults_applied(settings))
-    assert parse_settings(["--mock-data", "--train-iters", "100", "--lr-warmup-iters", "5"]).training.lr_decay_iters == 90
+    cosine = parse_settings(["--mock-data", "--train-iters", "100", "--lr-warmup-iters", "5"])
+    assert cosine.training.lr_decay_iters == 90
 
 
 @pytest.mark.parametrize("flags, message", [

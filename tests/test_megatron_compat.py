@@ -201,7 +201,7 @@ def test_wordpiece_from_vocab_file_matches_the_tokenizer_it_came_from(kind):
 
 def _lrs(argv, steps):
     """The learning rate of each of the first `steps` iterations of the run's scheduler."""
-    from megatron_neobert.training.schedule import build_scheduler, schedule_steps
+    from megatron_neobert.training.schedule import build_scheduler
 
     training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
@@ -209,7 +209,7 @@ def _lrs(argv, steps):
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(increment=schedule_steps(training).per_iteration)
+        scheduler.step(increment=training.global_batch_size)
     return lrs
 
 

@@ -71,7 +71,8 @@ def test_megatron_lm_mock_data_block_trains_with_the_null_tokenizer(tmp_path):
     where the example's --fp16 skips each of these few steps for an overflow of its initial loss scale."""
     argv = bert_example_argv("unused", tmp_path)
     at = argv.index("--data-path")
-    argv[at:at + 6] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "8192", "--split", "949,50,1"]
+    argv[at:at + 6] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "8192",
+                       "--split", "949,50,1"]
     argv.remove("--fp16")
     lines = _torchrun(argv)
     print("\n".join(lines))
@@ -127,7 +128,6 @@ def test_megatron_lm_flag_is_taken(flags, meaning):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: batch-size ramp-up is not implemented"),
     (["--dataloader-type", "cyclic"], "--dataloader-type cyclic: only single is implemented"),
     (["--position-embedding-type", "learned_absolute"],
      "--position-embedding-type learned_absolute: the neobert-tiny preset has position_embedding_type rope; "

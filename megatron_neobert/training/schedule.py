@@ -2,7 +2,7 @@
 --train-samples, in samples; resolved once from the settings (`resolve_schedule`), counted by megatron-core's
 `OptimizerParamScheduler` in samples as Megatron-LM counts them."""
 
-from typing import NamedTuple, Optional, Set
+from typing import List, NamedTuple, Optional, Set
 
 from megatron_neobert.training.errors import InputError
 
@@ -24,6 +24,9 @@ def resolve_schedule(values: dict, explicit: Set[str]) -> None:
     they mean; refuse lengths that contradict each other."""
     fraction = values["lr_warmup_fraction"]
     _refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
+    _refuse(values["rampup_batch_size"] is not None and values["train_samples"] is None,
+            "--rampup-batch-size needs --train-samples (as Megatron-LM: the iterations and the schedule of a "
+            "growing batch are counted in samples)")
     if values["train_samples"] is None:
         _refuse(values["lr_decay_samples"] is not None or values["lr_warmup_samples"] is not None,
                 "--lr-decay-samples / --lr-warmup-samples go with --train-samples; with --train-iters use "
@@ -86,7 +89,8 @@ def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
             f"--train-samples {values['train_samples']} is less than one global batch ({gbs})")
     _refuse(fraction is not None and values["lr_warmup_samples"] is not None,
             "give --lr-warmup-fraction or --lr-warmup-samples, not both")
-    values["train_iters"] = values["train_samples"] // gbs  # as Megatron-LM without batch-size ramp-up
+    values["train_iters"] = (values["train_samples"] // gbs if values["rampup_batch_size"] is None
+                             else _rampup_train_iters(values))
     decay_fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
     if values["lr_decay_samples"] is None:
         values["lr_decay_samples"] = int(decay_fraction * values["train_samples"])
@@ -102,12 +106,83 @@ def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
     values["lr_warmup_iters"] = 0
 
 
+def _rampup_train_iters(values: dict) -> int:
+    """The iterations of a --train-samples run whose batch grows (--rampup-batch-size), counted as Megatron-LM's
+    update_train_iters counts them: steps of the ramp while the samples before them are within the ramp (and
+    --train-samples), then whole global batches; the ramp itself checked as megatron-core's calculator checks it."""
+    gbs, samples = values["global_batch_size"], values["train_samples"]
+    start, increment, ramp = values["rampup_batch_size"]
+    flag = f"--rampup-batch-size {start} {increment} {ramp}"
+    _refuse(start < 1 or increment < 1 or ramp < 0, f"{flag}: START and INCREMENT must be at least 1, SAMPLES at "
+            f"least 0")
+    _refuse(start >= gbs, f"{flag}: START must be below --global-batch-size {gbs}, where the ramp ends")
+    _refuse((gbs - start) % increment, f"{flag}: --global-batch-size {gbs} - START {start} must be a multiple of "
+            f"INCREMENT {increment}")
+    from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
+
+    try:  # megatron-core's calculator counts the ramp, as in the loop; the entry point has not imported it yet
+        import_megatron_core()
+    except TransformerEngineInstallError as err:
+        raise InputError(str(err)) from err
+    sizes = global_batch_sizes(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
+    iterations = consumed = 0
+    while consumed <= ramp and consumed <= samples:
+        sizes.update(consumed, consistency_check=False)
+        consumed += sizes.get_current_global_batch_size()
+        iterations += 1
+    return iterations + max(0, samples - consumed) // gbs
+
+
+def global_batch_sizes(global_batch_size: int, rampup_batch_size: Optional[List[int]], micro_batch_size: int,
+                       data_parallel_size: int):
+    """megatron-core's micro-batch calculator (its own object, not megatron-core's process-wide one):
+    `update(consumed samples, consistency_check)`, then `get()` micro-batches on each data-parallel rank make the
+    step's `get_current_global_batch_size()` samples. rank -1: megatron-core's lines about it are not printed (the
+    trainer prints its own)."""
+    from megatron.core.num_microbatches_calculator import (ConstantNumMicroBatchesCalculator,
+                                                           RampupBatchsizeNumMicroBatchesCalculator)
+
+    if rampup_batch_size is None:
+        return ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False, -1)
+    return RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False,
+                                                    -1, *rampup_batch_size)
+
+
+def check_batch_sizes(training, data_parallel_size: int) -> None:
+    """Every global batch size of the run (each of its ramp with --rampup-batch-size) a multiple of micro-batch x
+    data-parallel size, as megatron-core's calculator requires; checked before training (megatron-core asserts at
+    the step that reaches a size that is not)."""
+    gbs, mbs, ramp = training.global_batch_size, training.micro_batch_size, training.rampup_batch_size
+    per_step = mbs * data_parallel_size
+    sizes = [gbs] if ramp is None else list(range(ramp[0], gbs + 1, ramp[1]))
+    bad = [size for size in sizes if size % per_step]
+    if not bad:
+        return
+    what = (f"--global-batch-size {gbs}" if ramp is None else
+            f"--rampup-batch-size {' '.join(map(str, ramp))}: global batch size {bad[0]} of the ramp "
+            f"({', '.join(map(str, sizes))})")
+    raise InputError(f"{what} is not a multiple of --micro-batch-size {mbs} x data-parallel size {data_parallel_size}")
+
+
+def _number(x: float) -> str:
+    """A count as the flags give it: whole numbers in full (48828125, not 4.88281e+07)."""
+    return str(int(x)) if x == int(x) else f"{x:.6g}"
+
+
+def describe_rampup(training) -> str:
+    """The batch-size ramp in words, for the start-up log."""
+    start, increment, ramp = training.rampup_batch_size
+    every = ramp / ((training.global_batch_size - start) // increment)  # megatron-core's samples per increment
+    return (f"global batch size: {start}, growing by {increment} every {_number(every)} samples, "
+            f"{training.global_batch_size} after sample {ramp} (--rampup-batch-size); {training.train_iters} "
+            f"iterations in --train-samples {training.train_samples}")
+
+
 class ScheduleSteps(NamedTuple):
     warmup: float
     decay: int
     wsd_decay: Optional[int]  # WSD's final decay (None for the other styles)
     weight_decay_span: int
-    per_iteration: int  # the scheduler's increment per optimizer step
 
 
 def schedule_steps(training) -> ScheduleSteps:
@@ -123,16 +198,16 @@ def schedule_steps(training) -> ScheduleSteps:
         wsd = None if training.lr_wsd_decay_iters is None else training.lr_wsd_decay_iters * gbs
     if training.lr_warmup_fraction is not None:
         warmup = training.lr_warmup_fraction * decay
-    return ScheduleSteps(warmup, decay, wsd, span, gbs)
+    return ScheduleSteps(warmup, decay, wsd, span)
 
 
 def build_scheduler(training, optimizer):
     """megatron-core's `OptimizerParamScheduler` for `training` (the TrainingSettings): linear warmup from
-    --lr-warmup-init, the --lr-decay-style to --min-lr, then --min-lr; step it by
-    `schedule_steps(training).per_iteration` per iteration."""
+    --lr-warmup-init, the --lr-decay-style to --min-lr, then --min-lr; step it by the samples of each iteration (its
+    global batch), as Megatron-LM does."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    warmup, decay, wsd, span, _ = schedule_steps(training)
+    warmup, decay, wsd, span = schedule_steps(training)
     return OptimizerParamScheduler(
         optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
         lr_warmup_steps=warmup, lr_decay_steps=decay,
@@ -146,14 +221,15 @@ def build_scheduler(training, optimizer):
 def describe_schedule(training) -> str:
     """The learning-rate schedule in words, in the unit of its flags (iterations, or samples with --train-samples),
     for the start-up log."""
-    warmup, decay, wsd, _, gbs = schedule_steps(training)
+    warmup, decay, wsd, _ = schedule_steps(training)
+    gbs = training.global_batch_size
     by_samples = training.train_samples is not None
 
-    def count(steps) -> float:
-        return steps if by_samples else steps / gbs
+    def count(steps) -> str:
+        return _number(steps if by_samples else steps / gbs)
 
     def at(steps) -> str:
-        return f"{'sample' if by_samples else 'iteration'} {count(steps):g}"
+        return f"{'sample' if by_samples else 'iteration'} {count(steps)}"
 
     lr, floor = f"{training.lr:g}", f"{training.min_lr:g}"
     words = [f"linear warmup from {training.lr_warmup_init:g} to {lr} until {at(warmup)}"] if warmup else []
@@ -162,7 +238,7 @@ def describe_schedule(training) -> str:
         return "learning rate: " + ", then ".join(words + [f"{lr} (constant)"])
     if style == "inverse-square-root":
         unit = "sample" if by_samples else "iteration"  # megatron-core counts a warmup of 0 as 1 sample
-        words.append(f"{lr} x sqrt({count(max(warmup, 1)):g} / {unit}), not below {floor}, until {at(decay)}")
+        words.append(f"{lr} x sqrt({count(max(warmup, 1))} / {unit}), not below {floor}, until {at(decay)}")
     elif style == "WSD":
         words.append(f"{lr} until {at(decay - wsd)}, {training.lr_wsd_decay_style} decay to {floor} by {at(decay)}")
     else:

@@ -110,6 +110,10 @@ class TrainingSettings:
     train_samples: Optional[int] = setting(
         None, "train for this many samples (instead of --train-iters): iterations = samples / global batch; the "
               "schedule then counts samples")
+    rampup_batch_size: Optional[List[int]] = setting(
+        None, "with --train-samples: the global batch starts at START and grows by INCREMENT in equal steps over "
+              "SAMPLES samples up to --global-batch-size (megatron-core's micro-batch calculator: more "
+              "micro-batches per step)", nargs=3, metavar=("START", "INCREMENT", "SAMPLES"))
     seed: int = setting(1234, "random seed of weights, data order and masks")
     optimizer: str = setting(
         "adam", "adam: Adam with decoupled weight decay (AdamW), as Megatron-LM's adam; adamw: the same; adam-l2: "
