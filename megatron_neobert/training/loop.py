@@ -32,8 +32,8 @@ from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.resolve import recipe_defaults_applied
-from megatron_neobert.training.schedule import (check_batch_sizes, checkpoint_schedule_note, describe_rampup,
-                                                 describe_schedule, global_batch_sizes)
+from megatron_neobert.training.batch_size import check_batch_sizes, global_batch_sizes
+from megatron_neobert.training.schedule import checkpoint_schedule_note, describe_rampup, describe_schedule
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
@@ -189,8 +189,8 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
     iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs
-    it), grad_norm, skipped, predicted, tokens, global_batch_size, loss_scale (None without --fp16), num_zeros (with
-    --log-num-zeros-in-grad), params_norm (with --log-params-norm)."""
+    it), grad_norm, skipped, predicted, tokens, global_batch_size, loss_scale (None without --fp16), num_zeros
+    (with --log-num-zeros-in-grad), params_norm (with --log-params-norm)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()

@@ -1,9 +1,12 @@
 """The learning-rate and weight-decay schedule, with Megatron-LM's meanings: lengths in iterations or, with
 --train-samples, in samples; resolved once from the settings (`resolve_schedule`), counted by megatron-core's
-`OptimizerParamScheduler` in samples as Megatron-LM counts them."""
+`OptimizerParamScheduler` in samples as Megatron-LM counts them. Its decay styles are megatron-core's: cosine,
+linear, constant, inverse-square-root and WSD (warmup-stable-decay, with its own final decay); the iterations of a
+growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
 
-from typing import List, NamedTuple, Optional, Set
+from typing import NamedTuple, Optional, Set
 
+from megatron_neobert.training.batch_size import rampup_train_iters
 from megatron_neobert.training.errors import InputError
 
 RECIPE_WARMUP_ITERS = 2000
@@ -90,7 +93,7 @@ def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
     _refuse(fraction is not None and values["lr_warmup_samples"] is not None,
             "give --lr-warmup-fraction or --lr-warmup-samples, not both")
     values["train_iters"] = (values["train_samples"] // gbs if values["rampup_batch_size"] is None
-                             else _rampup_train_iters(values))
+                             else rampup_train_iters(values))
     decay_fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
     if values["lr_decay_samples"] is None:
         values["lr_decay_samples"] = int(decay_fraction * values["train_samples"])
@@ -104,64 +107,6 @@ def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
     # The iteration fields mirror the sample schedule (read by the log and the checks).
     values["lr_decay_iters"] = decay // gbs
     values["lr_warmup_iters"] = 0
-
-
-def _rampup_train_iters(values: dict) -> int:
-    """The iterations of a --train-samples run whose batch grows (--rampup-batch-size), counted as Megatron-LM's
-    update_train_iters counts them: steps of the ramp while the samples before them are within the ramp (and
-    --train-samples), then whole global batches; the ramp itself checked as megatron-core's calculator checks it."""
-    gbs, samples = values["global_batch_size"], values["train_samples"]
-    start, increment, ramp = values["rampup_batch_size"]
-    flag = f"--rampup-batch-size {start} {increment} {ramp}"
-    _refuse(start < 1 or increment < 1 or ramp < 0, f"{flag}: START and INCREMENT must be at least 1, SAMPLES at "
-            f"least 0")
-    _refuse(start >= gbs, f"{flag}: START must be below --global-batch-size {gbs}, where the ramp ends")
-    _refuse((gbs - start) % increment, f"{flag}: --global-batch-size {gbs} - START {start} must be a multiple of "
-            f"INCREMENT {increment}")
-    from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
-
-    try:  # megatron-core's calculator counts the ramp, as in the loop; the entry point has not imported it yet
-        import_megatron_core()
-    except TransformerEngineInstallError as err:
-        raise InputError(str(err)) from err
-    sizes = global_batch_sizes(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
-    iterations = consumed = 0
-    while consumed <= ramp and consumed <= samples:
-        sizes.update(consumed, consistency_check=False)
-        consumed += sizes.get_current_global_batch_size()
-        iterations += 1
-    return iterations + max(0, samples - consumed) // gbs
-
-
-def global_batch_sizes(global_batch_size: int, rampup_batch_size: Optional[List[int]], micro_batch_size: int,
-                       data_parallel_size: int):
-    """megatron-core's micro-batch calculator (its own object, not megatron-core's process-wide one):
-    `update(consumed samples, consistency_check)`, then `get()` micro-batches on each data-parallel rank make the
-    step's `get_current_global_batch_size()` samples. rank -1: megatron-core's lines about it are not printed (the
-    trainer prints its own)."""
-    from megatron.core.num_microbatches_calculator import (ConstantNumMicroBatchesCalculator,
-                                                           RampupBatchsizeNumMicroBatchesCalculator)
-
-    if rampup_batch_size is None:
-        return ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False, -1)
-    return RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False,
-                                                    -1, *rampup_batch_size)
-
-
-def check_batch_sizes(training, data_parallel_size: int) -> None:
-    """Every global batch size of the run (each of its ramp with --rampup-batch-size) a multiple of micro-batch x
-    data-parallel size, as megatron-core's calculator requires; checked before training (megatron-core asserts at
-    the step that reaches a size that is not)."""
-    gbs, mbs, ramp = training.global_batch_size, training.micro_batch_size, training.rampup_batch_size
-    per_step = mbs * data_parallel_size
-    sizes = [gbs] if ramp is None else list(range(ramp[0], gbs + 1, ramp[1]))
-    bad = [size for size in sizes if size % per_step]
-    if not bad:
-        return
-    what = (f"--global-batch-size {gbs}" if ramp is None else
-            f"--rampup-batch-size {' '.join(map(str, ramp))}: global batch size {bad[0]} of the ramp "
-            f"({', '.join(map(str, sizes))})")
-    raise InputError(f"{what} is not a multiple of --micro-batch-size {mbs} x data-parallel size {data_parallel_size}")
 
 
 def _number(x: float) -> str:
