@@ -199,7 +199,7 @@ def test_wordpiece_from_vocab_file_matches_the_tokenizer_it_came_from(kind):
 
 def _lrs(argv, steps):
     """The learning rate of each of the first `steps` iterations of the run's scheduler."""
-    from megatron_neobert.training.schedule import build_scheduler, schedule_steps
+    from megatron_neobert.training.schedule import build_scheduler
 
     training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
@@ -207,7 +207,7 @@ def _lrs(argv, steps):
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(increment=schedule_steps(training).per_iteration)
+        scheduler.step(increment=training.global_batch_size)
     return lrs
 
 
@@ -254,13 +254,34 @@ def test_bad_megatron_lm_flags_are_refused_before_anything_is_built(argv, messag
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mock-data", "--split", "98,1,1"], "--split divides --data-path"),
     (["--train-data-path", "a", "--split", "98,1,1"], "--split divides --data-path"),
     (["--valid-data-path", "a"], "need --train-data-path"),
 ])
 def test_data_sources_are_refused_when_mixed(argv, message):
     with pytest.raises(ValueError, match=message):
         parse_settings(argv)
+
+
+def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
+    """Megatron-LM's scripts pass --split with --mock-data (one block for mock and real data); megatron-core splits
+    mock data 1,1,1 whatever it says, and the start-up notes say so."""
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.model_setup import model_arch
+
+    given, plain = (parse_settings(_mock_argv("--train-iters", "10", "--lr-warmup-iters", "1", *split))
+                    for split in (["--split", "949,50,1"], []))
+    notes = startup_notes(given, model_arch(given.model))
+    assert "--split 949,50,1 does not apply to --mock-data: megatron-core splits mock data 1,1,1" in notes
+    assert not any("--split" in note for note in startup_notes(plain, model_arch(plain.model)))
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
+    datasets = [build_trainer_datasets(settings, tokenizer) for settings in (given, plain)]
+    for split in range(2):  # train, valid: the same documents with and without --split
+        assert (datasets[0][split].config.split_matrix, len(datasets[0][split])) == (
+            datasets[1][split].config.split_matrix, len(datasets[1][split]))
+        assert (datasets[0][split][3]["tokens"] == datasets[1][split][3]["tokens"]).all()
+    assert datasets[0][0].config.split_matrix == [(0, 1 / 3), (1 / 3, 2 / 3), (2 / 3, 1.0)]
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
@@ -274,10 +295,12 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[1]
     assert "--lr-decay-style cosine" in notes[1] and "--adam-beta2" not in notes[1]
     assert "--hidden-dropout 0.0 (Megatron-LM's default: 0.1)" in notes[1]
-    assert "neobert-tiny overridden" in notes[2] and "num_layers 4 -> 2" in notes[2]
-    assert "hidden_size 128 -> 64" in notes[2]
+    assert notes[2] == ("learning rate: linear warmup from 0 to 0.0006 until iteration 2000, then cosine decay to "
+                        "6e-05 by iteration 900000, then 6e-05")
+    assert "neobert-tiny overridden" in notes[3] and "num_layers 4 -> 2" in notes[3]
+    assert "hidden_size 128 -> 64" in notes[3]
     plain = parse_settings(["--data-path", "x", "--model-preset", "neobert-tiny"])
-    assert len(startup_notes(plain, model_arch(plain.model))) == 3  # with the precision's
+    assert len(startup_notes(plain, model_arch(plain.model))) == 4  # with the schedule's and the precision's
     from megatron_neobert.training.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())

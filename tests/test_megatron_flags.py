@@ -1,6 +1,7 @@
 """Megatron-LM's flags as its BERT users pass them: its example script run unchanged but for the preset, each
 of its flags taken with its meaning or refused in one line, and the meanings that change a run."""
 
+import math
 import os
 import re
 import subprocess
@@ -36,13 +37,17 @@ def bert_example_argv(prefix, root):
     return model + training + parallel + data + logging + ["--model-preset", "neobert-tiny"]
 
 
-@pytest.mark.integration
-def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
-    argv = bert_example_argv(data[0], tmp_path)
+def _torchrun(argv) -> list:
+    """The trainer's stdout lines from torchrun on 2 ranks (the run must succeed)."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "megatron_neobert.pretrain", *argv], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+@pytest.mark.integration
+def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
+    lines = _torchrun(bert_example_argv(data[0], tmp_path))
     iterations = [line for line in lines if ITERATION.match(line)]
     assert [ITERATION.match(line).groups() for line in iterations] == [("2", "4"), ("4", "4")]
     for line in iterations:  # a Megatron-LM log parser finds every field it looks for
@@ -57,6 +62,30 @@ def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path
                 assert found, (name, line)
     assert len([line for line in lines if VALIDATION.match(line)]) == 2
     assert os.path.isfile(tmp_path / "ckpt" / "latest_checkpointed_iteration.txt")
+
+
+@pytest.mark.integration
+def test_megatron_lm_mock_data_block_trains_with_the_null_tokenizer(tmp_path):
+    """The BERT example with Megatron-LM's mock-data block (its examples/llama script's: --mock-data --tokenizer-type
+    NullTokenizer --vocab-size, and the --split its real-data block has too) in place of its data flags; in fp32,
+    where the example's --fp16 skips each of these few steps for an overflow of its initial loss scale."""
+    argv = bert_example_argv("unused", tmp_path)
+    at = argv.index("--data-path")
+    argv[at:at + 6] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "8192",
+                       "--split", "949,50,1"]
+    argv.remove("--fp16")
+    lines = _torchrun(argv)
+    print("\n".join(lines))
+    losses = [float(re.search(r" lm loss: ([-+.\dE]+) \|", line).group(1)) for line in lines if ITERATION.match(line)]
+    assert losses == pytest.approx([math.log(8192)] * 2, abs=0.1)  # about uniform over the data's ids at first
+    validation = [float(VALIDATION.match(line).group(2)) for line in lines if VALIDATION.match(line)]
+    assert len(validation) == 2 and validation[1] < validation[0]
+    assert "--split 949,50,1 does not apply to --mock-data: megatron-core splits mock data 1,1,1" in lines
+    assert ("NullTokenizer: the data's ids 0 .. 8191 taken as they are; end of document 8192, [PAD] 8193, [CLS] 8194, "
+            "[SEP] 8195, [MASK] 8196; vocabulary 8197") in lines
+    assert any(line.startswith("layout: ") and line.endswith("vocab 8197 (padded 8448)") for line in lines)
+    iterations = [ITERATION.match(line).groups() for line in lines if ITERATION.match(line)]
+    assert iterations == [("2", "4"), ("4", "4")]
 
 
 def _refusal(argv):
@@ -99,7 +128,6 @@ def test_megatron_lm_flag_is_taken(flags, meaning):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: batch-size ramp-up is not implemented"),
     (["--dataloader-type", "cyclic"], "--dataloader-type cyclic: only single is implemented"),
     (["--position-embedding-type", "learned_absolute"],
      "--position-embedding-type learned_absolute: the neobert-tiny preset has position_embedding_type rope; "

@@ -113,13 +113,13 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.schedule import build_scheduler, schedule_steps
+    from megatron_neobert.training.schedule import build_scheduler
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)
     scheduler = build_scheduler(training, optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(training.lr)
-    scheduler.step(schedule_steps(training).per_iteration)
+    scheduler.step(training.global_batch_size)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(training.min_lr)
 
 

@@ -30,7 +30,7 @@ import os
 import sys
 
 from megatron_neobert.flags import ArgumentParser, add_flags, parse_given, with_defaults
-from megatron_neobert.data.tokenizer import TokenizerSettings, resolve_tokenizer_flags
+from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
 
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
@@ -102,6 +102,9 @@ def get_args(argv=None):
             parser.error(f"{flag} only applies to sentence splitting: add --split-sentences, or "
                          f"drop {flag}")
     args.lang = args.lang or "english"
+    if args.tokenizer_type == NULL_TOKENIZER:
+        parser.error("--tokenizer-type NullTokenizer takes already tokenized data's ids as they are, at training: "
+                     "there is no text for it to tokenize here")
     tokenizer = {f.name: getattr(args, f.name) for f in dataclasses.fields(TokenizerSettings)}
     try:
         vars(args).update(resolve_tokenizer_flags(tokenizer, given_flags))

@@ -33,7 +33,10 @@ from megatron_neobert.model_source import check_hub_reachable
 
 # Megatron-LM's WordPiece types: whether they lower-case.
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
-TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
+NULL_TOKENIZER = "NullTokenizer"
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES, NULL_TOKENIZER)
+# The MLM's special tokens of a NullTokenizer, in the order they follow its end of document where the data has none.
+NULL_TOKENIZER_ROLES = ("pad", "cls", "sep", "mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +44,9 @@ class TokenizerSettings:
     """Megatron-LM's tokenizer flags, for the preprocessor and the trainer alike: data and training must name their
     tokenizer the same way."""
 
-    tokenizer_type: str = setting("HuggingFaceTokenizer", "as Megatron-LM's; BertWordPiece* read --vocab-file",
-                                  choices=TOKENIZER_TYPES)
+    tokenizer_type: str = setting("HuggingFaceTokenizer", "as Megatron-LM's; BertWordPiece* read --vocab-file; "
+                                                          "NullTokenizer (training only) takes the data's ids as "
+                                                          "they are, 0 .. --vocab-size - 1", choices=TOKENIZER_TYPES)
     tokenizer_model: str = setting("bert-base-uncased", "Hugging Face name or folder, or a SentencePiece .model file")
     vocab_file: Optional[str] = setting(
         None, "WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
@@ -389,6 +393,62 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
         return self._sp.encode(list(texts), out_type=int)
 
 
+def null_tokenizer_model(vocab_size: int, special_ids: Dict[str, Optional[int]]) -> str:
+    """The description a NullTokenizer is built from (its `tokenizer_model`): `vocab_size=N,pad=..,cls=..,sep=..,
+    mask=..`.
+    `special_ids`: {role: the data's id, or None}; a role the data has no id for takes its place after the data's
+    ids 0 .. N-1 and Megatron-LM's end of document at N: [PAD] N+1, [CLS] N+2, [SEP] N+3, [MASK] N+4. Raises
+    ValueError naming the flag of an id that cannot be one."""
+    if vocab_size < 1:
+        raise ValueError(f"--vocab-size {vocab_size}: the NullTokenizer needs at least one id")
+    ids = {}
+    for offset, role in enumerate(NULL_TOKENIZER_ROLES, start=1):
+        given = special_ids.get(role)
+        if given is not None and not 0 <= given < vocab_size:
+            raise ValueError(f"--null-tokenizer-{role}-id {given}: the data's ids are 0 .. {vocab_size - 1} "
+                             f"(--vocab-size {vocab_size}); leave the flag out for an id of its own "
+                             f"({vocab_size + offset})")
+        ids[role] = vocab_size + offset if given is None else given
+    shared = {i for i in ids.values() if list(ids.values()).count(i) > 1}
+    if shared:
+        roles = [f"--null-tokenizer-{role}-id" for role, i in ids.items() if i in shared]
+        raise ValueError(f"{' and '.join(roles)} name the same id {shared.pop()}: each special token needs its own")
+    return ",".join([f"vocab_size={vocab_size}"] + [f"{role}={i}" for role, i in ids.items()])
+
+
+class NullMLMTokenizer(MLMTokenizer):
+    """Megatron-LM's NullTokenizer for mock and already tokenized data: ids are taken as they are. As megatron-core
+    0.16's, `--vocab-size N` means the data's ids 0 .. N-1 and the end of document at N; the MLM's [PAD] [CLS]
+    [SEP] [MASK] are the data's ids where named, else follow (see `null_tokenizer_model`), and the vocabulary ends at
+    the largest id. No text is tokenized, and there is no unknown token (its id is [PAD]'s)."""
+
+    tokenizer_type = NULL_TOKENIZER
+
+    def __init__(self, tokenizer_model: str) -> None:
+        self.tokenizer_model = tokenizer_model
+        try:
+            fields = dict(item.split("=") for item in tokenizer_model.split(","))
+            ids = {role: int(fields[role]) for role in ("vocab_size", *NULL_TOKENIZER_ROLES)}
+        except (KeyError, ValueError):
+            raise ValueError(f"{tokenizer_model!r} is no NullTokenizer description (vocab_size=N,pad=..,cls=..,"
+                             f"sep=..,mask=..): the trainer makes it from --vocab-size") from None
+        self.base_vocab_size = self.eod_id = ids.pop("vocab_size")
+        for role, i in ids.items():
+            setattr(self, f"{role}_id", i)
+        self.unk_id = self.pad_id
+        self.vocab_size = max(self.eod_id, *ids.values()) + 1
+
+    @property
+    def special_ids(self) -> set:
+        return super().special_ids | {self.eod_id}  # never masked, nor a mock document's token
+
+    def describe(self) -> str:
+        """The ids in words, for the start-up log."""
+        return (f"NullTokenizer: the data's ids 0 .. {self.base_vocab_size - 1} taken as they are; end of document "
+                f"{self.eod_id}, [PAD] {self.pad_id}, [CLS] {self.cls_id}, [SEP] {self.sep_id}, [MASK] "
+                f"{self.mask_id}; vocabulary {self.vocab_size}")
+
+
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
     """Load a tokenizer by Megatron-LM type name and model (HF name/folder, .model file or vocab.txt)."""
     if tokenizer_type == "HuggingFaceTokenizer":
@@ -397,4 +457,6 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
         return SentencePieceMLMTokenizer(tokenizer_model)
     if tokenizer_type in WORDPIECE_TYPES:
         return BertWordPieceMLMTokenizer(tokenizer_model, tokenizer_type)
+    if tokenizer_type == NULL_TOKENIZER:
+        return NullMLMTokenizer(tokenizer_model)
     raise ValueError(f"unknown tokenizer type {tokenizer_type!r}; expected one of {TOKENIZER_TYPES}")

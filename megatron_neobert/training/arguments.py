@@ -12,7 +12,7 @@ onto settings, flags that choose nothing are checked and dropped) -> `resolve.re
 
 import argparse
 import dataclasses
-from typing import ClassVar, Dict, List, Optional, Sequence, Set, Tuple
+from typing import ClassVar, Dict, Optional, Sequence, Set, Tuple
 
 import yaml
 
@@ -49,9 +49,6 @@ class MegatronLMFlags:
     dataloader_type: str = setting(
         "single", "single only: one pass over the dataset's own shuffled sample order, resumable by consumed samples",
         choices=["single", "cyclic", "external"])
-    rampup_batch_size: Optional[List[int]] = setting(
-        None, "not implemented: refused (the global batch is fixed)", nargs=3,
-        metavar=("START", "INCREMENT", "SAMPLES"))
     use_checkpoint_opt_param_scheduler: bool = setting(
         False, "the schedule of the loaded checkpoint wins over the flags: always so here unless "
                "--override-opt-param-scheduler")
@@ -131,8 +128,6 @@ def adapt(given: Dict[str, object]) -> Tuple[Dict[str, object], Set[str]]:
             f"--ckpt-format {flags.ckpt_format}: only torch_dist is written and read (megatron-core's distributed "
             f"checkpoint, loadable at any TP/PP/DP); Megatron-LM's other formats ({', '.join(CKPT_FORMATS[1:])}) "
             f"are not implemented here")
-    _refuse(flags.rampup_batch_size is not None, "--rampup-batch-size: batch-size ramp-up is not implemented "
-            "here; train with a fixed --global-batch-size")
     _refuse(flags.dataloader_type != "single", f"--dataloader-type {flags.dataloader_type}: only single is "
             "implemented (one pass in the dataset's own shuffled order, resumable by consumed samples)")
     _refuse(flags.short_seq_prob != 0, f"--short-seq-prob {flags.short_seq_prob}: documents are packed whole up to "

@@ -7,10 +7,11 @@ import importlib.util
 import os
 from typing import Dict, List, Optional, Set, Tuple, Union
 
-from megatron_neobert.data.tokenizer import resolve_tokenizer_flags
+from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLES, null_tokenizer_model,
+                                              resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
 from megatron_neobert.training.errors import InputError
-from megatron_neobert.training.schedule import resolve_schedule
+from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.training.settings import SECTIONS, Settings, declared_fields
 
 # TE's FP8 GEMMs need every dimension but the last a multiple of 8 and the last of 16; the token
@@ -72,8 +73,10 @@ def _detect_te() -> bool:
 
 def _resolve_data(values: dict, explicit: Set[str]) -> None:
     per_split = [values["train_data_path"], values["valid_data_path"], values["test_data_path"]]
-    _refuse("split" in explicit and (values["mock_data"] or any(per_split)),
-            "--split divides --data-path; --mock-data and --train/valid/test-data-path do not read it")
+    # Megatron-LM's scripts pass --split in a block shared by mock and real data: accepted with --mock-data (the
+    # start-up notes say it does not apply: megatron-core splits mock data 1,1,1).
+    _refuse("split" in explicit and any(per_split),
+            "--split divides --data-path; --train/valid/test-data-path do not read it")
     if values["mock_data"]:
         _refuse(values["data_path"] is not None or any(per_split), "--mock-data reads no files: drop --data-path "
                 "and --train/valid/test-data-path")
@@ -89,12 +92,31 @@ def _resolve_data(values: dict, explicit: Set[str]) -> None:
     try:
         values.update(resolve_tokenizer_flags({k: values[k] for k in ("tokenizer_type", "tokenizer_model",
                                                                         "vocab_file")}, explicit))
+        _resolve_null_tokenizer(values, explicit)
     except ValueError as err:  # the data package's checks, in the trainer's error type
         raise InputError(str(err)) from err
     if os.path.exists(values["tokenizer_model"]):
         # A local tokenizer is recorded by its absolute path in the checkpoint's args, so that the export and a
         # resume find it from any working directory.
         values["tokenizer_model"] = os.path.abspath(values["tokenizer_model"])
+
+
+def _resolve_null_tokenizer(values: dict, explicit: Set[str]) -> None:
+    """Megatron-LM's `--tokenizer-type NullTokenizer --vocab-size N`: --vocab-size is the tokenizer's (the data's ids
+    0 .. N-1), which `null_tokenizer_model` describes with the MLM's special ids; the model's vocabulary is then the
+    tokenizer's, as for every other tokenizer."""
+    id_flags = [f"null_tokenizer_{role}_id" for role in NULL_TOKENIZER_ROLES]
+    if values["tokenizer_type"] != NULL_TOKENIZER:
+        given = [f"--{name.replace('_', '-')}" for name in id_flags if values[name] is not None]
+        _refuse(bool(given), f"{', '.join(given)}: only with --tokenizer-type NullTokenizer")
+        return
+    _refuse("tokenizer_model" in explicit, "--tokenizer-type NullTokenizer takes the data's ids as they are and "
+            "reads no --tokenizer-model: give --vocab-size")
+    _refuse(values["vocab_size"] is None, "--tokenizer-type NullTokenizer needs --vocab-size: the data's ids are "
+            "0 .. vocab size - 1 (as Megatron-LM's)")
+    values["tokenizer_model"] = null_tokenizer_model(
+        values["vocab_size"], {role: values[name] for role, name in zip(NULL_TOKENIZER_ROLES, id_flags)})
+    values["vocab_size"] = None
 
 
 def _check_logging(values: dict) -> None:
@@ -176,6 +198,8 @@ def recipe_defaults_applied(settings: Settings) -> List[str]:
             else {"lr_decay_samples", "lr_warmup_samples"})
     if training.lr_warmup_fraction is not None:
         skip |= {"lr_warmup_iters", "lr_warmup_samples"}
+    if training.lr_decay_style in DECAY_TO_THE_END:  # the decay ends with the run, as Megatron-LM's
+        skip |= {"lr_decay_iters", "lr_decay_samples"}
     if data.mock_data or data.train_data_path:
         skip.add("split")
     if settings.checkpoint.use_checkpoint_args:  # the checkpoint's length, unless given

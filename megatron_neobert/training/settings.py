@@ -110,6 +110,10 @@ class TrainingSettings:
     train_samples: Optional[int] = setting(
         None, "train for this many samples (instead of --train-iters): iterations = samples / global batch; the "
               "schedule then counts samples")
+    rampup_batch_size: Optional[List[int]] = setting(
+        None, "with --train-samples: the global batch starts at START and grows by INCREMENT in equal steps over "
+              "SAMPLES samples up to --global-batch-size (megatron-core's micro-batch calculator: more "
+              "micro-batches per step)", nargs=3, metavar=("START", "INCREMENT", "SAMPLES"))
     seed: int = setting(1234, "random seed of weights, data order and masks")
     optimizer: str = setting(
         "adam", "adam: Adam with decoupled weight decay (AdamW), as Megatron-LM's adam; adamw: the same; adam-l2: "
@@ -123,11 +127,29 @@ class TrainingSettings:
                                                recipe_default="2000 x --global-batch-size", megatron_default="0")
     lr_warmup_fraction: Optional[float] = setting(
         None, "warmup over this fraction of the decay steps (instead of --lr-warmup-iters/-samples)")
-    lr_decay_iters: Optional[int] = setting(None, recipe_default="90% of --train-iters",
-                                            megatron_default="--train-iters")
-    lr_decay_samples: Optional[int] = setting(None, "with --train-samples", recipe_default="90% of --train-samples",
-                                              megatron_default="--train-samples")
-    lr_decay_style: str = setting("cosine", choices=["cosine", "linear", "constant"], megatron_default="linear")
+    lr_decay_iters: Optional[int] = setting(
+        None, "the decay ends here; --min-lr after it",
+        recipe_default="90% of --train-iters (--train-iters with WSD and inverse-square-root)",
+        megatron_default="--train-iters")
+    lr_decay_samples: Optional[int] = setting(
+        None, "with --train-samples",
+        recipe_default="90% of --train-samples (--train-samples with WSD and inverse-square-root)",
+        megatron_default="--train-samples")
+    lr_decay_style: str = setting(
+        "cosine", "after the warmup: cosine or linear from --lr to --min-lr over the decay steps; constant: --lr; "
+                  "inverse-square-root: --lr x sqrt(warmup / step), not below --min-lr; WSD (warmup-stable-decay): "
+                  "--lr until the last --lr-wsd-decay-iters (-samples) of the decay steps, then --lr-wsd-decay-style "
+                  "down to --min-lr. Every style gives --min-lr after the decay steps (megatron-core's "
+                  "OptimizerParamScheduler)", choices=["cosine", "linear", "constant", "inverse-square-root", "WSD"],
+        megatron_default="linear")
+    lr_wsd_decay_style: str = setting(
+        "exponential", "WSD's final decay, at a fraction r of it: exponential 2 x 0.5^r - 1, linear 1 - r, cosine "
+                       "(1 + cos(pi r)) / 2, minus_sqrt 1 - sqrt(r) (ModernBERT's 1-sqrt) of the way from --min-lr "
+                       "to --lr", choices=["exponential", "linear", "cosine", "minus_sqrt"])
+    lr_wsd_decay_iters: Optional[int] = setting(
+        None, "with --lr-decay-style WSD: iterations of the final decay, the last of the decay steps")
+    lr_wsd_decay_samples: Optional[int] = setting(
+        None, "with --lr-decay-style WSD and --train-samples: samples of the final decay, the last of the decay steps")
     override_opt_param_scheduler: bool = setting(
         False, "take the schedule from the flags, not from the loaded checkpoint")
     weight_decay: float = setting(0.1, megatron_default="0.01")
@@ -154,6 +176,14 @@ class DataSettings(TokenizerSettings):
     test_data_path: Optional[List[str]] = setting(
         None, "prefixes (or weight-prefix pairs) of the test split only; replaces --data-path and --split",
         nargs="*")
+    null_tokenizer_pad_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [PAD] id (default: one of its own, --vocab-size + 1)")
+    null_tokenizer_cls_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [CLS] id (default: --vocab-size + 2)")
+    null_tokenizer_sep_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [SEP] id (default: --vocab-size + 3)")
+    null_tokenizer_mask_id: Optional[int] = setting(
+        None, "with --tokenizer-type NullTokenizer: the data's [MASK] id (default: --vocab-size + 4)")
     mock_data: bool = setting(
         False, "synthetic deterministic documents, packed and masked as real ones: no files")
     split: str = setting("949,50,1", megatron_default="969,30,1")

@@ -123,7 +123,7 @@ class TrainingLog:
     def _step_scalars(self, record: dict) -> None:
         """Megatron-LM's per-step tags, each also "... vs samples"; the optional ones behind its flags."""
         options, good = self.options, not record["skipped"]
-        values = [("learning-rate", record["logged_lr"]), ("batch-size", self.settings.training.global_batch_size),
+        values = [("learning-rate", record["logged_lr"]), ("batch-size", record["global_batch_size"]),
                   ("lm loss", record["loss"] if good else None)]
         if options.log_loss_scale_to_tensorboard:
             values.append(("loss-scale", record["loss_scale"] or 1.0))
@@ -156,7 +156,7 @@ class TrainingLog:
                   f"elapsed time per iteration (ms): {per_step * 1000.0:.1f}"]
         if options.log_throughput:
             fields.append(f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f}")
-        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {training.global_batch_size:5d}"]
+        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {last['global_batch_size']:5d}"]
         if good and loss > 0.0:  # Megatron-LM leaves out a loss whose average is not positive
             fields.append(f"lm loss: {loss:.6E}")
         fields.append(f"loss scale: {last['loss_scale'] or 1.0:.1f}")
