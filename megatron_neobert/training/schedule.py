@@ -42,8 +42,8 @@ def resolve_schedule(values: dict, explicit: Set[str]) -> None:
         _resolve_sample_schedule(values, explicit)
     if values["min_lr"] is None:
         values["min_lr"] = 0.1 * values["lr"]
+    fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
     if values["lr_decay_iters"] is None:
-        fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
         values["lr_decay_iters"] = max(1, int(fraction * values["train_iters"]))  # the scheduler needs a step
     if values["lr_decay_style"] == "constant":
         values["min_lr"] = values["lr"]
@@ -53,8 +53,7 @@ def resolve_schedule(values: dict, explicit: Set[str]) -> None:
         # The recipe's 2000 warm-up steps stop every short run here: say how to get past them.
         why_warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
         why_decay = ("" if "lr_decay_iters" in explicit
-                     else f" ({values['lr_decay_iters'] / values['train_iters']:.0%} of --train-iters "
-                          f"{values['train_iters']}, at least 1)")
+                     else f" ({fraction:.0%} of --train-iters {values['train_iters']}, at least 1)")
         raise InputError(f"--lr-warmup-iters {warmup}{why_warmup} must be below --lr-decay-iters {decay}{why_decay}: "
                          f"for a short run pass --lr-warmup-iters 0 (or a few steps)")
     _resolve_wsd(values)
