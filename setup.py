@@ -17,7 +17,7 @@ setup(
     package_data={"megatron_neobert": ["assets/*", "assets/**/*"]},
     python_requires=">=3.10",
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.6",  # megatron-core 0.16's own floor
         "megatron-core>=0.16,<0.17",
         "numpy",
         "packaging",

@@ -3,35 +3,44 @@
 #
 #   docker build -t megatron-neobert .
 #   docker run --gpus all --ipc=host --ulimit memlock=-1 --rm -v "$PWD/results:/results" \
-#       -e RESULTS=/results megatron-neobert bash examples/benchmark_gpu.sh
+#       -e OUT=/results megatron-neobert bash examples/benchmark_gpu.sh
 #
-# Each run writes RESULTS/NAME.json (every figure, the targets, the kernels used), NAME.png,
-# NAME.md (the table and the targets, to paste into README) and NAME.log.
-# Settings through the environment: RESULTS (folder, default results), PRESET (default
-# neobert-250m, the targets' model), EXTRA_ARGS (more flags for every run), QUICK=1 (one run,
-# RESULTS/quick.*: lengths 1024 and 4096, 5 timed steps, no compile; about 3 minutes where the full
-# runs take 20-40, so it fits a 10-minute command).
+# Each run writes OUT/NAME.json (every figure, the targets, the kernels used), NAME.png, NAME.md (the table and
+# the targets, to paste into README) and NAME.log (the GPU, then the tool's output: every figure as it is
+# measured, so a run stopped by a time limit keeps those it had); nothing else, nowhere else: at most 8 files,
+# each cut to its last 16 MiB. Settings through the environment: OUT (folder; RESULTS is its older name; default
+# results), PYTHON (default python3), PRESET (default neobert-250m, the targets' model), EXTRA_ARGS (more flags
+# for every run), QUICK=1 (one run, OUT/quick.*: lengths 1024 and 4096, 5 timed steps, no compile; about
+# 3 minutes on an H100, estimated, where the full runs take 20-40).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RESULTS=${RESULTS:-results}
+OUT=${OUT:-${RESULTS:-results}}
+PY=${PYTHON:-python3}
 PRESET=${PRESET:-neobert-250m}
-mkdir -p "$RESULTS"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RESULTS/gpu.csv"
+MAX_BYTES=$((16 * 1024 * 1024))
+mkdir -p "$OUT"
+export PYTHONDONTWRITEBYTECODE=1
 
 run() {  # run NAME FLAGS...
-    local name=$1
+    local name=$1 log=$OUT/$1.log status=0
     shift
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$log" 2>&1 || true
     # shellcheck disable=SC2086  # EXTRA_ARGS holds several flags
-    python tools/benchmark_throughput.py --model-preset "$PRESET" "$@" ${EXTRA_ARGS:-} \
-        --output-json "$RESULTS/$name.json" --output-png "$RESULTS/$name.png" \
-        --markdown "$RESULTS/$name.md" 2>&1 | tee "$RESULTS/$name.log"
+    "$PY" tools/benchmark_throughput.py --model-preset "$PRESET" "$@" ${EXTRA_ARGS:-} \
+        --output-json "$OUT/$name.json" --output-png "$OUT/$name.png" \
+        --markdown "$OUT/$name.md" 2>&1 | tee -a "$log" || status=$?
+    for f in "$OUT/$name".{json,png,md,log}; do
+        [ ! -f "$f" ] || [ "$(stat -c %s "$f")" -le "$MAX_BYTES" ] ||
+            { tail -c "$MAX_BYTES" "$f" > "$f.part" && mv "$f.part" "$f"; }
+    done
+    return "$status"
 }
 
 if [ "${QUICK:-0}" = 1 ]; then
     echo "== quick: inference and training at 1024 and 4096, bf16 and FP8, no compile"
     run quick --quick --fp8
-    cat "$RESULTS/quick.md"
+    cat "$OUT/quick.md"
     exit 0
 fi
 
@@ -49,4 +58,4 @@ run train4096 --compile --fp8 --skip-inference \
     --train-seq-lengths 4096 --train-micro-batch 8 --train-micro-batches 8
 
 echo "== targets"
-cat "$RESULTS/length1024.md"
+cat "$OUT/length1024.md"

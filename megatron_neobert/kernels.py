@@ -8,19 +8,20 @@ as "not available"), and never raises.
 A half-installed Transformer Engine (the meta package without its PyTorch extension, versions
 that differ, a CUDA library missing) raises AssertionError, FileNotFoundError or ImportError on
 import, which megatron-core's guards let through: `import megatron.core` itself fails, deep in a
-traceback. The package checks TE first (`check_transformer_engine_before_megatron_core`) and says
-what is wrong in one line. Kept free of a top-level torch import, as the package's __init__ loads it.
+traceback. The entry points import megatron-core through `import_megatron_core`, which checks TE first and
+says what is wrong in one line. Kept free of a top-level torch import: the tools' --help reads it.
 """
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
+import warnings
 from functools import lru_cache
 from typing import Dict, Optional
 
 _PACKAGES = {
-    "transformer_engine": "transformer_engine",
+    # With megatron-core's wrappers of it: TE is usable only when both import.
+    "transformer_engine": ("transformer_engine", "megatron.core.extensions.transformer_engine"),
     "flash_attn": "flash_attn",
     "apex": "apex",
     "dali": "nvidia.dali",
@@ -30,11 +31,28 @@ _PACKAGES = {
 @lru_cache(maxsize=None)
 def probe(name: str) -> Optional[str]:
     """The version of an optional package if it imports, else None."""
+    modules = _PACKAGES[name] if isinstance(_PACKAGES[name], tuple) else (_PACKAGES[name],)
     try:
-        module = importlib.import_module(_PACKAGES[name])
+        module = [importlib.import_module(m) for m in modules][0]
     except Exception:  # ImportError, or a build that does not match this torch/CUDA
         return None
     return str(getattr(module, "__version__", "unknown version"))
+
+
+def transformer_engine_available() -> bool:
+    return probe("transformer_engine") is not None
+
+
+def choose_transformer_impl(requested: str, on_gpu: bool, te_available: bool) -> str:
+    """The layers a model is built with: "transformer_engine" or "local". `requested`: --transformer-impl (auto:
+    Transformer Engine when it imports on a GPU). The one place that decides it."""
+    if requested not in ("auto", "transformer_engine", "local"):
+        raise ValueError(f"--transformer-impl must be auto, transformer_engine or local, not {requested!r}")
+    if requested == "transformer_engine" and not te_available:
+        raise ValueError("--transformer-impl transformer_engine: Transformer Engine does not import here")
+    if requested == "auto":
+        return "transformer_engine" if te_available and on_gpu else "local"
+    return requested
 
 
 def transformer_engine_install_problem() -> Optional[str]:
@@ -69,36 +87,32 @@ class TransformerEngineInstallError(RuntimeError):
     pass
 
 
-class _CheckTransformerEngineFirst(importlib.abc.MetaPathFinder):
-    """Runs transformer_engine_install_problem() once, when megatron.core is first imported; finds nothing
-    itself (it stays on sys.meta_path: removing it while the import system walks that list would skip the
-    next finder)."""
-
-    checked = False
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "megatron.core" and not self.checked:
-            self.checked = True
-            problem = transformer_engine_install_problem()
-            if problem:
-                raise TransformerEngineInstallError(problem) from None
-        return None
+# What megatron-core's import warns about each missing GPU extension: the kernel report says once what runs.
+_IMPORT_WARNINGS = (".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
+                    ".*full scope is deprecated.*")
 
 
-def check_transformer_engine_before_megatron_core() -> None:
-    if "megatron.core" not in sys.modules:
-        sys.meta_path.insert(0, _CheckTransformerEngineFirst())
+def import_megatron_core() -> None:
+    """Import megatron-core, for an entry point (the trainer, a tool) before it reaches code that needs it: a
+    half-installed Transformer Engine is named in one line (TransformerEngineInstallError) instead of failing deep in
+    megatron-core's import, whose warnings about missing extensions are silenced for the import alone."""
+    if "megatron.core" in sys.modules:
+        return
+    problem = transformer_engine_install_problem()
+    if problem:
+        raise TransformerEngineInstallError(problem)
+    with warnings.catch_warnings():
+        for message in _IMPORT_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        importlib.import_module("megatron.core")
 
 
 def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:
     """What runs each part of a training step, in words."""
     import torch
 
-    from megatron_neobert.model.layer_specs import use_transformer_engine
-
-    te = use_transformer_engine(transformer_impl, log=False)  # the choice the model's layer spec makes
     gpu = torch.cuda.is_available()
-    if te:
+    if choose_transformer_impl(transformer_impl, gpu, transformer_engine_available()) == "transformer_engine":
         layers = f"Transformer Engine {probe('transformer_engine')} (fused norm+linear, fused attention)"
     else:
         from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend

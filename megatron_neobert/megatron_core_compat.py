@@ -1,4 +1,4 @@
-"""Every megatron-core private internal this package patches, in one file, for megatron-core 0.16.x only.
+"""Every megatron-core private internal this package patches or reads, in one file, for megatron-core 0.16.x only.
 
 Importing it refuses any other megatron-core release in one line: each patch below leans on a private
 name or on the exact behaviour of 0.16, so moving to 0.17 means reviewing this file (and
@@ -9,9 +9,10 @@ Each patch says what upstream does, why we patch it, and what to check on 0.17.
 2. `keep_write_results_with_the_rank`: the write-results queue of a distributed-checkpoint save.
 3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers.
 4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group.
-5. `point_cuda_rng_at_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU
+5. `cuda_rng_on_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU, for a block
    (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks).
-6. `destroy_model_parallel_groups`: megatron-core's parallel groups destroyed, not only forgotten.
+6. Private names read, not patched: the `.idx` header, RoPE's rotation, apex's wgrad fusion flag.
+7. `destroy_model_parallel_groups`: megatron-core's parallel groups destroyed, not only forgotten.
 """
 
 import contextlib
@@ -172,8 +173,10 @@ def rank_zero_without_process_group():
 
 
 # 5. ------------------------------------------------------------------------------------------------------
-def point_cuda_rng_at_cpu() -> None:
-    """The CUDA RNG functions megatron-core uses, pointed at the CPU default generator (CPU execution only).
+@contextlib.contextmanager
+def cuda_rng_on_cpu():
+    """Inside the block, the CUDA RNG functions megatron-core uses are pointed at the CPU default generator (CPU
+    execution only); restored after it.
 
     Upstream (tensor_parallel/random.py): the tensor-parallel RNG tracker forks "CUDA" RNG states around
     dropout and initialisation through the private `_get_cuda_rng_state` / `_set_cuda_rng_state`, and seeds
@@ -190,15 +193,54 @@ def point_cuda_rng_at_cpu() -> None:
     def set_state(new_state, device=-1, *args, **kwargs):
         torch.set_rng_state(new_state)
 
-    torch.cuda.get_rng_state = get_state
-    torch.cuda.set_rng_state = set_state
-    torch.cuda.manual_seed = torch.manual_seed
-    torch.cuda.random.get_rng_state = get_state
-    mcore_random._get_cuda_rng_state = get_state
-    mcore_random._set_cuda_rng_state = set_state
+    patches = [(torch.cuda, "get_rng_state", get_state), (torch.cuda, "set_rng_state", set_state),
+               (torch.cuda, "manual_seed", torch.manual_seed), (torch.cuda.random, "get_rng_state", get_state),
+               (mcore_random, "_get_cuda_rng_state", get_state), (mcore_random, "_set_cuda_rng_state", set_state)]
+    with patched(patches):
+        yield
+
+
+@contextlib.contextmanager
+def patched(patches):
+    """Inside the block, each (owner, name, value) of `patches` set; the previous values restored after it."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 # 6. ------------------------------------------------------------------------------------------------------
+# Private names this package reads (no patch): each is what upstream itself uses for the same thing.
+# On 0.17: check that each still exists with the same meaning (tests/test_megatron_core_compat.py imports them).
+
+def index_header() -> bytes:
+    """The magic bytes that open a Megatron `.idx` file (datasets/indexed_dataset.py's `_INDEX_HEADER`)."""
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER
+
+    return _INDEX_HEADER
+
+
+def rotate_half(t: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """RoPE's rotation of the last dimension, as megatron-core's unfused RoPE applies it
+    (models/common/embeddings/rope_utils.py's `_rotate_half`)."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
+    return _rotate_half(t, interleaved)
+
+
+def linear_wgrad_fusion_available() -> bool:
+    """Whether megatron-core's own linear layers can fuse the weight-gradient accumulation (apex's extension;
+    tensor_parallel/layers.py's `_grad_accum_fusion_available`)."""
+    from megatron.core.tensor_parallel import layers
+
+    return layers._grad_accum_fusion_available
+
+
+# 7. ------------------------------------------------------------------------------------------------------
 def destroy_model_parallel_groups() -> None:
     """Destroy every process group megatron-core's parallel state created, and drop every reference it keeps to them.
 

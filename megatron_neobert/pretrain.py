@@ -14,6 +14,7 @@ import time
 import traceback
 from typing import List, Optional
 
+from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.training.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
@@ -30,24 +31,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)
+    from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
     from megatron_neobert.training.train_log import configure_logging
 
     configure_logging()  # before megatron-core's import, whose warnings it shows
+    try:
+        import_megatron_core()
+    except TransformerEngineInstallError as err:
+        return _report(err)
+    from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
 
     try:
-        history = train(settings)
+        with cpu_execution():
+            history = train(settings)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
         traceback.print_exc()
-        print(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}", file=sys.stderr, flush=True)
+        line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
+        print(line, file=sys.stderr, flush=True)
+        tell_the_launcher(line)
         kill_stopped_local_ranks()
         kill_children()
         return 1
-    logger.info(f"done: iteration {history['iteration']} ({history['exit']})")
+    logger.info(f"done: iteration {history['iteration']} ({history['exit']})")  # the run destroyed its groups
     return 0
 
 
@@ -59,11 +69,23 @@ def _report(err: Exception) -> int:
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0:
         print(f"error: {err}", file=sys.stderr, flush=True)
+        tell_the_launcher(f"error: {err}")
     else:
         # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
         # fault, the time to say it (its exit ends this wait).
         time.sleep(RANK_0_GRACE_S)
     return 1
+
+
+def tell_the_launcher(line: str) -> None:
+    """Under torchrun, the rank's reply file (TORCHELASTIC_ERROR_FILE) holds the error line: torchrun's failure
+    summary, printed last after its own traceback, then shows it as the root cause's "traceback" instead of
+    "To enable traceback see: ...". torchrun's traceback itself cannot be avoided: it raises ChildFailedError for
+    any rank that exits with a non-zero status (docs/training.md says how to read it)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        write_json_atomic(path, {"message": {"message": line, "extraInfo": {
+            "py_callstack": line, "timestamp": str(int(time.time()))}}})
 
 
 def error_line(err: BaseException) -> str:

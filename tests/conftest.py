@@ -51,7 +51,16 @@ def distributed_state_of_the_session():
 
 
 @pytest.fixture
-def single_rank(distributed_state_of_the_session):
+def cpu_execution():
+    """megatron-core's CUDA calls on the CPU for the test (a no-op with a GPU), as the trainer's entry point runs."""
+    from megatron_neobert.parallel.cpu import cpu_execution
+
+    with cpu_execution():
+        yield
+
+
+@pytest.fixture
+def single_rank(cpu_execution, distributed_state_of_the_session):
     """megatron-core parallel state for one CPU rank, inside the test process, kept for the worker's next tests; made
     again where a trainer run in this process came before (a run destroys what it created)."""
     from megatron.core import parallel_state

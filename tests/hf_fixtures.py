@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from megatron_neobert.conversion.hf_format import write_hf_folder
-from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig, NeoBERTLMHead
+from megatron_neobert.hf import NeoBERTConfig, NeoBERTLMHead
 
 WORDS = (
     "the a an of to in and or is are was were be been being it this that these those for on with as by at from "

@@ -12,10 +12,12 @@ from megatron.core.utils import unwrap_model
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.training import loop
 from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.loop import NonFiniteLossError, train
 from megatron_neobert.training.model_setup import build_model_chunks, model_arch
 from megatron_neobert.training.step import mlm_forward_step
+from megatron_neobert.training.train_log import configure_logging
 
 
 def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
@@ -28,8 +30,19 @@ def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
             "--seed", "7", *extra]
 
 
+@contextlib.contextmanager
+def as_the_entry_point():
+    """What the trainer's entry point (pretrain.main) sets up around train(): its console, and megatron-core's CUDA
+    calls on the CPU where there is no GPU."""
+    configure_logging()
+    with cpu_execution():
+        yield
+
+
 def run_train(argv: list) -> dict:
-    return train(parse_settings(argv))
+    """The trainer on `argv`, as its entry point runs it (here or on a rank of run_on_ranks)."""
+    with as_the_entry_point():
+        return train(parse_settings(argv))
 
 
 def real_tokens_per_step(argv: list, steps: int) -> list:
@@ -78,7 +91,7 @@ def run_train_sampling_memory(argv: list, at: tuple) -> tuple:
         if record["iteration"] in at:
             samples[record["iteration"]] = process_memory_and_threads()
     with after_each_step(sample):
-        return train(parse_settings(argv)), samples
+        return run_train(argv), samples
 
 
 def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signal.SIGTERM) -> dict:
@@ -86,7 +99,7 @@ def run_train_with_signal(argv: list, rank: int, at_iteration: int, signum=signa
     def on_step(record):
         if record["iteration"] == at_iteration and torch.distributed.get_rank() == rank:
             os.kill(os.getpid(), signum)
-    with after_each_step(on_step):
+    with after_each_step(on_step), as_the_entry_point():
         return train(parse_settings(argv))
 
 
@@ -108,7 +121,7 @@ def run_train_until_nonfinite(argv: list, nonfinite_at: list):
         return output, (poisoned(loss_func) if next_iteration in nonfinite_at else loss_func)
 
     try:
-        with after_each_step(records.append):
+        with after_each_step(records.append), as_the_entry_point():
             train(parse_settings(argv), forward_step=forward_step)
     except NonFiniteLossError as err:
         return records, str(err)

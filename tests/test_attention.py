@@ -63,7 +63,7 @@ def assert_equals_per_document_attention(heads, kv_groups, backward=True, tol=1e
 def test_segmented_sdpa_equals_per_document_attention(single_rank, monkeypatch, heads, kv_groups):
     monkeypatch.setenv(PACKED_ATTENTION_ENV, "sdpa")
     _, params = packed_inputs(heads, kv_groups)
-    assert PackedLayout.of(params, sum(LENGTHS)).segments()[2].shape[0] == 4  # as LENGTHS intends
+    assert PackedLayout(params.cu_seqlens_q, sum(LENGTHS), params.max_seqlen_q).segments()[2].shape[0] == 4  # as LENGTHS intends
     assert_equals_per_document_attention(heads, kv_groups)
 
 

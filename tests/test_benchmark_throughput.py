@@ -1,13 +1,14 @@
 """The throughput benchmark runs in its CPU mode (no timing asserts), its accounting is right, and
 it judges the project's targets from its measurements."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from megatron_neobert.evaluation.throughput import (Measurement, _attempt, document_lengths, format_table, mlm_batch,
-                                                    plot, training_runs)
+                                                    plot, table_cells, training_runs)
 from megatron_neobert.model import padded_vocab_size
 from megatron_neobert.training.metrics import step_flops
 from tools import benchmark_throughput
@@ -103,15 +104,28 @@ def test_training_runs_put_each_compiled_variant_after_its_eager_model():
         ("megatron-packed", "fp8", False)]
 
 
-def test_an_optional_variant_that_fails_becomes_a_row_with_its_reason():
+def test_an_optional_variant_that_fails_becomes_a_row_with_its_reason(caplog):
     def broken():
         raise RuntimeError("graph break\nmore detail")
 
+    caplog.set_level("INFO", logger="megatron_neobert.evaluation.throughput")
     row = _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0, compiled=True), optional=True)
     assert row.error == "failed: RuntimeError: graph break"
+    # Logged as it is measured (a run stopped by a time limit keeps it), as is a figure.
+    assert "measured: training | megatron-packed+compile | 1024 | 32 | failed: RuntimeError: graph break" in caplog.text
+    measured = Measurement("training", "megatron-packed", 1024, 32, 1234.0)
+    assert _attempt(lambda: measured, measured, optional=False) is measured
+    assert "measured: training | megatron-packed | 1024 | 32 | 1,234 | - | - | - | - | -" in caplog.text
     with pytest.raises(RuntimeError):
         _attempt(broken, Measurement("training", "megatron-packed", 1024, 32, 0.0), optional=False)
     assert "failed: RuntimeError: graph break" in format_table([row])
+
+
+def test_an_fp8_rows_mfu_is_labelled_with_its_peak_and_given_against_bf16s_too():
+    fp8 = Measurement("training", "megatron-packed", 1024, 32, 50_000.0, "fp8", tflops_per_gpu=660.0, mfu=1 / 3,
+                      mfu_of_bf16_peak=2 / 3)
+    bf16 = dataclasses.replace(fp8, precision="bf16", mfu=0.5, mfu_of_bf16_peak=None)
+    assert table_cells(fp8)[8] == "33.3% of FP8 peak, 66.7% of bf16" and table_cells(bf16)[8] == "50.0%"
 
 
 def _row(benchmark, model, tokens_per_s, seq=1024, precision="bf16", compiled=False, mfu=None, error=None):

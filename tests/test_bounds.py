@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.parallel.launch import DistributedState, initialize_model_parallel, run_on_ranks
 from megatron_neobert.training.loop import HISTORY_STEPS
 from pretrain_cases import run_train, run_train_sampling_memory, tiny_argv
@@ -31,8 +32,9 @@ def test_runs_and_parallel_set_ups_in_this_process_leave_its_threads_as_they_wer
     for _ in range(3):
         run_train(argv)
     found = DistributedState()
-    for _ in range(3):  # as the tools and the tests' fixtures set it up, again and again
-        initialize_model_parallel(1, 1)
+    with cpu_execution():
+        for _ in range(3):  # as the tools and the tests' fixtures set it up, again and again
+            initialize_model_parallel(1, 1)
     found.release()
     assert thread_names() == before
 

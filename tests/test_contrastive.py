@@ -203,3 +203,16 @@ def test_warmup_longer_than_the_run_is_reported_with_the_peak_it_reaches(warmup,
                           f"peaks at 2e-05, 2% of --lr 0.001; pass a shorter --warmup-steps (e.g. 2, a tenth of the run)"]
     else:
         assert warned == []
+
+
+def test_the_last_step_is_logged(model_dir, tmp_path, caplog):
+    """Before: a run shorter than --log-every (50) printed no loss at all."""
+    q, p = topic_pairs([(0, 1), (2, 3), (4, 5), (6, 7)])
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"query": a, "positive": b}) + "\n" for a, b in zip(q, p)))
+    with caplog.at_level("INFO", logger="megatron_neobert.embeddings.finetune"):
+        load_tool("finetune_contrastive").main(["--model", str(model_dir), "--output", str(tmp_path / "embed"),
+                                                "--dataset", str(data), "--steps", "3", "--batch-size", "4",
+                                                "--warmup-steps", "0", "--log-every", "2"])
+    logged = [r.getMessage().split(" dataset")[0] for r in caplog.records if r.getMessage().startswith("step ")]
+    assert logged == ["step 2/3", "step 3/3"]

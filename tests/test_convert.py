@@ -22,7 +22,8 @@ from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
 from convert_cases import load_and_forward
-from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model, hf_config_for_arch,
+from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model,
                                                  hf_to_mcore, mcore_to_hf)
 from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
@@ -65,7 +66,7 @@ def official_folder(path, config, state_dict, tokenizer=None):
 
 
 def tiny_config():
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+    from megatron_neobert.hf import NeoBERTConfig
 
     # intermediate 192 -> SwiGLU width 128, the trainer's --ffn-hidden-size in tiny_argv
     return NeoBERTConfig(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=192,
@@ -413,7 +414,8 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
 
 @pytest.mark.integration
 def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
-    with pytest.raises(ConversionError, match="not a Hugging Face checkpoint"):
+    with pytest.raises(ConversionError, match="mcore: a trainer checkpoint, not a Hugging Face model folder: export "
+                                              "it first with neobert-convert-checkpoint --direction mcore-to-hf"):
         hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
     with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=64"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "b", model_preset="neobert-250m")
@@ -422,7 +424,9 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
     bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(VOCAB_SIZE + 5, 64)})
     with pytest.raises(ConversionError, match="vocab size mismatch"):
         hf_to_mcore(official_folder(tmp_path / "vocab", config, bad), tmp_path / "d")
-    with pytest.raises(ConversionError, match="neither a local folder nor a downloadable hub repository"):
+    with pytest.raises(ConversionError, match="^--load chandar-lab/NeoBERT-not-cached: no folder "
+                                              "chandar-lab/NeoBERT-not-cached in .*, nor in the Hugging Face cache .*, "
+                                              "and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it$"):
         hf_to_mcore("chandar-lab/NeoBERT-not-cached", tmp_path / "e")  # offline in tests
     assert sorted(os.listdir(tmp_path)) == ["vocab"]
 

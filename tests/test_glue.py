@@ -198,8 +198,27 @@ def test_not_neobert_folder(tmp_path):
     BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=f"{tmp_path} is not NeoBERT-compatible: model_type='bert'"):
         load_classifier(tmp_path, get_task("RTE"))
-    with pytest.raises(ValueError, match="not a loadable Hugging Face model folder"):
+    with pytest.raises(ValueError, match=f"^--model {tmp_path}/nothing: no such folder$"):
         load_classifier(tmp_path / "nothing", get_task("RTE"))
+
+
+def test_only_unexpected_weights_are_reported_at_load(model_dir, tmp_path, capfd, caplog):
+    """transformers' LOAD REPORT table (colour codes and all) listed the new head's weights on every GLUE run and
+    watched checkpoint. The head of a pre-trained folder is expected to be new; encoder weights are not."""
+    load_classifier(model_dir, get_task("SST-2"))
+    assert "LOAD REPORT" not in capfd.readouterr().err and not caplog.records
+    shutil.copytree(model_dir, tmp_path / "partial")
+    weights = load_file(str(tmp_path / "partial" / "model.safetensors"))
+    from safetensors.torch import save_file
+
+    save_file({k: v for k, v in weights.items() if k != "model.layer_norm.weight"},
+              str(tmp_path / "partial" / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        load_classifier(tmp_path / "partial", get_task("SST-2"))
+    assert "LOAD REPORT" not in capfd.readouterr().err
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path}/partial: the classifier's weights do not match the folder's: missing (newly initialised): "
+        f"model.layer_norm.weight"]
 
 
 @pytest.mark.parametrize("task, learning_rate, epochs", [("SST-2", 3e-3, 6), ("STS-B", 1e-2, 12), ("RTE", 3e-3, 6)])
@@ -387,7 +406,7 @@ def test_missing_mnli_transfer_source_fails_before_any_run(model_dir, glue_dir, 
         main(["--model", str(model_dir), "--output-dir", str(tmp_path / "out"), "--data-dir", str(glue_dir),
               "--tasks", "CoLA", "RTE", "--batch-sizes", "16", "--learning-rates", "1e-3", "--weight-decays", "0",
               "--no-progress"])
-    assert not (tmp_path / "out" / "runs").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_task_files_fail_before_any_run(model_dir, glue_dir, tmp_path, monkeypatch):

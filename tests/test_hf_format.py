@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from megatron_neobert.conversion import modeling_neobert as mn
+from megatron_neobert.hf import modeling_neobert as mn
 from megatron_neobert.conversion.hf_format import (
     AUTO_MAP,
+    MODEL_FILES,
     expected_hf_shapes,
-    neobert_config_from_dims,
     read_hf_folder,
     write_hf_folder,
 )
-from megatron_neobert.conversion.modeling_neobert import NeoBERT, NeoBERTLMHead
+from megatron_neobert.hf import NeoBERT, NeoBERTLMHead
 from megatron_neobert.conversion.state_dict_mapping import (
     hf_state_dict_from_mcore,
     mcore_state_dict_from_hf,
@@ -134,14 +134,17 @@ def test_megatron_qkv_and_fc1_layouts_are_the_published_ones(cfg, hf_sd):
     torch.testing.assert_close(ffn(x), megatron)
 
 
-def test_config_from_dims():
-    c = neobert_config_from_dims(28, 768, 12, 2048, 30522, 4096, 1e-5, 10000.0)
+def test_shape_bridge_round_trip():
+    """NeoBERTArch -> HF config -> NeoBERTArch is the identity, the real SwiGLU width carried as it is."""
+    from megatron_neobert.conversion.shape_bridge import arch_for_hf_config, hf_config_for_arch
+    from megatron_neobert.model import PRESETS, get_arch
+
+    c = hf_config_for_arch(PRESETS["neobert-250m"])
     assert c.intermediate_size == 3072 and c.ffn_hidden_size == 2048 and c.dim_head == 64
     assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, c.max_length) == (28, 768, 30522, 4096)
-    for width in (8, 48, 64, 104, 1408, 2816, 5464):
-        assert neobert_config_from_dims(2, 64, 4, width, 100, 128).ffn_hidden_size == width
-    with pytest.raises(ValueError, match="multiple of 8"):
-        neobert_config_from_dims(2, 64, 4, 100, 100, 128)
+    for width in (8, 48, 64, 100, 1408, 2816, 5464):  # any width, not only the published rule's
+        arch = get_arch("neobert-tiny", ffn_hidden_size=width, rotary_base=500, init_range=0.01)
+        assert arch_for_hf_config(hf_config_for_arch(arch)) == arch
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,15 +154,15 @@ def test_config_from_dims():
 
 def test_exported_folder_contents(exported, cfg, hf_sd, tokenizer_dir):
     names = {p.relative_to(exported).as_posix() for p in exported.rglob("*") if p.is_file()}
-    assert {"config.json", "model.safetensors", "modeling_neobert.py", "tokenizer.json", "tokenizer_config.json",
+    assert {"config.json", "model.safetensors", "modeling_neobert.py", "configuration_neobert.py", "tokenizer.json",
+            "tokenizer_config.json",
             "modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
             "config_sentence_transformers.json"} <= names
     config = json.loads((exported / "config.json").read_text())
     for field in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "dim_head",
                   "vocab_size", "pad_token_id", "norm_eps", "max_length", "embedding_init_range",
-                  "decoder_init_range", "classifier_init_range", "rope_theta"):
+                  "decoder_init_range", "classifier_init_range", "ffn_hidden_size", "rope_parameters"):
         assert config[field] == getattr(cfg, field), field
-    assert "rope_scaling" not in config  # unset: left out
     assert config["model_type"] == "neobert" and config["architectures"] == ["NeoBERTLMHead"]
     assert config["torch_dtype"] == "float32" and config["auto_map"] == AUTO_MAP
     assert set(AUTO_MAP) == {"AutoConfig", "AutoModel", "AutoModelForMaskedLM",
@@ -168,7 +171,8 @@ def test_exported_folder_contents(exported, cfg, hf_sd, tokenizer_dir):
     weights = load_file(str(exported / "model.safetensors"))
     assert set(weights) == set(hf_sd)
     assert all(torch.equal(weights[k], v) for k, v in hf_sd.items())
-    assert (exported / "modeling_neobert.py").read_bytes() == open(mn.__file__, "rb").read()
+    for source in MODEL_FILES:  # the generated files, for users who load with remote code
+        assert (exported / source.name).read_bytes() == source.read_bytes()
     pooling = json.loads((exported / "1_Pooling/config.json").read_text())
     assert pooling["pooling_mode_mean_tokens"] and not pooling["pooling_mode_cls_token"]
     assert pooling["word_embedding_dimension"] == cfg.hidden_size
@@ -223,19 +227,19 @@ def test_bf16_export(tmp_path, cfg, hf_sd):
 
     # the loading argument was renamed in transformers 5 (torch_dtype -> dtype)
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = AutoModelForMaskedLM.from_pretrained(str(dst), trust_remote_code=True, **{dtype_kw: torch.bfloat16})
+    model = AutoModelForMaskedLM.from_pretrained(str(dst), **{dtype_kw: torch.bfloat16})
     assert model.decoder.weight.dtype == torch.bfloat16
     logits = model(torch.tensor([[2, 10, 11, 3]])).logits
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
 
 
-def test_rope_scaling_survives_export(tmp_path, hf_sd):
+def test_rope_parameters_survive_export(tmp_path, hf_sd):
     from transformers import AutoConfig
 
-    cfg = tiny_config(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+    cfg = tiny_config(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
     dst = write_hf_folder(tmp_path / "yarn", hf_sd, cfg)
-    assert read_hf_folder(dst)[1].rope_scaling == cfg.rope_scaling
-    assert AutoConfig.from_pretrained(str(dst), trust_remote_code=True).rope_scaling == cfg.rope_scaling
+    assert read_hf_folder(dst)[1].rope_parameters == cfg.rope_parameters
+    assert AutoConfig.from_pretrained(str(dst)).rope_parameters == cfg.rope_parameters
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,7 +251,7 @@ def test_read_round_trip(exported, cfg, hf_sd):
     sd, config = read_hf_folder(exported)
     assert all(torch.equal(sd[k], v) for k, v in hf_sd.items()) and set(sd) == set(hf_sd)
     assert config.to_dict()["hidden_size"] == cfg.hidden_size and config.ffn_hidden_size == cfg.ffn_hidden_size
-    assert config.vocab_size == cfg.vocab_size and config.rope_scaling is None
+    assert config.vocab_size == cfg.vocab_size and config.rope_parameters == cfg.rope_parameters
 
 
 def test_read_sharded_and_bin(tmp_path, cfg, hf_sd):
@@ -341,32 +345,32 @@ def test_auto_classes_load_export(exported, cfg, hf_sd):
     assert batch["input_ids"][0, 0] == VOCAB.index("[CLS]") and tok.pad_token_id == cfg.pad_token_id
     expected = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
-    config = AutoConfig.from_pretrained(str(exported), trust_remote_code=True)
+    config = AutoConfig.from_pretrained(str(exported))
     assert type(config).__name__ == "NeoBERTConfig" and config.ffn_hidden_size == cfg.ffn_hidden_size
 
-    mlm, info = AutoModelForMaskedLM.from_pretrained(str(exported), trust_remote_code=True, output_loading_info=True)
+    mlm, info = AutoModelForMaskedLM.from_pretrained(str(exported), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     torch.testing.assert_close(mlm.eval()(**batch).logits, expected.logits)
 
-    base, info = AutoModel.from_pretrained(str(exported), trust_remote_code=True, output_loading_info=True)
+    base, info = AutoModel.from_pretrained(str(exported), output_loading_info=True)
     assert type(base).__name__ == "NeoBERT" and not info["missing_keys"]
     hidden = base.eval()(**batch).last_hidden_state
     torch.testing.assert_close(hidden, reference.model(batch["input_ids"], batch["attention_mask"]).last_hidden_state)
 
     clf, info = AutoModelForSequenceClassification.from_pretrained(
-        str(exported), trust_remote_code=True, num_labels=3, output_loading_info=True)
+        str(exported), num_labels=3, output_loading_info=True)
     assert set(info["missing_keys"]) == {"dense.weight", "dense.bias", "classifier.weight", "classifier.bias"}
     assert torch.equal(clf.model.encoder.weight, hf_sd["model.encoder.weight"])
     out = clf(**batch, labels=torch.tensor([0, 1, 2]))
     assert out.logits.shape == (3, 3) and torch.isfinite(out.loss)
     out.loss.backward()
 
-    tagger = AutoModelForTokenClassification.from_pretrained(str(exported), trust_remote_code=True, num_labels=4)
+    tagger = AutoModelForTokenClassification.from_pretrained(str(exported), num_labels=4)
     assert tagger(**batch).logits.shape == batch["input_ids"].shape + (4,)
 
-    qa = AutoModelForQuestionAnswering.from_pretrained(str(exported), trust_remote_code=True)
+    qa = AutoModelForQuestionAnswering.from_pretrained(str(exported))
     assert qa(**batch).start_logits.shape == batch["input_ids"].shape
-    choices = AutoModelForMultipleChoice.from_pretrained(str(exported), trust_remote_code=True)
+    choices = AutoModelForMultipleChoice.from_pretrained(str(exported))
     assert choices(**{k: v[None] for k, v in batch.items()}).logits.shape == (1, 3)
 
 
@@ -374,7 +378,7 @@ def test_sentence_transformers_mean_pooling(exported, cfg, hf_sd):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
-    st = SentenceTransformer(str(exported), trust_remote_code=True, device="cpu")
+    st = SentenceTransformer(str(exported), device="cpu")
     together = st.encode(SENTENCES, batch_size=8, convert_to_tensor=True)
     alone = torch.stack([st.encode([s], convert_to_tensor=True)[0] for s in SENTENCES])
     assert together.shape == (3, cfg.hidden_size)
@@ -406,7 +410,7 @@ def test_exported_tokenizer_loads_with_the_standard_class_alone(exported, monkey
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     batch = tok(SENTENCES, padding=True)
     assert set(batch) == {"input_ids", "attention_mask"}
-    assert batch["input_ids"] == AutoTokenizer.from_pretrained(str(exported), trust_remote_code=True)(
+    assert batch["input_ids"] == AutoTokenizer.from_pretrained(str(exported))(
         SENTENCES, padding=True)["input_ids"]
 
 

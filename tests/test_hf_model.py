@@ -1,8 +1,10 @@
-"""Tests of megatron_neobert/conversion/modeling_neobert.py against an independent plain-torch reference."""
+"""Tests of megatron_neobert/hf/modeling_neobert.py against an independent plain-torch reference."""
 
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -11,16 +13,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from megatron_neobert.conversion import modeling_neobert as mn
-from megatron_neobert.conversion.modeling_neobert import (
+from megatron_neobert.hf import modeling_neobert as mn
+from megatron_neobert.hf import (
     NeoBERT,
     NeoBERTConfig,
     NeoBERTForSequenceClassification,
     NeoBERTForTokenClassification,
     NeoBERTLMHead,
-    rope_cos_sin,
-    rope_inverse_frequencies,
 )
+from megatron_neobert.hf.modeling_neobert import NeoBERTRotaryEmbedding
 
 VOCAB = 97
 ATOL = 2e-5
@@ -79,7 +80,7 @@ def reference_forward(sd, config, ids, mask=None, positions=None):
     x = sd["model.encoder.weight"][ids]
     if positions is None:
         positions = torch.arange(L).expand(B, L)
-    freqs = 1.0 / (config.rope_theta ** (torch.arange(0, dh, 2).float() / dh))
+    freqs = 1.0 / (config.rope_parameters['rope_theta'] ** (torch.arange(0, dh, 2).float() / dh))
     cis = torch.polar(torch.ones(B, L, dh // 2), positions[..., None].float() * freqs)  # [B, L, dh/2]
 
     def rms(t, w):
@@ -188,25 +189,33 @@ def test_published_config_json_loads():
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.dim_head) == (768, 28, 12, 64)
     assert c.ffn_hidden_size == 2048 and c.intermediate_size == 3072
     assert c.norm_eps == 1e-5 and c.max_length == 4096 and c.vocab_size == 30522 and c.pad_token_id == 0
-    assert c.rope_theta == 10000.0 and c.rope_scaling is None and c.classifier_dropout == 0.1
-    assert c.tie_word_embeddings is False
-    # our additions survive a serialisation round trip
-    c2 = NeoBERTConfig.from_dict(tiny_config(rope_scaling={"type": "linear", "factor": 2}).to_dict())
-    assert c2.rope_scaling == {"type": "linear", "factor": 2.0, "original_max_position_embeddings": 64}
+    assert c.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0} and c.classifier_dropout == 0.1
+    assert c.tie_word_embeddings is False and (c.head_dim, c.max_position_embeddings) == (64, 4096)
+    # transformers' RoPE parameters survive a serialisation round trip, and so does the real SwiGLU width
+    c2 = NeoBERTConfig.from_dict(tiny_config(rope_parameters={"rope_type": "linear", "factor": 2.0}).to_dict())
+    assert c2.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert NeoBERTConfig.from_dict(tiny_config(ffn_hidden_size=40).to_dict()).ffn_hidden_size == 40
+    # the project's own exports of before (rope_theta at the top level) still load
+    assert NeoBERTConfig.from_dict(dict(official, rope_theta=500.0)).rope_parameters["rope_theta"] == 500.0
 
 
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="divisible"):
         NeoBERTConfig(hidden_size=30, num_attention_heads=4)
-    with pytest.raises(ValueError, match="rope_scaling type"):
-        NeoBERTConfig(rope_scaling={"type": "dynamic", "factor": 2.0})
-    with pytest.raises(ValueError, match="factor"):
-        NeoBERTConfig(rope_scaling={"type": "linear", "factor": 0.5})
+    with pytest.raises(ValueError, match="dim_head must be even"):
+        NeoBERTConfig(hidden_size=36, num_attention_heads=12)
+    with pytest.raises(Exception, match="hidden_size"):
+        NeoBERTConfig(hidden_size="big")
 
 
-def test_published_layout_folder_loads_through_auto_class(tmp_path, cfg, sd):
-    """A folder in the published layout (auto_map -> model.*) with our file as its model.py."""
+@pytest.mark.parametrize("remote_code", [False, True])
+def test_published_layout_folder_loads_through_auto_class(tmp_path, cfg, sd, remote_code):
+    """A folder in the published layout (auto_map -> model.*): without remote code, `import megatron_neobert.hf`
+    has registered NeoBERT and the Auto class runs it; with remote code, the folder's own model.py (our generated
+    files) runs. Both give the reference's logits."""
     from transformers import AutoModelForMaskedLM
+
+    import megatron_neobert.hf  # noqa: F401  (the registration)
 
     official = {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                              "num_attention_heads", "dim_head", "vocab_size", "pad_token_id",
@@ -218,22 +227,37 @@ def test_published_layout_folder_loads_through_auto_class(tmp_path, cfg, sd):
                               "AutoModelForSequenceClassification": "model.NeoBERTForSequenceClassification"})
     (tmp_path / "config.json").write_text(json.dumps(official))
     save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(mn.__file__, tmp_path / "model.py")
-
-    model, info = AutoModelForMaskedLM.from_pretrained(str(tmp_path), trust_remote_code=True, output_loading_info=True)
-    assert type(model).__name__ == "NeoBERTLMHead"
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
-    loaded = model.state_dict()
-    assert set(loaded) == set(sd)
-    for k, v in sd.items():  # nothing re-initialised after loading (meta-device init in transformers 5)
-        assert torch.equal(loaded[k], v), k
+    if remote_code:
+        shutil.copyfile(mn.__file__, tmp_path / "model.py")
+        shutil.copyfile(mn.__file__.replace("modeling_neobert", "configuration_neobert"),
+                        tmp_path / "configuration_neobert.py")
 
     ids, mask = pad(sentences([6, 11]))
-    out = model.eval()(input_ids=ids, attention_mask=mask)
-    assert torch.isfinite(out.logits).all()
     _, ref_logits = reference_forward(sd, cfg, ids, mask.bool())
     real = mask.bool()  # padded query slots are don't-care
-    torch.testing.assert_close(out.logits[real], ref_logits[real], atol=ATOL, rtol=1e-5)
+    if remote_code:  # in a process that never imports megatron_neobert, so only the folder's code can run
+        torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
+        script = (
+            "import sys, torch; from transformers import AutoModelForMaskedLM; folder = sys.argv[1]; "
+            "model = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval(); "
+            "assert 'megatron_neobert' not in sys.modules and type(model).__module__.startswith('transformers_modules'); "
+            "x = torch.load(folder + '/inputs.pt'); "
+            "torch.save(model(input_ids=x['ids'], attention_mask=x['mask']).logits, folder + '/logits.pt')")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
+        subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, cwd=tmp_path)
+        logits = torch.load(tmp_path / "logits.pt")
+    else:
+        model, info = AutoModelForMaskedLM.from_pretrained(str(tmp_path), output_loading_info=True)
+        assert type(model) is NeoBERTLMHead
+        assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+        loaded = model.state_dict()
+        assert set(loaded) == set(sd)
+        for k, v in sd.items():  # nothing re-initialised after loading (meta-device init in transformers 5)
+            assert torch.equal(loaded[k], v), k
+        logits = model.eval()(input_ids=ids, attention_mask=mask).logits
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[real], ref_logits[real], atol=ATOL, rtol=1e-5)
 
 
 def test_save_and_from_pretrained_is_finite_and_identical(tmp_path, lm):
@@ -428,28 +452,34 @@ def test_gradient_checkpointing_gives_same_gradients(cfg, sd):
 # ------------------------------------------------------------------------------------------------
 
 
+def rope_cos_sin(config, position_ids):
+    rotary = NeoBERTRotaryEmbedding(config)
+    return rotary(torch.zeros(1, dtype=torch.bfloat16), position_ids)
+
+
 def test_rope_tables_match_complex_formula(cfg):
     pos = torch.arange(50)[None]
     cos, sin = rope_cos_sin(cfg, pos)
+    assert cos.dtype == sin.dtype == torch.float32  # whatever the activations' dtype (bf16 here)
     freqs = 1.0 / (10000.0 ** (torch.arange(0, cfg.dim_head, 2).float() / cfg.dim_head))
     cis = torch.polar(torch.ones(50, cfg.dim_head // 2), torch.outer(torch.arange(50).float(), freqs))
-    torch.testing.assert_close(cos[0], cis.real)
-    torch.testing.assert_close(sin[0], cis.imag)
+    torch.testing.assert_close(cos[0, :, ::2], cis.real)  # interleaved pairs (2i, 2i+1) share an angle
+    torch.testing.assert_close(sin[0, :, 1::2], cis.imag)
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "yarn"])
 def test_rope_scaling_factor_one_is_identity(sd, kind):
     ids = sentences([30])[0][None]
     plain = load_model(NeoBERT, tiny_config(), sd)(ids).last_hidden_state
-    scaled = load_model(NeoBERT, tiny_config(rope_scaling={"type": kind, "factor": 1.0}), sd)(ids).last_hidden_state
-    torch.testing.assert_close(scaled, plain, atol=ATOL, rtol=1e-5)
+    scaled = load_model(NeoBERT, tiny_config(rope_parameters={"rope_type": kind, "factor": 1.0}), sd)
+    torch.testing.assert_close(scaled(ids).last_hidden_state, plain, atol=ATOL, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "yarn"])
 def test_rope_scaling_changes_long_range_frequencies(sd, kind):
     ids = sentences([30])[0][None]
     plain = load_model(NeoBERT, tiny_config(), sd)(ids).last_hidden_state
-    cfg = tiny_config(rope_scaling={"type": kind, "factor": 4.0, "original_max_position_embeddings": 16})
+    cfg = tiny_config(max_length=16, rope_parameters={"rope_type": kind, "factor": 4.0})
     assert not torch.allclose(load_model(NeoBERT, cfg, sd)(ids).last_hidden_state, plain, atol=1e-3)
 
 
@@ -457,24 +487,19 @@ def test_linear_scaling_at_f_times_p_equals_unscaled_at_p(sd):
     f = 4
     ids = sentences([12])[0][None]
     plain = load_model(NeoBERT, tiny_config(), sd)
-    linear = load_model(NeoBERT, tiny_config(rope_scaling={"type": "linear", "factor": float(f)}), sd)
+    linear = load_model(NeoBERT, tiny_config(rope_parameters={"rope_type": "linear", "factor": float(f)}), sd)
     p = torch.arange(12)[None]
     torch.testing.assert_close(linear(ids, position_ids=f * p).last_hidden_state, plain(ids, position_ids=p).last_hidden_state)
 
 
-def test_ntk_and_yarn_frequencies():
-    head_dim = 16
+def test_yarn_frequencies():
     base_cfg = tiny_config(hidden_size=64, num_attention_heads=4)
-    inv, _, _ = rope_inverse_frequencies(base_cfg)
-    assert inv.shape == (head_dim // 2,)
-    ntk, _, _ = rope_inverse_frequencies(tiny_config(hidden_size=64, num_attention_heads=4,
-                                                     rope_scaling={"type": "ntk", "factor": 8.0}))
-    torch.testing.assert_close(ntk[0], inv[0])  # highest frequency kept
-    torch.testing.assert_close(ntk[-1], inv[-1] / 8.0)  # lowest one interpolated by the factor
-    yarn_cfg = tiny_config(hidden_size=64, num_attention_heads=4,
-                           rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096})
-    yarn, divisor, scale = rope_inverse_frequencies(yarn_cfg)
-    assert divisor == 1.0 and scale == pytest.approx(0.1 * torch.log(torch.tensor(8.0)).item() + 1)
+    inv = NeoBERTRotaryEmbedding(base_cfg).inv_freq
+    yarn_cfg = tiny_config(hidden_size=64, num_attention_heads=4, max_length=4096,
+                           rope_parameters={"rope_type": "yarn", "factor": 8.0})
+    yarn_rope = NeoBERTRotaryEmbedding(yarn_cfg)
+    yarn, scale = yarn_rope.inv_freq, yarn_rope.attention_scaling
+    assert scale == pytest.approx(0.1 * torch.log(torch.tensor(8.0)).item() + 1)
     torch.testing.assert_close(yarn[0], inv[0])  # fast-rotating dims extrapolate
     torch.testing.assert_close(yarn[-1], inv[-1] / 8.0)  # slow ones interpolate
     assert ((yarn <= inv + 1e-12) & (yarn >= inv / 8.0 - 1e-12)).all()

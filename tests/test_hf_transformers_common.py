@@ -30,7 +30,7 @@ import pytest
 import torch
 import transformers
 
-from megatron_neobert.conversion.modeling_neobert import (
+from megatron_neobert.hf import (
     NeoBERT,
     NeoBERTConfig,
     NeoBERTForMultipleChoice,
@@ -195,8 +195,6 @@ SKIP_REASONS = {
     "test_tied_head_has_a_tp_plan_entry": "no tensor-parallel plan, and the MLM decoder is untied",
     "test_vision_axial_rope": "a text model",
     "test_model_rope_with_partial_rotation": "RoPE rotates the whole head (no partial_rotary_factor)",
-    "test_model_rope_scaling": "RoPE scaling is NeoBERT's own `rope_scaling` (linear / ntk / yarn), not transformers' "
-                               "`rope_parameters`; it is tested in test_hf_model.py",
     "test_reverse_loading_mapping": "no checkpoint key renaming: the published key names are the module names",
     "test_can_load_from_already_mapped_keys": "no checkpoint key renaming: the published key names are the module names",
     "test_keep_in_fp32_modules": "no module kept in fp32: RMSNorm and RoPE upcast to fp32 inside their forward",

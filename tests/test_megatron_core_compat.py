@@ -149,12 +149,10 @@ print(rank(), inside, rank(), sep="|")
     assert out.stdout.strip() == "no process group|0|no process group"  # rank 0 inside the block alone
 
 
-def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator():
+def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator(cpu_execution):
     from megatron.core.tensor_parallel import random as mcore_random
 
-    from megatron_neobert.parallel.cpu import enable_cpu_execution
-
-    if not enable_cpu_execution():
+    if torch.cuda.is_available():
         pytest.skip("a CUDA device: the tracker forks the CUDA generator itself")
     assert "_get_cuda_rng_state" in inspect.getsource(mcore_random.CudaRNGStatesTracker)
     assert "_set_cuda_rng_state" in inspect.getsource(mcore_random.CudaRNGStatesTracker)
@@ -170,7 +168,7 @@ def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator():
     assert not torch.equal(torch.rand(4), first)  # the CPU generator's own stream is another one
 
 
-def test_model_parallel_groups_are_destroyed_and_every_reference_dropped():
+def test_model_parallel_groups_are_destroyed_and_every_reference_dropped(cpu_execution):
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 

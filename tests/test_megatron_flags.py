@@ -1,6 +1,7 @@
 """Megatron-LM's flags as its BERT users pass them: its example script run unchanged but for the preset, each
 of its flags taken with its meaning or refused in one line, and the meanings that change a run."""
 
+import math
 import os
 import re
 import subprocess
@@ -36,13 +37,17 @@ def bert_example_argv(prefix, root):
     return model + training + parallel + data + logging + ["--model-preset", "neobert-tiny"]
 
 
-@pytest.mark.integration
-def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
-    argv = bert_example_argv(data[0], tmp_path)
+def _torchrun(argv) -> list:
+    """The trainer's stdout lines from torchrun on 2 ranks (the run must succeed)."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "megatron_neobert.pretrain", *argv], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+@pytest.mark.integration
+def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path):
+    lines = _torchrun(bert_example_argv(data[0], tmp_path))
     iterations = [line for line in lines if ITERATION.match(line)]
     assert [ITERATION.match(line).groups() for line in iterations] == [("2", "4"), ("4", "4")]
     for line in iterations:  # a Megatron-LM log parser finds every field it looks for
@@ -57,6 +62,30 @@ def test_megatron_lm_bert_example_runs_with_only_the_preset_added(data, tmp_path
                 assert found, (name, line)
     assert len([line for line in lines if VALIDATION.match(line)]) == 2
     assert os.path.isfile(tmp_path / "ckpt" / "latest_checkpointed_iteration.txt")
+
+
+@pytest.mark.integration
+def test_megatron_lm_mock_data_block_trains_with_the_null_tokenizer(tmp_path):
+    """The BERT example with Megatron-LM's mock-data block (its examples/llama script's: --mock-data --tokenizer-type
+    NullTokenizer --vocab-size, and the --split its real-data block has too) in place of its data flags; in fp32,
+    where the example's --fp16 skips each of these few steps for an overflow of its initial loss scale."""
+    argv = bert_example_argv("unused", tmp_path)
+    at = argv.index("--data-path")
+    argv[at:at + 6] = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "8192",
+                       "--split", "949,50,1"]
+    argv.remove("--fp16")
+    lines = _torchrun(argv)
+    print("\n".join(lines))
+    losses = [float(re.search(r" lm loss: ([-+.\dE]+) \|", line).group(1)) for line in lines if ITERATION.match(line)]
+    assert losses == pytest.approx([math.log(8192)] * 2, abs=0.1)  # about uniform over the data's ids at first
+    validation = [float(VALIDATION.match(line).group(2)) for line in lines if VALIDATION.match(line)]
+    assert len(validation) == 2 and validation[1] < validation[0]
+    assert "--split 949,50,1 does not apply to --mock-data: megatron-core splits mock data 1,1,1" in lines
+    assert ("NullTokenizer: the data's ids 0 .. 8191 taken as they are; end of document 8192, [PAD] 8193, [CLS] 8194, "
+            "[SEP] 8195, [MASK] 8196; vocabulary 8197") in lines
+    assert any(line.startswith("layout: ") and line.endswith("vocab 8197 (padded 8448)") for line in lines)
+    iterations = [ITERATION.match(line).groups() for line in lines if ITERATION.match(line)]
+    assert iterations == [("2", "4"), ("4", "4")]
 
 
 def _refusal(argv):
@@ -74,16 +103,9 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
 @pytest.mark.parametrize("flags, meaning", [
     (["--attention-backend", "auto"], ("attention_backend", "auto")),
     (["--attention-backend", "local"], ("transformer_impl", "local")),
-    (["--dataloader-type", "single"], ("dataloader_type", "single")),
-    (["--untie-embeddings-and-output-weights"], ("untie_embeddings_and_output_weights", True)),
-    (["--position-embedding-type", "rope"], ("position_embedding_type", "rope")),
-    (["--normalization", "RMSNorm"], ("normalization", "RMSNorm")),
-    (["--swiglu"], ("swiglu", True)),
-    (["--auto-detect-ckpt-format"], ("auto_detect_ckpt_format", True)),
     (["--skip-train"], ("skip_train", True)),
     (["--log-params-norm"], ("log_params_norm", True)),
     (["--log-num-zeros-in-grad"], ("log_num_zeros_in_grad", True)),
-    (["--timing-log-level", "0"], ("timing_log_level", 0)),
     (["--tensorboard-log-interval", "5"], ("tensorboard_log_interval", 5)),
     (["--log-timers-to-tensorboard"], ("log_timers_to_tensorboard", True)),
     (["--log-validation-ppl-to-tensorboard"], ("log_validation_ppl_to_tensorboard", True)),
@@ -91,27 +113,21 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--log-world-size-to-tensorboard"], ("log_world_size_to_tensorboard", True)),
     (["--no-log-loss-scale-to-tensorboard"], ("log_loss_scale_to_tensorboard", False)),
     (["--mask-prob", "0.15"], ("mask_rate", 0.15)),
-    (["--bert-no-binary-head"], ("bert_no_binary_head", True)),
     (["--hidden-dropout", "0.1"], ("hidden_dropout", 0.1)),
     (["--attention-dropout", "0.1"], ("attention_dropout", 0.1)),
     (["--init-method-std", "0.02"], ("init_method_std", 0.02)),
-    (["--legacy-tokenizer"], ("legacy_tokenizer", True)),
-    (["--distributed-backend", "gloo"], ("distributed_backend", "gloo")),
     (["--no-save-rng"], ("no_save_rng", True)),
-    (["--use-checkpoint-opt_param-scheduler"], ("use_checkpoint_opt_param_scheduler", True)),
     (["--pretrained-checkpoint", "pre"], ("pretrained_checkpoint", "pre")),
-    (["--short-seq-prob", "0"], ("short_seq_prob", 0.0)),
     (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
-    (["--ckpt-fully-parallel-save"], ("ckpt_fully_parallel_save", True)),
     (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
     (["--async-save"], ("async_save", True)),
 ])
 def test_megatron_lm_flag_is_taken(flags, meaning):
-    assert parse_settings(BASE + flags).flags()[meaning[0]] == meaning[1]
+    """The flags that set something (those that choose nothing here: tests/test_settings.py)."""
+    assert parse_settings(BASE + flags).as_dict()[meaning[0]] == meaning[1]
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: batch-size ramp-up is not implemented"),
     (["--dataloader-type", "cyclic"], "--dataloader-type cyclic: only single is implemented"),
     (["--position-embedding-type", "learned_absolute"],
      "--position-embedding-type learned_absolute: the neobert-tiny preset has position_embedding_type rope; "
@@ -142,7 +158,7 @@ def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers(
     assert settings.data.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
     arch = model_arch(settings.model, tokenizer_vocab_size=5000)
     assert (arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size) == (64, 176, 5000)
-    overridden = startup_notes(settings, arch)[-1]
+    overridden = startup_notes(settings, arch)[-2]  # the last: the precision's
     assert "ffn_hidden_size 344 -> 176 (derived from --hidden-size)" in overridden
     assert "vocab_size 8192 -> 5000 (the tokenizer's)" in overridden
     given = parse_settings(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"]).model
@@ -156,7 +172,7 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
     settings = parse_settings(BASE + ["--sequence-parallel"])
     assert not settings.parallel.sequence_parallel
     assert "disabling sequence parallelism because tensor model parallelism is disabled" in startup_notes(
-        settings, model_arch(settings.model))[-1]
+        settings, model_arch(settings.model))[-2]
 
 
 def _model(argv):
@@ -220,6 +236,7 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
+
     from megatron.core import dist_checkpointing
 
     from megatron_neobert.training.checkpoint.integrity import MANIFEST
@@ -249,7 +266,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
 
 
 def test_use_checkpoint_args_does_not_claim_the_recipes_length():
-    from megatron_neobert.training.megatron_args import recipe_defaults_applied
+    from megatron_neobert.training.resolve import recipe_defaults_applied
 
     applied = recipe_defaults_applied(parse_settings(BASE + ["--load", "ckpt", "--use-checkpoint-args"]))
     assert applied and not any(item.startswith("--seq-length") for item in applied)

@@ -136,8 +136,8 @@ def test_mlm_loss_runs_only_on_labelled_positions(single_rank):
 def hf_logits(model, arch, ids, mask):
     """The same weights in our Hugging Face modeling file: an implementation written independently of
     megatron-core's layers."""
-    from megatron_neobert.conversion.convert import hf_config_for_arch
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERTLMHead
     from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore
 
     state = {k: v for k, v in model.state_dict().items() if "_extra_state" not in k}
@@ -184,15 +184,17 @@ def test_ablation_m0_is_bert_like_and_m1_is_neobert_block():
         get_arch("neobert-huge")
 
 
-def test_layer_spec_selection_is_explicit():
-    from megatron_neobert.model.layer_specs import transformer_engine_available, use_transformer_engine
+def test_the_layer_implementation_is_decided_in_one_place():
+    from megatron_neobert.kernels import choose_transformer_impl
 
-    assert use_transformer_engine("local") is False
+    assert [choose_transformer_impl("auto", gpu, te) for gpu in (False, True) for te in (False, True)] == [
+        "local", "local", "local", "transformer_engine"]
+    assert choose_transformer_impl("local", True, True) == "local"
+    assert choose_transformer_impl("transformer_engine", False, True) == "transformer_engine"
     with pytest.raises(ValueError, match="--transformer-impl"):
-        use_transformer_engine("fast")
-    if not transformer_engine_available():
-        with pytest.raises(RuntimeError, match="transformer_engine does not import"):
-            use_transformer_engine("transformer_engine")
+        choose_transformer_impl("fast", False, False)
+    with pytest.raises(ValueError, match="Transformer Engine does not import"):
+        choose_transformer_impl("transformer_engine", True, False)
 
 
 def test_packed_documents_with_the_whole_pack_as_max_seqlen_equal_each_document_alone(single_rank):

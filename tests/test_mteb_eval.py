@@ -146,7 +146,7 @@ def test_revision_is_unique_per_checkpoint_and_cache_is_not_shared(tmp_path, tok
         checkpoint_revision(tmp_path / "out1")
 
 
-def test_task_names_and_paper_instructions():
+def test_task_names_and_paper_instructions(model_dir):
     tasks = resolve_tasks(["MTEB(eng, v1)", "STS12"])
     assert len(tasks) == 56  # STS12 is already in the benchmark
     known = {k.lower() for k in load_instructions()["mteb"]}
@@ -157,7 +157,7 @@ def test_task_names_and_paper_instructions():
     with pytest.raises(ValueError, match=r"unknown MTEB task or benchmark name\(s\): 'NoSuchTask', 'MTEB\(xx\)'"):
         resolve_tasks(["STS12", "NoSuchTask", "MTEB(xx)"])
     with pytest.raises(SystemExit, match="^error: unknown MTEB task or benchmark name.*NoSuchTask"):
-        load_tool("run_mteb").main(["--model", "unused", "--output", "unused", "--tasks", "NoSuchTask"])
+        load_tool("run_mteb").main(["--model", str(model_dir), "--output", "unused", "--tasks", "NoSuchTask"])
 
 
 def test_summary_groups_by_type():
@@ -229,3 +229,45 @@ def test_local_task_errors_name_the_file(tmp_path):
     _write_jsonl(task / "queries.jsonl", [{"_id": "q0", "query": "b"}])
     with pytest.raises(ValueError, match=r"queries.jsonl line 1: no field 'text'"):
         local_task(task)
+
+
+def test_classification_labels_may_be_class_names(model_dir, tmp_path):
+    """Before: "pos" / "neg" labels crashed in mteb's scoring (ValueError: pos_label=1 is not a valid label). Class
+    names are numbered in sorted order: the same scores as the integer labels they stand for."""
+    from megatron_neobert.embeddings.mteb_local import class_indices
+
+    for name, labels in (("Names", ["neg", "pos"]), ("Integers", [0, 1])):
+        for split, n in (("train", 16), ("test", 8)):
+            _write_jsonl(tmp_path / "tasks" / name / f"{split}.jsonl",
+                         [{"text": f"pw{i % 2} the cat", "label": labels[i % 2]} for i in range(n)])
+    summary = load_tool("run_mteb").main(["--model", str(model_dir), "--output", str(tmp_path / "out"), "--dtype",
+                                          "float32", "--batch-size", "4", "--local-task",
+                                          str(tmp_path / "tasks" / "Names"), str(tmp_path / "tasks" / "Integers")])
+    assert summary["tasks"]["Names"] == summary["tasks"]["Integers"] == {"type": "Classification", "main_score": 100.0}
+    assert class_indices(["pos", "neg", "pos"], tmp_path) == {"neg": 0, "pos": 1}
+    with pytest.raises(ValueError, match=r'the "label" fields of train.jsonl and test.jsonl are int and str: give '
+                                         r'every label as an integer class, or every label as a class name'):
+        class_indices([1, "pos"], tmp_path)
+
+
+def test_a_failing_task_leaves_the_summary_of_those_that_finished(model_dir, tmp_path):
+    """Before: the first failing task ended the run with a traceback and no summary.md. Now every task runs, the
+    summary holds those that finished and names the failure, and the tool ends with one `error:` line."""
+    one_class = tmp_path / "tasks" / "OneClass"  # a classifier cannot be fitted on a single class
+    _write_jsonl(one_class / "train.jsonl", [{"text": f"pw{i} the cat", "label": "pos"} for i in range(8)])
+    _write_jsonl(one_class / "test.jsonl", [{"text": f"pw{i} the cat", "label": ["pos", "neg"][i % 2]}
+                                            for i in range(8)])
+    sts = LocalSTS()
+    sts.load_data()
+    _write_jsonl(tmp_path / "tasks" / "LocalTopicSTS" / "test.jsonl", sts.dataset["test"].to_list())
+    with pytest.raises(SystemExit) as stop:
+        load_tool("run_mteb").main(["--model", str(model_dir), "--output", str(tmp_path / "out"), "--dtype",
+                                    "float32", "--local-task", str(one_class),
+                                    str(tmp_path / "tasks" / "LocalTopicSTS")])
+    message = str(stop.value)
+    assert message.startswith(f"error: 1 of 2 MTEB task(s) failed ({tmp_path}/out/summary.md holds the 1 that "
+                              f"finished): OneClass: ") and "\n" not in message, message
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert list(summary["tasks"]) == ["LocalTopicSTS"] and list(summary["failed"]) == ["OneClass"]
+    assert "| LocalTopicSTS | STS |" in (tmp_path / "out" / "summary.md").read_text()
+    assert "- OneClass: " in (tmp_path / "out" / "summary.md").read_text()

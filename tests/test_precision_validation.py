@@ -3,18 +3,13 @@ the GPU and Transformer Engine as parameters."""
 
 import pytest
 
-from megatron_neobert.training.arguments import build_parser, parse_settings
-from megatron_neobert.training.settings import settings_from_args
+from megatron_neobert.training.arguments import parse_settings
 
 H100, A100, B200 = (9, 0), (8, 0), (10, 0)
 
 
-def flags(*extra):
-    return build_parser().parse_args(["--data-path", "x", *extra])
-
-
 def check(extra, gpu=H100, te=True):
-    return settings_from_args(flags(*extra), gpu_capability=gpu, te_available=te).precision
+    return parse_settings(["--data-path", "x", *extra], gpu_capability=gpu, te_available=te).precision
 
 
 def test_bf16_is_the_default_on_a_gpu_and_fp32_on_cpu():

@@ -258,3 +258,24 @@ def test_stage2_continues_at_a_longer_length_on_the_length_blend(with_optimizer,
     assert all(torch.isfinite(torch.tensor(curve)))
     # The stage-1 weights were loaded: the loss starts well below a fresh model's ~9.0.
     assert curve[0] < 8.6, curve
+
+
+def test_stage2_takes_its_settings_from_the_stage1_checkpoint(distopt_run, data, tmp_path):
+    """examples/pretrain_neobert_stage2.sh's flags (`stage2_plan`): four times stage 1's length with its tokens per
+    step, a twentieth of its steps, on its ranks, layout, optimizer setup, tokenizer and data; the run loads stage
+    1's optimizer state (refused were the setup another) and goes on from its last iteration."""
+    from megatron_neobert.training.stage2 import stage2_plan
+
+    _, stage1 = distopt_run
+    save = str(tmp_path / "stage2")
+    plan = stage2_plan(stage1, save)
+    value = lambda flag: plan.flags[plan.flags.index(flag) + 1]  # noqa: E731
+    assert plan.ranks == 4 and "--use-checkpoint-args" in plan.flags and "--use-distributed-optimizer" in plan.flags
+    assert [value(f) for f in ("--seq-length", "--micro-batch-size", "--global-batch-size", "--train-iters",
+                               "--tensor-model-parallel-size", "--load", "--data-path")] == \
+        ["256", "1", "2", str(ITERS + 1), "2", stage1, data[0]]  # 8 x 64 tokens per step -> 2 x 256
+    h = one(run_on_ranks(run_train, plan.ranks, [*plan.flags, "--data-cache-path", data[1], "--num-workers", "0"]))
+    assert [r["iteration"] for r in h["train"]] == [ITERS + 1]
+    assert losses(h)[0] < 8.6  # stage 1's weights: a fresh model starts at ~9.0
+    assert read_latest_iteration(save) == ITERS + 1
+    assert stage2_plan(stage1, save).flags[plan.flags.index("--load") + 1] == save  # a re-run resumes stage 2

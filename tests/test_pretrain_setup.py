@@ -9,7 +9,8 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.training.model_setup import build_scheduler, model_arch, resolve_padded_vocab_size
+from megatron_neobert.training.model_setup import model_arch, resolve_padded_vocab_size
+from megatron_neobert.training.schedule import build_scheduler
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
 from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
@@ -32,7 +33,7 @@ def test_yaml_config_and_flags_override_it(tmp_path):
     cfg.write_text("lr: 1.0e-3\nseq-length: 128\npacked: false\ndata_path: from-yaml\n")
     s = parse_settings(["--config", str(cfg), "--seq-length", "256"])
     assert (s.training.lr, s.data.seq_length, s.data.packed, s.data.data_path, s.training.min_lr) == (
-        1e-3, 256, False, "from-yaml", pytest.approx(1e-4))
+        1e-3, 256, False, ["from-yaml"], pytest.approx(1e-4))  # a list, as --data-path reads it
     cfg.write_text("learning-rate: 1.0\n")
     with pytest.raises(ValueError, match="unknown setting 'learning-rate'"):
         parse_settings(["--config", str(cfg), "--data-path", "d"])
@@ -66,7 +67,7 @@ def test_padded_vocabulary_is_the_checkpoints():
                                          "--tensor-model-parallel-size 3 does not divide"):
         resolve_padded_vocab_size(tp3, arch, "ckpt", tp1_checkpoint)
     with pytest.raises(ValueError, match=r"8192 vocabulary rows, fewer than the model's vocabulary \(8200"):
-        resolve_padded_vocab_size(settings, arch, "ckpt", {"args": {"padded_vocab_size": 8192}})
+        resolve_padded_vocab_size(settings, arch, "ckpt", {"args": argparse.Namespace(padded_vocab_size=8192)})
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_fixtures import VOCAB, make_neobert_folder, random_mlm_state_dict, tiny_config
-from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+from megatron_neobert.hf import NeoBERTLMHead
 from megatron_neobert.evaluation.pseudo_perplexity import (SequenceResult, bucket_results, load_mlm, load_texts,
                                                            masked_token_losses, pseudo_perplexities)
 
@@ -93,18 +93,18 @@ def test_rope_scaling_past_trained_length(folder, tokenizer):
     assert len(ids) == 128
     positions = list(range(1, 127, 9))
     plain = masked_token_losses(load_mlm(folder), ids, positions, MASK, batch_size=8)
-    scaled_model = load_mlm(folder, {"type": "yarn", "factor": 2.0})
-    assert scaled_model.config.rope_scaling["type"] == "yarn"
-    assert scaled_model.config.rope_scaling["original_max_position_embeddings"] == 64
+    scaled_model = load_mlm(folder, {"rope_type": "yarn", "factor": 2.0})
+    assert scaled_model.config.rope_parameters["rope_type"] == "yarn"
+    assert scaled_model.config.rope_parameters["original_max_position_embeddings"] == 64
     scaled = masked_token_losses(scaled_model, ids, positions, MASK, batch_size=8)
     # the same weights in a model built with the scaled config directly
-    reference = NeoBERTLMHead(tiny_config(rope_scaling={"type": "yarn", "factor": 2.0})).eval()
+    reference = NeoBERTLMHead(tiny_config(rope_parameters={"rope_type": "yarn", "factor": 2.0})).eval()
     reference.load_state_dict(random_mlm_state_dict(tiny_config(), seed=3, scale=0.2))
     torch.testing.assert_close(scaled, masked_token_losses(reference, ids, positions, MASK, batch_size=3),
                                rtol=1e-5, atol=1e-5)
     assert (scaled - plain).abs().max() > 1e-2  # positions past 64 really are encoded differently
-    with pytest.raises(ValueError, match="rope_scaling type must be one of"):
-        load_mlm(folder, {"type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        load_mlm(folder, {"rope_type": "ntk", "factor": 2.0})
 
 
 def test_not_neobert_folder(tmp_path):
@@ -138,7 +138,7 @@ def test_tool_end_to_end(folder, tmp_path):
     texts = [" ".join([TEXT] * k) for k in (1, 2, 3)] + ["cat"]  # ~21, ~40, ~59 and 3 tokens
     (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n")
     buckets = main(["--model", str(folder), "--texts", str(tmp_path / "docs.jsonl"), "--max_length", "96",
-                    "--buckets", "16", "32", "48", "--batch_size", "16", "--rope_scaling", "ntk", "--rope_factor",
+                    "--buckets", "16", "32", "48", "--batch_size", "16", "--rope_scaling", "dynamic", "--rope_factor",
                     "1.5", "--output", str(tmp_path / "out" / "pppl"), "--device", "cpu", "--no_progress"])
     assert [(b["max_length"], b["sequences"]) for b in buckets] == [(16, 1), (32, 1), (48, 1), (96, 1)]
     with open(tmp_path / "out" / "pppl.csv") as f:
@@ -149,7 +149,7 @@ def test_tool_end_to_end(folder, tmp_path):
     from PIL import Image
 
     assert Image.open(tmp_path / "out" / "pppl.png").text["Title"] == (
-        f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, ntk RoPE x1.5")
+        f"Pseudo-perplexity by length: {folder.name}\n4 texts of docs.jsonl, up to 96 tokens, dynamic RoPE x1.5")
 
 
 @pytest.mark.integration

@@ -6,7 +6,7 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_thd
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-from megatron_neobert.model.attention import RotaryPackedSeqParams
+from megatron_neobert.model.attention import LocalPackedSeqParams
 from megatron_neobert.model.neobert_model import NeoBERTModel, packed_seq_params_from_cu_seqlens
 
 CU_SEQLENS = [0, 5, 14, 40, 41, 64]  # documents of 5, 9, 26, 1 and 23 tokens
@@ -24,7 +24,8 @@ class OneContextParallelRank:
 def rotated_by_position(t, cu_seqlens, freqs, interleaved):
     params = packed_seq_params_from_cu_seqlens(cu_seqlens, MAX_SEQLEN)
     positions = NeoBERTModel._default_position_ids(torch.zeros(1, t.shape[0], device=t.device), params)[0]
-    return RotaryPackedSeqParams.by_position(params, freqs, positions, t.dtype, interleaved).rotate(t)
+    rotary = LocalPackedSeqParams.rotary_by_position(freqs, positions, t.dtype, interleaved)
+    return LocalPackedSeqParams.of(params, t.shape[0], **rotary).rotate(t)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -1,18 +1,21 @@
 """The start-of-run checks on given arguments and a checkpoint's saved args, without a run (the runs that meet
 them end to end are in test_bad_input.py and test_faults.py)."""
 
+import argparse
 import dataclasses
 import logging
+import re
 
 import pytest
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.model.config import get_arch
+from megatron_neobert.model.config import PRESETS, get_arch
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_vocabulary, trained_length)
+                                                  check_tensor_parallel_shapes, check_vocabulary,
+                                                  tensor_parallel_shape_error, trained_length)
 
 TINY = get_arch("neobert-tiny")
 
@@ -24,7 +27,7 @@ def settings_of(*flags):
 
 def saved(arch=TINY, **args):
     """The `common` dict of a checkpoint whose args record `arch`."""
-    return {"args": dict(arch=dataclasses.asdict(arch), **args)}
+    return {"args": argparse.Namespace(arch=dataclasses.asdict(arch), **args)}
 
 
 @pytest.mark.parametrize("prefix, made_by", [
@@ -66,7 +69,7 @@ def test_a_checkpoint_of_another_shape_names_every_difference():
                                      "activation swiglu there, gelu here; this run: --model-preset neobert-tiny")
     # The vocabulary rows and the RoPE length are not the shape; a checkpoint without our args is megatron-core's.
     check_model_shape(settings, dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64), "ckpt", saved())
-    check_model_shape(settings, other, "ckpt", {"args": {}})
+    check_model_shape(settings, other, "ckpt", {"args": argparse.Namespace()})
 
 
 def test_learned_positions_are_part_of_the_shape():
@@ -110,12 +113,67 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.megatron_args import schedule_steps
-    from megatron_neobert.training.model_setup import build_scheduler
+    from megatron_neobert.training.schedule import build_scheduler
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)
     scheduler = build_scheduler(training, optimizer)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(training.lr)
-    scheduler.step(schedule_steps(training).per_iteration)
+    scheduler.step(training.global_batch_size)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(training.min_lr)
+
+
+# The flag named by the refusal of each preset at TP 1, 2, 4 and 8, without and with FP8 (None: it runs).
+# Without FP8 only TP 8 is refused: it splits no preset's heads (12, or neobert-tiny's 4) evenly. With FP8,
+# neobert-tiny's MLP width 344 is no multiple of 16 at any TP, and ablation-m7's attention width 1056 is not
+# at TP 4 (264 per rank).
+HEADS, FFN, HIDDEN = "--num-attention-heads", "--fp8-format: --ffn-hidden-size", "--fp8-format: --hidden-size"
+REFUSALS = {False: {tp: {preset: HEADS if tp == 8 else None for preset in PRESETS} for tp in (1, 2, 4, 8)},
+            True: {1: dict.fromkeys(PRESETS, None) | {"neobert-tiny": FFN},
+                   2: dict.fromkeys(PRESETS, None) | {"neobert-tiny": FFN},
+                   4: dict.fromkeys(PRESETS, None) | {"neobert-tiny": FFN, "ablation-m7": HIDDEN},
+                   8: dict.fromkeys(PRESETS, HEADS)}}
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_at_tp_1_2_4_8_is_refused_before_the_build_naming_the_flag_and_valid_values(preset, tp, fp8):
+    arch = get_arch(preset)
+    error = tensor_parallel_shape_error(arch, tp, fp8, preset)
+    expected = REFUSALS[fp8][tp][preset]
+    if expected is None:
+        assert error is None
+        return
+    assert error.startswith(f"{expected} ") and f" (--model-preset {preset}) at --tensor-model-parallel-size {tp}: " \
+        in error, error
+    # Each value it suggests mends the rule it names: the run passes, or is refused for another rule.
+    suggestions = re.findall(r"(--[a-z-]+) (\d+(?:, \d+)*(?: or \d+)?)", error.split("; use ", 1)[1])
+    assert suggestions, error
+    for flag, values in suggestions:
+        for value in map(int, re.split(", | or ", values)):
+            if flag == "--tensor-model-parallel-size":
+                again = tensor_parallel_shape_error(arch, value, fp8, preset)
+            else:
+                field = {"--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size"}[flag]
+                again = tensor_parallel_shape_error(dataclasses.replace(arch, **{field: value}), tp, fp8, preset)
+            assert again is None or not again.startswith(expected), (error, flag, value, again)
+
+
+def test_the_fp8_refusals_name_the_width_on_a_rank():
+    assert tensor_parallel_shape_error(get_arch("neobert-tiny"), 1, True, "neobert-tiny") == (
+        "--fp8-format: --ffn-hidden-size 344 (--model-preset neobert-tiny) at --tensor-model-parallel-size 1: the "
+        "MLP width per rank, 344, is not a multiple of 16 (Transformer Engine's FP8 GEMMs); use --ffn-hidden-size "
+        "336 or 352, or drop --fp8-format")
+    assert tensor_parallel_shape_error(get_arch("ablation-m7"), 4, True, "ablation-m7") == (
+        "--fp8-format: --hidden-size 1056 (--model-preset ablation-m7) at --tensor-model-parallel-size 4: the "
+        "attention width per rank, 264 (the QKV output 792), is not a multiple of 16 (Transformer Engine's FP8 "
+        "GEMMs); use --hidden-size 960 or 1152, or --tensor-model-parallel-size 1 or 2, or drop --fp8-format")
+
+
+def test_a_runs_shape_is_checked_against_its_tp_size_as_an_input_error():
+    tiny_at = lambda tp: settings_of("--model-preset", "neobert-tiny", "--tensor-model-parallel-size", tp)  # noqa: E731
+    check_tensor_parallel_shapes(tiny_at("4"), TINY)
+    with pytest.raises(InputError, match="^--num-attention-heads 4 \\(--model-preset neobert-tiny\\) at "
+                                         "--tensor-model-parallel-size 8: "):
+        check_tensor_parallel_shapes(tiny_at("8"), TINY)

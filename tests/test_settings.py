@@ -1,39 +1,89 @@
-"""The command line becomes the run's settings once: frozen sections by concern, one `--help` group each, the
-Namespace left as given; and the trainer's console (INFO lines from rank 0, warnings from every rank)."""
+"""Each setting declared once (a dataclass field with its flag, help and default), the parser generated from the
+declarations, the command line turned once into frozen sections by concern; Megatron-LM's flags that choose nothing
+never become settings; and the trainer's console (INFO lines from rank 0, warnings from every rank)."""
 
+import argparse
 import dataclasses
 import logging
 
 import pytest
 import torch
 
-from megatron_neobert.training.arguments import build_parser, parse_command_line
-from megatron_neobert.training.settings import SECTIONS, settings_from_args
+from megatron_neobert.flags import HelpFormatter, flag_of
+from megatron_neobert.training.arguments import (ADAPTER_FLAGS, MegatronLMFlags, build_parser, given_values,
+                                                 parse_settings)
+from megatron_neobert.training.settings import SECTIONS, Settings, declared_fields
 from megatron_neobert.training.train_log import configure_logging
 
 COMMAND_LINE_ONLY = {"help", "config"}
 
 
-def test_each_help_group_is_one_settings_section():
-    groups = {g.title: {a.dest for a in g._group_actions} for g in build_parser()._action_groups}
-    for name, section in SECTIONS.items():
-        assert groups[section.TITLE] == {f.name for f in dataclasses.fields(section)}, name
-    in_sections = [f.name for section in SECTIONS.values() for f in dataclasses.fields(section)]
-    assert len(in_sections) == len(set(in_sections))  # each flag in one section
-    assert set(in_sections) == {a.dest for a in build_parser()._actions} - COMMAND_LINE_ONLY
+def test_every_flag_is_declared_once_and_its_help_shows_its_default():
+    declarations = list(declared_fields()) + list(dataclasses.fields(MegatronLMFlags))
+    names = [f.name for f in declarations]
+    assert len(names) == len(set(names))  # no setting in two sections, no adapter flag that is also a setting
+    parser = build_parser()
+    actions = [a for a in parser._actions if a.dest not in COMMAND_LINE_ONLY]
+    assert sorted(a.dest for a in actions) == sorted(names)  # one flag per declaration, none besides
+    by_dest = {a.dest: a for a in actions}
+    help_text = " ".join(parser.format_help().split())
+    for field in declarations:
+        action = by_dest[field.name]
+        assert flag_of(field) in action.option_strings and flag_of(field) in help_text
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        assert action.default == default, field.name
+        if default not in (None, False, True):  # switches say their meaning; None means "derived": see the help
+            assert f"(default: {default})" in HelpFormatter("x")._get_help_string(action) % vars(action), field.name
+    groups = {g.title: {a.dest for a in g._group_actions} for g in parser._action_groups}
+    for section in SECTIONS.values():  # one --help group per section
+        assert groups[section.TITLE] == {f.name for f in dataclasses.fields(section)}
+    assert groups[MegatronLMFlags.TITLE] == ADAPTER_FLAGS
 
 
-def test_the_command_line_stays_as_given_and_the_settings_are_frozen(tmp_path):
-    args, explicit = parse_command_line(["--data-path", "d", "--train-iters", "100", "--lr-warmup-iters", "0"])
-    given = dict(vars(args))
-    settings = settings_from_args(args, explicit)
-    assert vars(args) == given and args.min_lr is None and args.bf16 is None  # resolved in the settings only
+def test_the_command_line_is_read_once_into_frozen_settings():
+    argv = ["--data-path", "d", "--train-iters", "100", "--lr-warmup-iters", "0", "--mask-prob", "0.15"]
+    given = given_values(argv)
+    assert given == {"data_path": ["d"], "train_iters": 100, "lr_warmup_iters": 0, "mask_prob": 0.15}
+    settings = parse_settings(argv)
     assert (settings.training.min_lr, settings.training.lr_decay_iters, settings.precision.bf16) == (
         pytest.approx(6e-5), 90, False)
-    assert settings.explicit == {"data_path", "train_iters", "lr_warmup_iters"}
+    assert settings.model.transformer_impl == "local"  # "auto" decided once, for this machine (no GPU)
+    assert settings.data.mask_rate == 0.15  # Megatron-LM's alias, mapped onto the setting
+    assert settings.explicit == {"data_path", "train_iters", "lr_warmup_iters", "mask_rate"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.training.lr = 1.0
-    assert set(settings.flags()) == set(given) - {"config"}
+    assert set(settings.as_dict()) == {f.name for f in declared_fields()}
+
+
+@pytest.mark.parametrize("flags", [["--legacy-tokenizer"], ["--auto-detect-ckpt-format"], ["--bert-no-binary-head"],
+                                   ["--untie-embeddings-and-output-weights"], ["--ckpt-fully-parallel-save"],
+                                   ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"],
+                                   ["--use-checkpoint-opt-param-scheduler"], ["--dataloader-type", "single"],
+                                   ["--short-seq-prob", "0"], ["--timing-log-level", "0"],
+                                   ["--ckpt-format", "torch_dist"], ["--distributed-backend", "gloo"]])
+def test_megatron_lm_flags_that_choose_nothing_are_accepted_and_are_no_settings(flags):
+    argv = ["--data-path", "d", "--train-iters", "100", "--lr-warmup-iters", "0"]
+    with_flags = parse_settings(argv + flags)
+    assert with_flags == parse_settings(argv)
+    assert not ADAPTER_FLAGS & set(with_flags.as_dict())
+
+
+def test_a_settings_file_is_read_as_the_command_line_would_read_it(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: 6e-4\nmin-lr: 1.0e-5\ndata_path: corpus\nmask_prob: 0.15\n")
+    settings = parse_settings(["--config", str(config), "--lr", "1e-3", "--lr-warmup-iters", "0"])
+    assert (settings.training.lr, settings.training.min_lr) == (1e-3, 1e-5)  # the command line wins over the file
+    assert settings.data.data_path == ["corpus"] and settings.data.mask_rate == 0.15
+    assert {"lr", "min_lr", "data_path", "mask_rate"} <= settings.explicit
+    config.write_text("lr-decay-style: sqrt\n")
+    with pytest.raises(ValueError, match="lr-decay-style: 'sqrt' is not one of"):
+        parse_settings(["--config", str(config), "--mock-data"])
+
+
+def test_the_library_builds_settings_without_a_command_line():
+    settings = Settings()  # every declared default
+    assert settings.training.lr == 6e-4 and settings.model.transformer_impl == "auto"
+    assert isinstance(build_parser(), argparse.ArgumentParser)
 
 
 def test_info_lines_show_from_rank_0_and_warnings_from_every_rank(monkeypatch, capsys):

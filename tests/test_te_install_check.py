@@ -1,5 +1,5 @@
-"""A half-installed Transformer Engine: megatron-core's import fails on it, and the package says why in one line
-first. Each case runs in a fresh interpreter with a fake `transformer_engine` package first on sys.path."""
+"""A half-installed Transformer Engine: megatron-core's import fails on it, and the trainer's entry point says why in
+one line first. Each case runs in a fresh interpreter with a fake `transformer_engine` package first on sys.path."""
 
 import os
 import subprocess
@@ -49,10 +49,11 @@ def python_with_fake_te(tmp_path, pytorch_raises: str, code: str, init: str = TE
 def test_a_broken_te_is_named_in_one_line_before_megatron_core_fails(tmp_path, pytorch_raises, error):
     bare = python_with_fake_te(tmp_path, pytorch_raises, "import megatron.core")
     assert bare.returncode == 1 and bare.stderr.strip().splitlines()[-1] == error  # megatron-core lets it through
-    ours = python_with_fake_te(tmp_path, pytorch_raises, "import megatron_neobert.model.neobert_model")
-    assert ours.returncode == 1
+    ours = python_with_fake_te(tmp_path, pytorch_raises, "import sys, megatron_neobert.pretrain as p; "
+                               "sys.exit(p.main(['--mock-data', '--model-preset', 'neobert-tiny']))")
+    assert ours.returncode == 1 and "Traceback" not in ours.stderr, ours.stderr
     assert ours.stderr.strip().splitlines()[-1] == (
-        f"megatron_neobert.kernels.TransformerEngineInstallError: Transformer Engine is installed but does not "
+        f"error: Transformer Engine is installed but does not "
         f"load ({error}), so megatron-core cannot be imported: install transformer-engine, "
         "transformer-engine-cu13 and transformer-engine-torch of one version, the last built against this "
         "torch (docs/gpu.md), or uninstall transformer-engine to use the PyTorch layers")
@@ -60,6 +61,6 @@ def test_a_broken_te_is_named_in_one_line_before_megatron_core_fails(tmp_path, p
 
 def test_a_te_whose_top_level_misses_a_module_leaves_megatron_core_on_its_pytorch_paths(tmp_path):
     result = python_with_fake_te(
-        tmp_path, NO_MODULE, "import megatron_neobert.model.layer_specs as s; print(s.transformer_engine_available())",
+        tmp_path, NO_MODULE, "import megatron_neobert.kernels as k; print(k.transformer_engine_available())",
         init=f"raise {NO_MODULE}\n")
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = sorted(p.name for p in (REPO / "tools").glob("*.py"))
@@ -22,7 +22,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
 # per tool, the heavy modules imported so far, the flags without help text and the help text itself.
 PROBE = r"""
 import json, runpy, sys
-import megatron_neobert.cli as cli
+import megatron_neobert.flags as cli
 
 seen = {}
 original = cli.ArgumentParser.print_help
@@ -94,11 +94,19 @@ def run_tool(tool, *args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+# Tools that read the trainer's flags answer a bad command line as the trainer does: one `error:` line, status 1.
+TRAINER_FLAGS = {"build_data_cache.py"}
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_abbreviated_flags_are_refused(tool):
     # Were prefixes accepted, `--hel` would be --help: the help text and exit status 0.
     out = run_tool(tool, "--hel", timeout=60)
-    assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+    if tool in TRAINER_FLAGS:
+        assert out.returncode == 1 and out.stderr.startswith("error: unrecognized arguments: --hel (did you mean "
+                                                             "--help?)"), (out.returncode, out.stderr[-2000:])
+    else:
+        assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
 
 
 def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):

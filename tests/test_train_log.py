@@ -22,7 +22,7 @@ VALIDATION = re.compile(r"^ validation loss at iteration (\d+) \| lm loss value:
 def _record(iteration, loss, lr, skipped=False):
     return dict(iteration=iteration, loss=loss, accuracy=0.25, lr=lr, logged_lr=lr / 2, grad_norm=1.4375,
                 skipped=skipped, predicted=40, tokens=200, attended=4000, consumed_samples=32 * iteration,
-                loss_scale=None, num_zeros=17, params_norm=123.4567)
+                global_batch_size=32, loss_scale=None, num_zeros=17, params_norm=123.4567)
 
 
 def _parse(line):
@@ -82,6 +82,13 @@ class _Scalars:
         pass
 
 
+def test_the_batch_size_is_each_steps(single_rank, capsys):
+    """During a --rampup-batch-size ramp the line's `global batch size` and TensorBoard's `batch-size` are the
+    step's, as Megatron-LM's (micro-batches x micro-batch size x DP), not --global-batch-size."""
+    _, last = _report(["--train-iters", "10"], [dict(_record(1, 10.0, 1e-4), global_batch_size=8)], 1.0)
+    assert "| global batch size:     8 |" in capsys.readouterr().out and last["batch-size"] == 8
+
+
 def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
     base = ["--mock-data", "--global-batch-size", "32", "--train-iters", "6", "--lr-warmup-iters", "0"]
     written = {}
@@ -131,6 +138,10 @@ def test_our_figures_follow_on_the_line(single_rank, capsys):
     log.peak = tflops * 4  # a device whose peak is 4x what the window reached
     log.step(_record(4, 10.0, 1e-4), 0.5 / 3, 0)
     assert "| MFU: 25.0% |" in capsys.readouterr().out and log.writers[-1].last["perf/mfu"] == pytest.approx(0.25)
+
+    log.peak, log.bf16_peak = tflops * 8, tflops * 4  # FP8: twice the bf16 peak, for the linears alone
+    log.step(_record(5, 10.0, 1e-4), 0.5 / 3, 0)
+    assert "| MFU: 12.5% of FP8 peak (25.0% of bf16 peak) |" in capsys.readouterr().out
 
 
 def test_a_window_of_skipped_steps_leaves_out_the_loss_and_counts_them(single_rank, capsys):

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,11 @@ def test_watch_a_run_while_it_trains_then_restart_prune_and_compare(data, tmp_pa
          *tiny_argv(*data, "--train-iters", "6", "--save", str(save), "--save-interval", "2",
                     "--tensorboard-dir", str(tb))],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # Started with the trainer, before any checkpoint: it follows the run and exits once the last is scored.
+    # Started once the trainer has made its --save folder (a missing one is refused), before any checkpoint: it
+    # follows the run and exits once the last is scored.
+    deadline = time.monotonic() + 300
+    while not save.is_dir() and train.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     watcher = subprocess.Popen([sys.executable, str(REPO / "tools" / "watch_run.py"), "--save", str(save),
                                 "--suite", str(suite), "--interval", "1"],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -79,6 +84,7 @@ def test_watch_a_run_while_it_trains_then_restart_prune_and_compare(data, tmp_pa
     assert train.returncode == 0, train_log[-3000:]
     watch_log = watcher.communicate(timeout=600)[0]
     assert watcher.returncode == 0, watch_log[-3000:]
+    assert "LOAD REPORT" not in watch_log  # transformers' table of the GLUE head's new weights, expected
 
     # One row per checkpoint and task, in downstream.jsonl and in TensorBoard, against iteration and tokens.
     results = save / "downstream" / "downstream.jsonl"
@@ -180,3 +186,26 @@ def test_suite_errors_name_what_is_wrong(tmp_path):
     assert load_suite(suite) == {"pseudo_perplexity": dict(
         texts=str(tmp_path / "docs.jsonl"), text_field="text", num_texts=None, max_length=64, min_length=2,
         buckets=None, batch_size=32)}
+
+
+def test_a_folder_without_checkpoints_is_refused_or_waited_for(tmp_path):
+    """A run's --save before its first save is waited for, with a line (before: silently); with --once, or a
+    folder that cannot become a run's --save, it is an error saying what is there."""
+    from megatron_neobert.evaluation.watch import check_run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "writer.lock").write_text("{}")
+    layout = "no latest_checkpointed_iteration.txt, no iter_NNNNNNN folder"
+    assert check_run_folder(str(run), once=False) == \
+        f"{run}: no checkpoint yet ({layout}): waiting for the run's first save"
+    with pytest.raises(ValueError, match=re.escape("it holds: writer.lock): nothing to evaluate with --once")):
+        check_run_folder(str(run), once=True)
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path} holds no trainer checkpoint ({layout}; it holds: run): "
+                                                   f"give the run's --save folder")):
+        check_run_folder(str(tmp_path), once=False)
+    (run / "iter_0000002").mkdir()
+    (run / "latest_checkpointed_iteration.txt").write_text("2")
+    assert check_run_folder(str(run), once=True) is None
+    with pytest.raises(ValueError, match=re.escape(f"it holds: run): did you mean {run}?")):
+        check_run_folder(str(tmp_path), once=True)

@@ -27,7 +27,7 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
 
-from megatron_neobert.cli import ArgumentParser  # noqa: E402
+from megatron_neobert.flags import ArgumentParser  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
 
 
@@ -113,13 +113,15 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
     import struct
 
     import numpy
-    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+    from megatron.core.datasets.indexed_dataset import DType
+
+    from megatron_neobert.megatron_core_compat import index_header
 
     rng, itemsize = numpy.random.default_rng(seed), 2
     lengths = [numpy.maximum(1, rng.lognormal(6.0, 1.0, min(chunk, documents - lo))).astype(numpy.int32)
                for lo in range(0, documents, chunk)]
     with open(prefix + ".idx", "wb") as f:
-        f.write(_INDEX_HEADER + struct.pack("<QBQQ", 1, DType.code_from_dtype(numpy.uint16), documents,
+        f.write(index_header() + struct.pack("<QBQQ", 1, DType.code_from_dtype(numpy.uint16), documents,
                                             documents + 1))
         for part in lengths:
             f.write(part.tobytes())

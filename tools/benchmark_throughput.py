@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 # --quick: the first look on a GPU, within one 10-minute command (about 3 minutes for neobert-250m on an
@@ -193,18 +193,10 @@ def smoke_arch():
     return get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    import torch
+def measure(args, arch) -> list:
+    """The inference and training rows the flags ask for."""
+    from megatron_neobert.evaluation.throughput import benchmark_inference, benchmark_training
 
-    from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
-    from megatron_neobert.evaluation.throughput import (baseline_attention, benchmark_inference, benchmark_training,
-                                                        format_table, plot)
-    from megatron_neobert.kernels import kernel_report
-    from megatron_neobert.model import get_arch
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    arch = smoke_arch() if args.cpu_smoke else get_arch(args.model_preset)
     results = []
     if not args.skip_inference:
         results += benchmark_inference(arch, args.inference_seq_lengths, args.inference_steps,
@@ -216,6 +208,22 @@ def main(argv=None):
                            else args.train_micro_batch)
             results += benchmark_training(arch, seq, micro_batch, args.train_steps,
                                           args.train_micro_batches, fp8=args.fp8, compile=args.compile)
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
+    from megatron_neobert.cli import megatron_runtime
+    from megatron_neobert.evaluation.throughput import baseline_attention, format_table, plot
+    from megatron_neobert.kernels import kernel_report
+    from megatron_neobert.model import get_arch
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with megatron_runtime():
+        results = measure(args, smoke_arch() if args.cpu_smoke else get_arch(args.model_preset))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     checks = check_targets(results, device, args.model_preset)
     print(format_table(results))

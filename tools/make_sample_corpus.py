@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 
 DOCS_URL = "https://docs.python.org/3.11/"

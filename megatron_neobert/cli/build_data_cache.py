@@ -1,4 +1,4 @@
-"""Build the MLM datasets' caches ahead of training, in one process, with the training command's own
+r"""Build the MLM datasets' caches ahead of training, in one process, with the training command's own
 flags (same data, split, length, seed, --train-iters, --data-cache-path): each corpus's document
 table (its index checked in full, the special tokens its documents carry) and the layouts. Rank 0
 of the job then only loads them instead of building them under the process group's timeout:
@@ -10,23 +10,34 @@ of the job then only loads them instead of building them under the process group
 Prints the samples per split and where the cache is.
 """
 
+import dataclasses
 import logging
 import sys
 import time
 
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.training.arguments import build_parser, parse_settings
+from megatron_neobert.training.settings import DataSettings
+
+# The settings the datasets depend on: the data flags, and the lengths of the training and its evaluations.
+READS = {f.name for f in dataclasses.fields(DataSettings)} - {"data_loader", "num_workers"} | {
+    "seed", "train_iters", "train_samples", "global_batch_size", "eval_interval", "eval_iters"}
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    parser = build_parser("neobert-build-data-cache", __doc__, shown=READS,
+                          epilog="The training command's other flags are accepted and change nothing here "
+                                 "(neobert-pretrain --help lists them).")
     try:
-        settings = parse_settings(argv)  # --help answers here, before megatron-core is imported
-        from megatron_neobert.data.tokenizer import build_tokenizer
-        from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+        settings = parse_settings(argv, parser=parser)  # --help answers here, before megatron-core is imported
+        with megatron_runtime():
+            from megatron_neobert.data.tokenizer import build_tokenizer
+            from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 
-        tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
-        start = time.perf_counter()
-        datasets = build_trainer_datasets(settings, tokenizer)
+            tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
+            start = time.perf_counter()
+            datasets = build_trainer_datasets(settings, tokenizer)
     except ValueError as err:  # bad flags, data or tokenizer
         print(f"error: {err}", file=sys.stderr)
         return 1

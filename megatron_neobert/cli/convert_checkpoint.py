@@ -14,7 +14,8 @@ Run it as one process (not under torchrun): the HF -> Megatron direction spawns 
 import logging
 import sys
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
@@ -57,24 +58,31 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from megatron_neobert.conversion.convert import ConversionError, hf_to_mcore, mcore_to_hf
     from megatron_neobert.progress import library_bars
 
     library_bars(not args.no_progress)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        if args.direction == "mcore-to-hf":
-            summary = mcore_to_hf(args.load, args.save, dtype=args.dtype, tokenizer=args.tokenizer,
-                                  model_preset=args.model_preset, overwrite=args.overwrite,
-                                  progress=not args.no_progress, no_tokenizer=args.no_tokenizer)
-        else:
-            summary = hf_to_mcore(args.load, args.save, args.tensor_model_parallel_size or 1,
-                                  args.pipeline_model_parallel_size or 1, dtype=args.dtype,
-                                  tokenizer=args.tokenizer, model_preset=args.model_preset,
-                                  overwrite=args.overwrite, progress=not args.no_progress,
-                                  make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
-    except (ConversionError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    with megatron_runtime():
+        from megatron_neobert.conversion.convert import ConversionError
+
+        try:
+            summary = _convert(args)
+        except (ConversionError, FileExistsError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     print(summary)
     return 0
+
+
+def _convert(args) -> str:
+    from megatron_neobert.conversion.convert import hf_to_mcore, mcore_to_hf
+
+    if args.direction == "mcore-to-hf":
+        return mcore_to_hf(args.load, args.save, dtype=args.dtype, tokenizer=args.tokenizer,
+                           model_preset=args.model_preset, overwrite=args.overwrite,
+                           progress=not args.no_progress, no_tokenizer=args.no_tokenizer)
+    return hf_to_mcore(args.load, args.save, args.tensor_model_parallel_size or 1,
+                       args.pipeline_model_parallel_size or 1, dtype=args.dtype,
+                       tokenizer=args.tokenizer, model_preset=args.model_preset,
+                       overwrite=args.overwrite, progress=not args.no_progress,
+                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)

@@ -11,11 +11,11 @@ megatron_neobert.embeddings.cde.load_cde and evaluate with neobert-run-mteb --cd
 import logging
 from dataclasses import fields
 
-from megatron_neobert.cli import ArgumentParser, add_config_flags
+from megatron_neobert.flags import ArgumentParser, add_flags
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CONFIG_HELP, CDEConfig
+    from megatron_neobert.embeddings.config import CDEConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
@@ -27,7 +27,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--split", default="train", help="split of hub datasets")
     p.add_argument("--checkpoint-dir", default=None, help="resumable checkpoints (default: <output>-checkpoints)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    add_config_flags(p, CDEConfig(), CONFIG_HELP)
+    add_flags(p, CDEConfig)
     return p
 
 
@@ -36,8 +36,15 @@ def main(argv=None):
     from megatron_neobert.embeddings.cde import finetune_cde
     from megatron_neobert.embeddings.config import CDEConfig
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
+    from megatron_neobert.model_source import check_model_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:  # the folders first: a mistyped one fails before the datasets are read
+        check_model_source(args.model, hub=False)
+        if args.second_stage_model:
+            check_model_source(args.second_stage_model, "--second-stage-model", hub=False)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     datasets = []
     for spec in args.dataset:
         try:

@@ -10,11 +10,11 @@ the paper's instruction from megatron_neobert/assets/instructions.json unless --
 
 import logging
 
-from megatron_neobert.cli import ArgumentParser, add_config_flags
+from megatron_neobert.flags import ArgumentParser, add_flags
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CONFIG_HELP, ContrastiveConfig
+    from megatron_neobert.embeddings.config import ContrastiveConfig
 
     p = ArgumentParser(description=__doc__)
     p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
@@ -28,7 +28,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--max-negatives", type=int, default=None, help="hard negatives kept per query (default: all)")
     p.add_argument("--checkpoint-dir", default=None, help="default: <output>-checkpoints")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    add_config_flags(p, ContrastiveConfig(), CONFIG_HELP)
+    add_flags(p, ContrastiveConfig)
     return p
 
 
@@ -37,8 +37,13 @@ def main(argv=None):
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.embeddings.config import ContrastiveConfig
     from megatron_neobert.embeddings.finetune import finetune_contrastive
+    from megatron_neobert.model_source import check_model_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:  # the folder first: a mistyped one fails before the datasets are read
+        check_model_source(args.model, hub=False)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     instructions = {}
     for item in args.instruction:
         name, sep, text = item.partition("=")

@@ -9,7 +9,7 @@ Reads lengths from the .idx and copies token bytes; no tokenizer needed.
 import logging
 import sys
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:

@@ -12,7 +12,7 @@ the output is written atomically and refused when the inputs hold no document or
 
 import sys
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def main(argv=None) -> int:

@@ -24,12 +24,13 @@ Across nodes, each rank takes every world_size-th file and writes shards only; m
         --output-prefix data/rw_content_document
 """
 
+import dataclasses
 import logging
 import os
 import sys
 
-from megatron_neobert.cli import ArgumentParser
-from megatron_neobert.data.tokenizer import add_tokenizer_flags, wordpiece_tokenizer_model
+from megatron_neobert.flags import ArgumentParser, add_flags, parse_given, with_defaults
+from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
 
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
@@ -63,7 +64,7 @@ def get_args(argv=None):
                        help="as Megatron-LM's: the punkt model (language) of --split-sentences "
                             "(default: english)")
     group = parser.add_argument_group("tokenizer")
-    add_tokenizer_flags(group)
+    add_flags(group, TokenizerSettings)
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token (EOS, else [SEP]) to each non-empty "
                             "document (with --split-sentences: to its last sentence)")
@@ -94,19 +95,21 @@ def get_args(argv=None):
                        help="nodes sharing the files (default: SLURM_ARRAY_TASK_COUNT or torchrun "
                             "WORLD_SIZE, else 1); with more than one, shards are not merged")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    given_flags = parse_given(parser, argv)
+    args = with_defaults(parser, given_flags)
     for flag, given in (("--keep-newlines", args.keep_newlines), ("--lang", args.lang is not None)):
         if given and not args.split_sentences:
             parser.error(f"{flag} only applies to sentence splitting: add --split-sentences, or "
                          f"drop {flag}")
     args.lang = args.lang or "english"
+    if args.tokenizer_type == NULL_TOKENIZER:
+        parser.error("--tokenizer-type NullTokenizer takes already tokenized data's ids as they are, at training: "
+                     "there is no text for it to tokenize here")
+    tokenizer = {f.name: getattr(args, f.name) for f in dataclasses.fields(TokenizerSettings)}
     try:
-        vocab_file = wordpiece_tokenizer_model(args.tokenizer_type, args.vocab_file,
-                                               args.tokenizer_model != parser.get_default("tokenizer_model"))
+        vars(args).update(resolve_tokenizer_flags(tokenizer, given_flags))
     except ValueError as err:
         parser.error(str(err))
-    if vocab_file is not None:
-        args.tokenizer_model = vocab_file
     env_rank, env_world = rank_from_environment()
     args.rank = env_rank if args.rank is None else args.rank
     args.world_size = env_world if args.world_size is None else args.world_size

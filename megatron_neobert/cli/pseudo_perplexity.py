@@ -9,7 +9,7 @@
 
 from pathlib import Path
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
@@ -27,7 +27,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="single-mask copies per forward pass")
     p.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
                    help="upper edges of the length buckets (cut at --max-length)")
-    p.add_argument("--rope-scaling", choices=["linear", "ntk", "yarn"], help="RoPE extension past the trained length")
+    p.add_argument("--rope-scaling", choices=["linear", "dynamic", "yarn"],
+                   help="RoPE extension past the trained length (transformers' RoPE types; dynamic is NTK-aware)")
     p.add_argument("--rope-factor", type=float, default=2.0, help="--rope-scaling factor")
     p.add_argument("--original-max-position-embeddings", type=int,
                    help="trained length for --rope-scaling (default: the model's max_length)")
@@ -58,7 +59,7 @@ def main(argv=None):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     scaling = None
     if args.rope_scaling:
-        scaling = {"type": args.rope_scaling, "factor": args.rope_factor}
+        scaling = {"rope_type": args.rope_scaling, "factor": args.rope_factor}
         if args.original_max_position_embeddings:
             scaling["original_max_position_embeddings"] = args.original_max_position_embeddings
     try:  # the texts first: a bad line fails before the model is loaded

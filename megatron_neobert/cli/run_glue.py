@@ -13,7 +13,7 @@ import json
 import logging
 from pathlib import Path
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 from megatron_neobert.evaluation.glue_data import HF_DATASET, TASKS
 from megatron_neobert.evaluation.glue_protocol import PAPER_GRID, Protocol
 

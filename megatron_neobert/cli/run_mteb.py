@@ -13,7 +13,7 @@ Writes summary.md / summary.json (by task type, beside the paper's numbers) and 
 import logging
 from pathlib import Path
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
@@ -45,11 +45,14 @@ def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
     from megatron_neobert.defaults import DEFAULT_BENCHMARK
-    from megatron_neobert.embeddings.mteb_eval import NeoBERTEncoder, resolve_tasks, run_mteb
+    from megatron_neobert.embeddings.mteb_eval import MTEBTaskError, NeoBERTEncoder, resolve_tasks, run_mteb
     from megatron_neobert.embeddings.mteb_local import local_task
+    from megatron_neobert.model_source import check_model_source
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
+        if not args.cde:  # a CDE folder holds two model folders, which load_cde checks
+            check_model_source(args.model, hub=False)
         if tasks is None:
             names = args.tasks if args.tasks is not None else ([] if args.local_task else [DEFAULT_BENCHMARK])
             tasks = [local_task(folder) for folder in args.local_task] + (resolve_tasks(names) if names else [])
@@ -63,8 +66,11 @@ def main(argv=None, tasks=None):
             model = NeoBERTEncoder(args.model, **common)
     except (ValueError, FileNotFoundError) as err:  # unknown task names, a bad task file or model folder
         raise SystemExit(f"error: {err}") from None
-    summary = run_mteb(model, tasks, args.output, cache_dir=args.cache, overwrite=args.overwrite,
-                       encode_batch_size=args.batch_size)
+    try:
+        summary = run_mteb(model, tasks, args.output, cache_dir=args.cache, overwrite=args.overwrite,
+                           encode_batch_size=args.batch_size)
+    except MTEBTaskError as err:  # the summary of the tasks that finished is written
+        raise SystemExit(f"error: {err}") from None
     print((Path(args.output) / "summary.md").read_text())
     return summary
 

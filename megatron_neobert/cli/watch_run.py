@@ -13,7 +13,8 @@ Safe to stop and restart at any time: what is done (same weights, same settings)
 
 import sys
 
-from megatron_neobert.cli import ArgumentParser
+from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.flags import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
@@ -46,15 +47,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from megatron_neobert.evaluation.watch import Run, load_suite, watch
+    from megatron_neobert.evaluation.watch import Run, check_run_folder, load_suite, watch
 
+    roots = args.compare or [args.save]
     try:
+        waiting = [check_run_folder(root, args.once) for root in roots]
         suite = load_suite(args.suite)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    for line in filter(None, waiting):
+        print(line, flush=True)
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     runs = [Run(root, suite, device, args.output, args.tensorboard_dir, args.tokenizer)
-            for root in (args.compare or [args.save])]
-    watch(runs, once=args.once, interval=args.interval, compare_plot=args.plot if args.compare else None)
+            for root in roots]
+    with megatron_runtime():  # each checkpoint is converted in this process
+        watch(runs, once=args.once, interval=args.interval, compare_plot=args.plot if args.compare else None)
     return 0

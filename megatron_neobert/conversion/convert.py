@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +32,13 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from megatron_neobert.conversion.hf_format import (TOKENIZER_FILES, neobert_config_from_dims, read_hf_folder,
-                                                   replace_folder, write_hf_folder)
-from megatron_neobert.conversion.modeling_neobert import NeoBERTConfig
+from megatron_neobert.conversion import shape_bridge
+from megatron_neobert.atomic_write import atomic_path
+from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, write_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
 from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
@@ -95,13 +95,14 @@ class ConversionSummary:
 
 def check_convertible(arch: NeoBERTArch) -> None:
     """Only the NeoBERT block (RoPE, SwiGLU, RMSNorm, no biases) has an HF counterpart."""
-    wanted = dict(position_embedding_type="rope", activation="swiglu", normalization="RMSNorm",
-                  add_bias_linear=False)
-    wrong = {k: getattr(arch, k) for k, v in wanted.items() if getattr(arch, k) != v}
-    if wrong:
-        raise ConversionError(
-            f"this architecture has {wrong}; only NeoBERT's RoPE / SwiGLU / RMSNorm / bias-free blocks "
-            f"convert to the Hugging Face NeoBERT layout (BERT-like presets such as ablation-m0 do not)")
+    shape_bridge_call(shape_bridge.hf_config_for_arch, arch)
+
+
+def shape_bridge_call(function, *args):
+    try:
+        return function(*args)
+    except shape_bridge.ShapeBridgeError as err:
+        raise ConversionError(str(err)) from None
 
 
 def check_preset(arch: NeoBERTArch, model_preset: Optional[str], where: str) -> None:
@@ -118,28 +119,6 @@ def check_preset(arch: NeoBERTArch, model_preset: Optional[str], where: str) -> 
     if diff:
         listed = ", ".join(f"{k}={mine} (preset: {theirs})" for k, (mine, theirs) in diff.items())
         raise ConversionError(f"{where} does not match --model-preset {model_preset}: {listed}")
-
-
-def hf_config_for_arch(arch: NeoBERTArch) -> NeoBERTConfig:
-    check_convertible(arch)
-    return neobert_config_from_dims(
-        arch.num_layers, arch.hidden_size, arch.num_attention_heads, arch.ffn_hidden_size, arch.vocab_size,
-        arch.max_sequence_length, norm_eps=arch.norm_epsilon, rope_theta=float(arch.rotary_base),
-        embedding_init_range=arch.init_range, decoder_init_range=arch.init_range)
-
-
-def arch_for_hf_config(config: NeoBERTConfig) -> NeoBERTArch:
-    if config.rope_scaling is not None:
-        raise ConversionError(f"rope_scaling={config.rope_scaling} has no megatron-core counterpart here; "
-                              f"convert the unscaled model")
-    if float(config.rope_theta) != int(config.rope_theta):
-        raise ConversionError(f"rope_theta={config.rope_theta} is not an integer base")
-    if config.dim_head * config.num_attention_heads != config.hidden_size:
-        raise ConversionError("dim_head * num_attention_heads != hidden_size is not supported")
-    return NeoBERTArch(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                       config.ffn_hidden_size, config.vocab_size, config.max_length,
-                       norm_epsilon=config.norm_eps, rotary_base=int(config.rope_theta),
-                       init_range=config.embedding_init_range)
 
 
 def preset_name_of(arch: NeoBERTArch) -> Optional[str]:
@@ -179,13 +158,18 @@ def _model_config(arch: NeoBERTArch, dtype: torch.dtype, **parallel):
                               **parallel)
 
 
-def _init_single_rank() -> None:
+@contextlib.contextmanager
+def _single_rank():
+    """megatron-core on this one process for the block, its CUDA calls on the CPU where there is no GPU."""
+    from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.parallel.launch import init_distributed, initialize_model_parallel
 
     init_distributed()
     if torch.distributed.get_world_size() != 1:
         raise RuntimeError("run the converter as one process (not under torchrun): it spawns its own ranks")
-    initialize_model_parallel(1, 1)
+    with cpu_execution():
+        initialize_model_parallel(1, 1)
+        yield
 
 
 def build_single_rank_model(arch: NeoBERTArch, vocab_size: int, dtype: torch.dtype = torch.float32):
@@ -257,16 +241,16 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
         raise ConversionError(f"{ckpt_dir}: args give padded_vocab_size={padded}, smaller than the "
                               f"vocabulary ({arch.vocab_size})")
 
-    _init_single_rank()
-    model = build_single_rank_model(arch, padded)
-    stored_dtype = _check_tensors_and_shards(ckpt_dir, _sharded_tensors(model.sharded_state_dict()), arch)
-    if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
-        model = build_single_rank_model(arch, padded, stored_dtype)
-    # Only the model's tensors are requested: optimizer and RNG state stay on disk.
-    with _megatron_deprecations_hidden():
-        state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
-                                        strict=StrictHandling.RAISE_UNEXPECTED)
-    model.load_state_dict(state["model"], strict=True)
+    with _single_rank():
+        model = build_single_rank_model(arch, padded)
+        stored_dtype = _check_tensors_and_shards(ckpt_dir, _sharded_tensors(model.sharded_state_dict()), arch)
+        if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
+            model = build_single_rank_model(arch, padded, stored_dtype)
+        # Only the model's tensors are requested: optimizer and RNG state stay on disk.
+        with _megatron_deprecations_hidden():
+            state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
+                                            strict=StrictHandling.RAISE_UNEXPECTED)
+        model.load_state_dict(state["model"], strict=True)
     state_dict = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     return arch, args, state_dict, padded, stored_dtype
 
@@ -332,7 +316,7 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
     if save.exists() and not overwrite:
         raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
     arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
-    config = hf_config_for_arch(arch)
+    config = shape_bridge_call(shape_bridge.hf_config_for_arch, arch)
     hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, config), DTYPES[dtype], progress, "mcore -> HF")
     with tempfile.TemporaryDirectory() as workdir:
         tok = _resolve_tokenizer(tokenizer, args, Path(workdir), no_tokenizer)
@@ -348,6 +332,10 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
 
 def _fetch_hf(load: str) -> Path:
     """A local folder, or a hub name fetched with `snapshot_download` (cache first, network if allowed)."""
+    try:
+        check_model_source(load, "--load")
+    except ValueError as err:
+        raise ConversionError(str(err)) from None
     if os.path.exists(load):
         return Path(load)
     from huggingface_hub import snapshot_download
@@ -406,7 +394,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         raise ConversionError(str(err)) from None
     if "decoder.weight" not in hf_sd:
         raise ConversionError(f"{src} has no MLM head (decoder.weight/bias): pre-training needs one")
-    arch = arch_for_hf_config(config)
+    arch = shape_bridge_call(shape_bridge.arch_for_hf_config, config)
     check_preset(arch, model_preset, f"{src} (arch {arch})")
     if arch.num_layers % pp or arch.num_attention_heads % tp or arch.ffn_hidden_size % tp:
         raise ConversionError(f"TP={tp} x PP={pp} does not divide {arch.num_layers} layers, "
@@ -420,26 +408,24 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                             pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
                             params_dtype=dtype, converted_from=str(load))
 
-    save.parent.mkdir(parents=True, exist_ok=True)
-    tmp = save.parent / f".{save.name}.tmp-{uuid.uuid4().hex[:8]}"
-    stage = tmp / "stage-tp1"
-    try:
+    with atomic_path(save) as tmp:
+        stage = tmp / "stage-tp1"
         # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
-        _init_single_rank()
-        model = build_single_rank_model(arch, padded, DTYPES[dtype])
-        mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
-        params = dict(model.state_dict())
-        unexpected = sorted(set(mcore_sd) - set(params))
-        if unexpected:
-            raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
-        with torch.no_grad():
-            for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
-                                            enabled=progress, unit="tensor"):
-                params[name].copy_(value)
-        stage.mkdir(parents=True)
-        with _megatron_deprecations_hidden():
-            dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
-        del model, params, mcore_sd
+        with _single_rank():
+            model = build_single_rank_model(arch, padded, DTYPES[dtype])
+            mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
+            params = dict(model.state_dict())
+            unexpected = sorted(set(mcore_sd) - set(params))
+            if unexpected:
+                raise ConversionError(f"converted keys not in the megatron-core model: {unexpected[:4]}")
+            with torch.no_grad():
+                for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
+                                                enabled=progress, unit="tensor"):
+                    params[name].copy_(value)
+            stage.mkdir(parents=True)
+            with _megatron_deprecations_hidden():
+                dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
+            del model, params, mcore_sd
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
         common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
@@ -447,10 +433,6 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)
         write_latest_marker(str(tmp), 0)
-        replace_folder(tmp, save)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ConversionSummary("hf-to-mcore", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
                              dtype, _disk_size(save),
                              layout=f"TP={tp} x PP={pp}, vocabulary padded to {padded}, iteration 0")

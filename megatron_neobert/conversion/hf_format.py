@@ -7,21 +7,24 @@ import hashlib
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
 import torch
 
-from .modeling_neobert import NeoBERTConfig, swiglu_hidden_size
+from ..atomic_write import atomic_path
+from ..hf import NeoBERTConfig
+from ..model_source import check_model_source
 
 PathLike = Union[str, os.PathLike]
 StateDict = Dict[str, torch.Tensor]
 
-MODELING_FILE = Path(__file__).with_name("modeling_neobert.py")
+# The generated transformers files, copied into each export for users who load it with remote code.
+MODEL_FILES = tuple(Path(__file__).parents[1] / "hf" / name for name in ("configuration_neobert.py",
+                                                                        "modeling_neobert.py"))
 
 AUTO_MAP = {
-    "AutoConfig": "modeling_neobert.NeoBERTConfig",
+    "AutoConfig": "configuration_neobert.NeoBERTConfig",
     "AutoModel": "modeling_neobert.NeoBERT",
     "AutoModelForMaskedLM": "modeling_neobert.NeoBERTLMHead",
     "AutoModelForSequenceClassification": "modeling_neobert.NeoBERTForSequenceClassification",
@@ -29,13 +32,6 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_neobert.NeoBERTForQuestionAnswering",
     "AutoModelForMultipleChoice": "modeling_neobert.NeoBERTForMultipleChoice",
 }
-
-# Fields of the published config.json, then ours.
-OFFICIAL_CONFIG_FIELDS = (
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "dim_head", "vocab_size",
-    "pad_token_id", "norm_eps", "max_length", "embedding_init_range", "decoder_init_range", "classifier_init_range",
-)
-EXTRA_CONFIG_FIELDS = ("rope_theta", "rope_scaling", "classifier_dropout")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 TOKENIZER_FILES = (
@@ -107,64 +103,16 @@ def _abbrev(items, limit: int = 6) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Config from megatron dimensions
-# --------------------------------------------------------------------------------------------------------
-
-
-def neobert_config_from_dims(
-    num_layers: int,
-    hidden_size: int,
-    num_heads: int,
-    ffn_hidden_size: int,
-    vocab_size: int,
-    max_length: int,
-    norm_eps: float = 1e-5,
-    rope_theta: float = 10000.0,
-    **config_kwargs,
-) -> NeoBERTConfig:
-    """A NeoBERTConfig whose derived SwiGLU width equals megatron's `ffn_hidden_size`.
-
-    The published config stores a nominal `intermediate_size` I with width = int(2I/3) rounded up to 8;
-    we pick I = 3/2 * width when that is an integer (2048 -> 3072), else the smallest I that works.
-    """
-    candidates = []
-    if (3 * ffn_hidden_size) % 2 == 0:
-        candidates.append(3 * ffn_hidden_size // 2)
-    candidates += range(max(1, (3 * ffn_hidden_size) // 2 - 16), (3 * ffn_hidden_size) // 2 + 16)
-    intermediate = next((i for i in candidates if swiglu_hidden_size(i) == ffn_hidden_size), None)
-    if intermediate is None:
-        raise ValueError(
-            f"ffn_hidden_size={ffn_hidden_size} cannot be expressed as NeoBERT's int(2*I/3) rounded up to a "
-            f"multiple of 8: it must be a positive multiple of 8"
-        )
-    return NeoBERTConfig(
-        num_hidden_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        intermediate_size=intermediate,
-        vocab_size=vocab_size,
-        max_length=max_length,
-        norm_eps=norm_eps,
-        rope_theta=rope_theta,
-        **config_kwargs,
-    )
-
-
-# --------------------------------------------------------------------------------------------------------
 # Writing a folder
 # --------------------------------------------------------------------------------------------------------
 
 
 def hf_config_dict(config: NeoBERTConfig, dtype: torch.dtype = torch.float32) -> dict:
-    """The config.json content: published fields, our additions, auto_map for trust_remote_code."""
-    d = config.to_diff_dict()
-    for name in OFFICIAL_CONFIG_FIELDS + EXTRA_CONFIG_FIELDS:
-        d[name] = getattr(config, name)
-    d.pop("dtype", None)  # transformers 5 spelling; "torch_dtype" is read by 4.x and 5.x alike
-    if d.get("rope_scaling") is None:
-        # Left out when unset: transformers 5's generic config (e.g. inside AutoTokenizer without
-        # trust_remote_code) treats a `rope_scaling` key as its own deprecated RoPE field and warns.
-        d.pop("rope_scaling", None)
+    """The config.json content: every field (the published ones under their published names), and auto_map for
+    users who load with remote code."""
+    d = config.to_dict()
+    for name in ("_name_or_path", "transformers_version", "dtype", "output_attentions"):
+        d.pop(name, None)  # "torch_dtype" below is read by every transformers 5 release
     d.update(
         model_type="neobert",
         architectures=["NeoBERTLMHead"],
@@ -210,7 +158,7 @@ def _sentence_transformers_files(config: NeoBERTConfig) -> Dict[str, dict]:
 
 def _write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:  # into a folder that atomic_path commits whole
         json.dump(obj, f, indent=2, sort_keys=False)
         f.write("\n")
 
@@ -260,20 +208,6 @@ def _save_safetensors(state_dict: StateDict, path: Path, dtype: torch.dtype) -> 
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def replace_folder(tmp: Path, dst: Path) -> None:
-    """Put a finished temporary folder at `dst`, replacing whatever is there.
-
-    os.replace cannot replace a non-empty folder: move the old one aside, swap, then delete it.
-    """
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(dst, old)
-        os.replace(tmp, dst)
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    else:
-        os.replace(tmp, dst)
-
-
 def write_hf_folder(
     dst: PathLike,
     hf_state_dict: StateDict,
@@ -293,22 +227,16 @@ def write_hf_folder(
         raise ValueError("the state dict has no MLM head (decoder.weight / decoder.bias); export expects NeoBERTLMHead")
     validate_hf_state_dict(hf_state_dict, config)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_path(dst) as tmp:
+        tmp.mkdir()
         _write_json(tmp / "config.json", hf_config_dict(config, dtype))
         _save_safetensors(hf_state_dict, tmp / WEIGHTS_NAME, dtype)
-        shutil.copyfile(MODELING_FILE, tmp / MODELING_FILE.name)
+        for source in MODEL_FILES:
+            shutil.copyfile(source, tmp / source.name)
         if tokenizer_path is not None:
             _copy_tokenizer(tokenizer_path, tmp, config)
         for name, content in _sentence_transformers_files(config).items():
             _write_json(tmp / name, content)
-
-        replace_folder(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dst
 
 
@@ -350,30 +278,27 @@ def _load_sharded(src: Path, index_name: str) -> StateDict:
 def neobert_config(config_dict: dict, path: Path) -> NeoBERTConfig:
     """The config of `path`'s fields; a value of the wrong kind ("hidden_size": "big") is a ValueError naming
     the file."""
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         return NeoBERTConfig.from_dict(config_dict)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    except (ValueError, StrictDataclassError) as err:  # the strict dataclass's message spans lines
+        raise ValueError(f"{path}: {' '.join(str(err).split())}") from None
 
 
-def load_neobert_auto_config(folder: PathLike, auto_class: str):
-    """The `AutoConfig` (trust_remote_code) of a NeoBERT folder whose `auto_map` has `auto_class` (e.g.
-    "AutoModelForMaskedLM"); a clear error for anything else."""
-    from transformers import AutoConfig
-
+def load_neobert_auto_config(folder: PathLike) -> NeoBERTConfig:
+    """The config of a NeoBERT folder (ours or the published layout), read by this package's NeoBERTConfig
+    without remote code; a clear error for anything else."""
+    check_model_source(folder)
     config_file = Path(folder) / "config.json"
-    if config_file.is_file() and _read_json(config_file).get("model_type") == "neobert":
-        # Checked with this version's config class: a folder's own modeling code may predate these checks.
-        neobert_config(_read_json(config_file), config_file)
-    try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
-    except Exception as e:
-        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: {e}") from e
-    auto_map = getattr(config, "auto_map", None) or {}
-    if config.model_type != "neobert" or auto_class not in auto_map:
-        raise ValueError(f"{folder} is not NeoBERT-compatible: model_type={config.model_type!r}, auto_map has "
-                         f"{sorted(auto_map)}; expected model_type 'neobert' with an {auto_class} entry")
-    return config
+    if not config_file.is_file():
+        raise ValueError(f"{folder} is not a loadable Hugging Face model folder: it has no config.json")
+    config_dict = _read_json(config_file)
+    if config_dict.get("model_type") != "neobert":
+        raise ValueError(f"{folder} is not NeoBERT-compatible: model_type={config_dict.get('model_type')!r}; "
+                         f"expected model_type 'neobert'")
+    neobert_config(config_dict, config_file)  # a field of the wrong kind fails naming the file
+    return NeoBERTConfig.from_pretrained(str(folder))
 
 
 def read_hf_folder(src: PathLike) -> Tuple[StateDict, NeoBERTConfig]:
@@ -440,7 +365,6 @@ __all__ = [
     "checkpoint_revision",
     "expected_hf_shapes",
     "validate_hf_state_dict",
-    "neobert_config_from_dims",
     "hf_config_dict",
     "write_hf_folder",
     "read_hf_folder",

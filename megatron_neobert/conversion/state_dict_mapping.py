@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import torch
 
 from .hf_format import validate_hf_state_dict
-from .modeling_neobert import NeoBERTConfig
+from ..hf import NeoBERTConfig
 
 StateDict = Dict[str, torch.Tensor]
 

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def _output_names(sample: Dict) -> List[str]:
     names = ["tokens", "labels", "masked_positions", "num_masked"]
     if "cu_seqlens" in sample:
-        names += ["cu_seqlens", "max_seqlen"]
+        names.append("cu_seqlens")
     if "attention_mask" in sample:
         names.append("attention_mask")
     if "dataset_id" in sample:
@@ -43,9 +43,7 @@ class _BatchSource:
         out = []
         for name in self.names:
             value = batch[name]
-            if name == "max_seqlen":
-                value = numpy.array([value], numpy.int64)
-            elif name == "num_masked":  # scalars travel as one-element arrays
+            if name == "num_masked":  # scalars travel as one-element arrays
                 value = value.reshape(1).numpy()
             elif name == "attention_mask":
                 value = value.numpy().astype(numpy.uint8)  # bool travels as uint8
@@ -56,8 +54,8 @@ class _BatchSource:
 
 
 class DALIMLMLoader:
-    """Iterable of collated batches like the torch loader's; tensors on ``cuda:device_id`` (except
-    the python int ``max_seqlen``) or on the CPU when ``device_id`` is None."""
+    """Iterable of collated batches like the torch loader's; tensors on ``cuda:device_id``, or on the CPU when
+    ``device_id`` is None."""
 
     def __init__(self, dataset, sampler: MLMPretrainingSampler, device_id: Optional[int] = None,
                  num_workers: int = 0, prefetch_batches: int = 2, collate: Callable = collate_mlm_batch) -> None:
@@ -82,8 +80,7 @@ class DALIMLMLoader:
                                          batch=False, parallel=parallel)
             if device_id is None:
                 return tuple(outputs)
-            return tuple(o if name == "max_seqlen" else o.gpu()
-                         for name, o in zip(self.names, outputs))
+            return tuple(o.gpu() for o in outputs)
 
         self._pipe = pipeline()
         self._pipe.build()
@@ -105,9 +102,7 @@ class DALIMLMLoader:
             batch = {}
             for name in self.names:
                 value = data[name][0]  # drop DALI's batch dimension (one batch per iteration)
-                if name == "max_seqlen":
-                    value = int(value.item())
-                elif name == "attention_mask":
+                if name == "attention_mask":
                     value = value.to(torch.bool)
                 elif name == "num_masked":
                     value = value.reshape(())

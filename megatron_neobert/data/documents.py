@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path, get_idx_path
 
-from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.atomic_write import commit, write_json_atomic
 from megatron_neobert.data.indexed import IndexArrays, check_indexed_files
 from megatron_neobert.data.records import read_record
 from megatron_neobert.progress import progress_bar
@@ -237,5 +237,5 @@ def _scan(index, prefix: str, tokenizer, base: str, key: str) -> None:
     bar.close()
     del arrays
     for name, path in partial.items():
-        os.replace(path, f"{base}-{name}.npy")
+        commit(path, f"{base}-{name}.npy")
     os.remove(state_path)

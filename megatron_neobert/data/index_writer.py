@@ -13,9 +13,10 @@ import struct
 from typing import Iterator, List, Tuple, Union
 
 import numpy
-from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType, get_bin_path, get_idx_path
+from megatron.core.datasets.indexed_dataset import DType, get_bin_path, get_idx_path
 
 from megatron_neobert.data.indexed import IndexArrays
+from megatron_neobert.megatron_core_compat import index_header
 
 _CHUNK = 1 << 24  # elements per write: the .idx is written in slices, never as one copy of an array
 
@@ -66,7 +67,7 @@ class IndexedWriter:
         self.data_file.close()
         itemsize, offset = self.dtype.itemsize, 0
         with open(idx_path, "wb") as f:
-            f.write(_INDEX_HEADER + struct.pack("<QBQQ", 1, DType.code_from_dtype(self.dtype.type),
+            f.write(index_header() + struct.pack("<QBQQ", 1, DType.code_from_dtype(self.dtype.type),
                                                 self._sequences, self._documents + 1))
             for lengths in self._sequence_lengths():
                 f.write(lengths)

@@ -12,8 +12,10 @@ import struct
 from typing import Type
 
 import numpy
-from megatron.core.datasets.indexed_dataset import (
-    _INDEX_HEADER, DType, IndexedDataset, get_bin_path, get_idx_path)
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, get_bin_path, get_idx_path
+
+from megatron_neobert.atomic_write import commit
+from megatron_neobert.megatron_core_compat import index_header
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -106,7 +108,7 @@ def read_header(idx_path: str):
     """(version, dtype code, sequences, documents + 1) from a megatron-core index header."""
     with open(idx_path, "rb") as f:
         head = f.read(34)
-    if len(head) < 34 or head[:9] != _INDEX_HEADER:
+    if len(head) < 34 or head[:9] != index_header():
         raise IndexedDataError(f"{idx_path} is not a megatron-core index (bad header)")
     return struct.unpack("<QBQQ", head[9:34])
 
@@ -133,8 +135,8 @@ def commit_pair(prefix: str) -> None:
     check_indexed_files(idx_tmp, bin_tmp)
     if os.path.exists(get_idx_path(prefix)):
         os.remove(get_idx_path(prefix))
-    os.replace(bin_tmp, get_bin_path(prefix))
-    os.replace(idx_tmp, get_idx_path(prefix))
+    commit(bin_tmp, get_bin_path(prefix))
+    commit(idx_tmp, get_idx_path(prefix))
 
 
 def discard_partial(prefix: str) -> None:

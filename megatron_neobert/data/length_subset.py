@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path
 
+from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.documents import raw_lengths
 from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths
@@ -64,10 +65,12 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
     corpus = mapped(bin_path, index.dtype, 0, os.path.getsize(bin_path) // index.dtype_size).view(numpy.ndarray)
     os.makedirs(os.path.dirname(output_prefix) or ".", exist_ok=True)  # as preprocess_data.py does
     bin_tmp, idx_tmp = partial_paths(output_prefix)
-    kept, tokens, kept_tokens = [], 0, 0
+    kept, tokens, kept_tokens, kept_docs = [], 0, 0, 0
     try:
         writer = IndexedWriter(bin_tmp, index.dtype)
-        bar = progress_bar(desc=f"documents >= {min_tokens} tokens", total=n_docs, enabled=progress, unit="doc")
+        # The bar counts the documents read; how many were kept goes beside it.
+        bar = progress_bar(desc=f"documents read for >= {min_tokens} tokens", total=n_docs, enabled=progress,
+                           unit="doc")
         for lo in range(0, n_docs, documents_per_step):
             docs = numpy.arange(lo, min(n_docs, lo + documents_per_step))
             lengths = raw_lengths(index, docs)
@@ -77,6 +80,8 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
             kept.append(keep)
             kept_tokens += int(lengths.sum())
             _append_documents(writer, index, corpus, keep, lengths, tokens_per_write)
+            kept_docs += keep.size
+            bar.set_postfix(kept=f"{kept_docs:,}")
             bar.update(docs.shape[0])
         bar.close()
         writer.finalize(idx_tmp)
@@ -88,9 +93,8 @@ def make_length_subset(input_prefix: str, output_prefix: str, min_tokens: int, p
         if os.path.isfile(input_prefix + SOURCE_IDS_SUFFIX) and "source_documents" in source:
             ids = numpy.load(input_prefix + SOURCE_IDS_SUFFIX, mmap_mode="r")[keep]
             corpus_size = source["source_documents"]
-        tmp = output_prefix + SOURCE_IDS_SUFFIX + ".partial.npy"
-        numpy.save(tmp, ids)
-        os.replace(tmp, output_prefix + SOURCE_IDS_SUFFIX)
+        with atomic_path(output_prefix + SOURCE_IDS_SUFFIX) as tmp:
+            numpy.save(tmp, ids)
         publish(output_prefix, {**source, "documents": int(keep.size),
                                 "source_documents": int(corpus_size)})
     except BaseException:

@@ -46,7 +46,7 @@ def collate_mlm_batch(samples: List[Dict], mask_rate: Optional[float] = None) ->
 
     ``tokens``/``labels`` (and ``attention_mask``) become ``[B, S]``. Packed samples' cu_seqlens
     are offset by ``i * S`` and joined into one int32 ``cu_seqlens`` over the flattened ``B*S``
-    tokens (the model reads packed batches as ``[1, B*S]``), with ``max_seqlen`` (a python int).
+    tokens (the model reads packed batches as ``[1, B*S]``).
     ``masked_positions``/``num_masked``: see ``masked_position_list`` (a list of one length for
     every batch of a run when the dataset's ``mask_rate`` is given).
     A blend's ``dataset_id`` becomes an int64 ``[B]`` tensor.
@@ -62,7 +62,6 @@ def collate_mlm_batch(samples: List[Dict], mask_rate: Optional[float] = None) ->
         parts.append(torch.tensor([len(samples) * seq], dtype=torch.int32))
         cu = torch.cat(parts).to(torch.int32)
         batch["cu_seqlens"] = cu
-        batch["max_seqlen"] = int((cu[1:] - cu[:-1]).max())
     if "dataset_id" in samples[0]:
         batch["dataset_id"] = torch.as_tensor(numpy.array([int(s["dataset_id"]) for s in samples]),
                                               dtype=torch.int64)

@@ -33,7 +33,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path,
 from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
-from megatron_neobert.atomic_write import write_text_atomic
+from megatron_neobert.atomic_write import commit, temporary_sibling, write_text_atomic
 from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
 from megatron_neobert.data.documents import corpus_documents
 from megatron_neobert.data.indexed import IndexArrays, open_indexed
@@ -271,7 +271,7 @@ class MLMDataset(MegatronDataset):
         at a time; the files get their final names only when complete (readers never see half a file)."""
         start = time.time()
         os.makedirs(cache, exist_ok=True)
-        tmp = {name: f"{path}.tmp{os.getpid()}.npy" for name, path in paths.items()}
+        tmp = {name: temporary_sibling(path) for name, path in paths.items()}
         files = {name: StreamedNpy(path, LAYOUT_FIELDS[name]) for name, path in tmp.items()}
         try:
             files["sample_ptr"].append(numpy.zeros(1, numpy.int64))
@@ -280,7 +280,7 @@ class MLMDataset(MegatronDataset):
                     files[name].append(array)
             for name in LAYOUT_FIELDS:
                 files[name].close()
-                os.replace(tmp[name], paths[name])
+                commit(tmp[name], paths[name])
         finally:
             for name in LAYOUT_FIELDS:
                 files[name].discard()

@@ -19,6 +19,7 @@ encode through ``WordPieceCache``: each distinct whitespace-delimited piece of t
 once and its ids reused, with the ids of whole-document encoding (see its doc).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -27,20 +28,43 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy
 
+from megatron_neobert.flags import setting
+from megatron_neobert.model_source import check_hub_reachable
+
 # Megatron-LM's WordPiece types: whether they lower-case.
 WORDPIECE_TYPES = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}
-TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES)
+NULL_TOKENIZER = "NullTokenizer"
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", *WORDPIECE_TYPES, NULL_TOKENIZER)
+# The MLM's special tokens of a NullTokenizer, in the order they follow its end of document where the data has none.
+NULL_TOKENIZER_ROLES = ("pad", "cls", "sep", "mask")
 
 
-def add_tokenizer_flags(group) -> None:
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
     """Megatron-LM's tokenizer flags, for the preprocessor and the trainer alike: data and training must name their
     tokenizer the same way."""
-    group.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", choices=TOKENIZER_TYPES,
-                       help="as Megatron-LM's; BertWordPiece* read --vocab-file")
-    group.add_argument("--tokenizer-model", default="bert-base-uncased",
-                       help="Hugging Face name or folder, or a SentencePiece .model file")
-    group.add_argument("--vocab-file", default=None,
-                       help="WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+
+    tokenizer_type: str = setting("HuggingFaceTokenizer", "as Megatron-LM's; BertWordPiece* read --vocab-file; "
+                                                          "NullTokenizer (training only) takes the data's ids as "
+                                                          "they are, 0 .. --vocab-size - 1", choices=TOKENIZER_TYPES)
+    tokenizer_model: str = setting("bert-base-uncased", "Hugging Face name or folder, or a SentencePiece .model file")
+    vocab_file: Optional[str] = setting(
+        None, "WordPiece vocab.txt for --tokenizer-type BertWordPieceLowerCase / BertWordPieceCase")
+
+
+def resolve_tokenizer_flags(values: dict, given) -> dict:
+    """The tokenizer `values` (TokenizerSettings' fields) as the tokenizer is built: `--vocab-file` alone means
+    BertWordPieceLowerCase (Megatron-LM's pretrain_bert.py default), and for the WordPiece types the checked,
+    absolute vocab file is the tokenizer's model. `given`: the flags the user gave. Raises ValueError naming the
+    flags for a pair that cannot go together."""
+    values = dict(values)
+    if values["vocab_file"] is not None and "tokenizer_type" not in given:
+        values["tokenizer_type"] = "BertWordPieceLowerCase"
+    vocab_file = wordpiece_tokenizer_model(values["tokenizer_type"], values["vocab_file"], "tokenizer_model" in given)
+    if vocab_file is not None:
+        values["vocab_file"] = values["tokenizer_model"] = vocab_file
+    return values
+
 
 HUGE_TEXT = 1 << 18
 # Whitespace to cut huge texts before: a split point for every whitespace-split tokenizer (Python's
@@ -251,7 +275,7 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
 
     @staticmethod
     def _load(tokenizer_model: str):
-        _check_hub_reachable(tokenizer_model)
+        check_hub_reachable(tokenizer_model)
         return load_auto_tokenizer(tokenizer_model)
 
     def tokenize(self, text: str) -> List[int]:
@@ -265,31 +289,6 @@ class HuggingFaceMLMTokenizer(MLMTokenizer):
         if self._backend is not None:
             return [e.ids for e in _batch_encoder(self._backend)(list(texts), add_special_tokens=False)]
         return super().tokenize_batch(texts)
-
-
-def _check_hub_reachable(name: str) -> None:
-    """A name that is neither a local folder nor in the Hugging Face cache is downloaded: without
-    the Hub, fail at once (transformers retries for about a minute before it gives up)."""
-    import socket
-    from urllib.parse import urlsplit
-    from urllib.request import getproxies
-
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    if os.path.isdir(name) or os.path.isdir(os.path.join(constants.HF_HUB_CACHE, "models--" + name.replace("/", "--"))):
-        return
-    where = f"no folder {name} in {os.getcwd()}, nor in the Hugging Face cache {constants.HF_HUB_CACHE}"
-    if huggingface_hub.is_offline_mode():
-        raise OSError(f"{where}, and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it")
-    endpoint = urlsplit(constants.ENDPOINT)
-    if getproxies().get(endpoint.scheme) or getproxies().get("all"):
-        return  # reached through a proxy: only the download can tell
-    try:
-        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-        socket.create_connection((endpoint.hostname, port), timeout=5).close()
-    except OSError as err:
-        raise OSError(f"{where}, and the Hub ({constants.ENDPOINT}) cannot be reached: {err}") from err
 
 
 def check_wordpiece_vocab(vocab_file: str) -> None:
@@ -394,6 +393,62 @@ class SentencePieceMLMTokenizer(MLMTokenizer):
         return self._sp.encode(list(texts), out_type=int)
 
 
+def null_tokenizer_model(vocab_size: int, special_ids: Dict[str, Optional[int]]) -> str:
+    """The description a NullTokenizer is built from (its `tokenizer_model`): `vocab_size=N,pad=..,cls=..,sep=..,
+    mask=..`.
+    `special_ids`: {role: the data's id, or None}; a role the data has no id for takes its place after the data's
+    ids 0 .. N-1 and Megatron-LM's end of document at N: [PAD] N+1, [CLS] N+2, [SEP] N+3, [MASK] N+4. Raises
+    ValueError naming the flag of an id that cannot be one."""
+    if vocab_size < 1:
+        raise ValueError(f"--vocab-size {vocab_size}: the NullTokenizer needs at least one id")
+    ids = {}
+    for offset, role in enumerate(NULL_TOKENIZER_ROLES, start=1):
+        given = special_ids.get(role)
+        if given is not None and not 0 <= given < vocab_size:
+            raise ValueError(f"--null-tokenizer-{role}-id {given}: the data's ids are 0 .. {vocab_size - 1} "
+                             f"(--vocab-size {vocab_size}); leave the flag out for an id of its own "
+                             f"({vocab_size + offset})")
+        ids[role] = vocab_size + offset if given is None else given
+    shared = {i for i in ids.values() if list(ids.values()).count(i) > 1}
+    if shared:
+        roles = [f"--null-tokenizer-{role}-id" for role, i in ids.items() if i in shared]
+        raise ValueError(f"{' and '.join(roles)} name the same id {shared.pop()}: each special token needs its own")
+    return ",".join([f"vocab_size={vocab_size}"] + [f"{role}={i}" for role, i in ids.items()])
+
+
+class NullMLMTokenizer(MLMTokenizer):
+    """Megatron-LM's NullTokenizer for mock and already tokenized data: ids are taken as they are. As megatron-core
+    0.16's, `--vocab-size N` means the data's ids 0 .. N-1 and the end of document at N; the MLM's [PAD] [CLS]
+    [SEP] [MASK] are the data's ids where named, else follow (see `null_tokenizer_model`), and the vocabulary ends at
+    the largest id. No text is tokenized, and there is no unknown token (its id is [PAD]'s)."""
+
+    tokenizer_type = NULL_TOKENIZER
+
+    def __init__(self, tokenizer_model: str) -> None:
+        self.tokenizer_model = tokenizer_model
+        try:
+            fields = dict(item.split("=") for item in tokenizer_model.split(","))
+            ids = {role: int(fields[role]) for role in ("vocab_size", *NULL_TOKENIZER_ROLES)}
+        except (KeyError, ValueError):
+            raise ValueError(f"{tokenizer_model!r} is no NullTokenizer description (vocab_size=N,pad=..,cls=..,"
+                             f"sep=..,mask=..): the trainer makes it from --vocab-size") from None
+        self.base_vocab_size = self.eod_id = ids.pop("vocab_size")
+        for role, i in ids.items():
+            setattr(self, f"{role}_id", i)
+        self.unk_id = self.pad_id
+        self.vocab_size = max(self.eod_id, *ids.values()) + 1
+
+    @property
+    def special_ids(self) -> set:
+        return super().special_ids | {self.eod_id}  # never masked, nor a mock document's token
+
+    def describe(self) -> str:
+        """The ids in words, for the start-up log."""
+        return (f"NullTokenizer: the data's ids 0 .. {self.base_vocab_size - 1} taken as they are; end of document "
+                f"{self.eod_id}, [PAD] {self.pad_id}, [CLS] {self.cls_id}, [SEP] {self.sep_id}, [MASK] "
+                f"{self.mask_id}; vocabulary {self.vocab_size}")
+
+
 def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
     """Load a tokenizer by Megatron-LM type name and model (HF name/folder, .model file or vocab.txt)."""
     if tokenizer_type == "HuggingFaceTokenizer":
@@ -402,4 +457,6 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: str) -> MLMTokenizer:
         return SentencePieceMLMTokenizer(tokenizer_model)
     if tokenizer_type in WORDPIECE_TYPES:
         return BertWordPieceMLMTokenizer(tokenizer_model, tokenizer_type)
+    if tokenizer_type == NULL_TOKENIZER:
+        return NullMLMTokenizer(tokenizer_model)
     raise ValueError(f"unknown tokenizer type {tokenizer_type!r}; expected one of {TOKENIZER_TYPES}")

@@ -15,8 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import shutil
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -25,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from megatron_neobert.conversion.hf_format import replace_folder
+from megatron_neobert.atomic_write import atomic_path
 
 from .config import CDEConfig
 from .contrastive import MeanPoolEncoder, mean_pool, split_batch
@@ -150,9 +148,7 @@ def save_cde(model: ContextualNeoBERT, heads: Tuple[dict, dict], dst, tokenizer_
     from safetensors.torch import save_file
 
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with atomic_path(dst) as tmp:
         for name, stage, head, tok in zip(("first_stage", "second_stage"), (model.first, model.second), heads,
                                           tokenizer_dirs):
             save_encoder(stage, head, stage.backbone.config, tmp / name, tok)
@@ -164,10 +160,6 @@ def save_cde(model: ContextualNeoBERT, heads: Tuple[dict, dict], dst, tokenizer_
                   "context_positions": "all context vectors at RoPE position 0, document tokens from 1",
                   "pooling": "mean over document tokens", **(extra_config or {})}
         (tmp / CDE_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        replace_folder(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dst
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..conversion.hf_format import read_hf_folder, write_hf_folder
-from ..conversion.modeling_neobert import NeoBERT, NeoBERTConfig
+from ..hf import NeoBERT, NeoBERTConfig
 from .config import ContrastiveConfig
 from .contrastive import MeanPoolEncoder, grad_cache_step, info_nce_loss
 from .data import MixtureBatchSampler, PairDataset
@@ -125,7 +125,7 @@ def finetune_contrastive(
         scheduler.step()
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"non-finite loss at step {step + 1} on dataset {datasets[d].name}")
-        if config.log_every and (step + 1) % config.log_every == 0:
+        if config.log_every and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             logger.info("step %d/%d dataset %s loss %.4f grad_norm %.3f lr %.2e", step + 1, config.steps,
                         datasets[d].name, loss.item(), norm.item(), scheduler.get_last_lr()[0])
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:

@@ -6,7 +6,6 @@ determines the embeddings (weights, config, tokenizer, instructions, dtype): a n
 another one's scores.
 """
 
-import json
 import logging
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -14,6 +13,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..atomic_write import write_json_atomic, write_text_atomic
 from ..conversion.hf_format import checkpoint_revision
 from ..defaults import DTYPE_NAMES, torch_dtypes
 from .finetune import load_encoder
@@ -156,26 +156,53 @@ def summary_markdown(summary: dict, title: str = "MTEB results") -> str:
     lines += ["", "The paper's numbers are over all 56 tasks of MTEB(eng, v1); a subset is not comparable.", "",
               "| task | type | main score |", "| --- | --- | --- |"]
     lines += [f"| {name} | {v['type']} | {v['main_score']:.2f} |" for name, v in sorted(summary["tasks"].items())]
+    if summary.get("failed"):
+        lines += ["", f"Failed ({len(summary['failed'])} task(s), not in the averages above):", ""]
+        lines += [f"- {name}: {error}" for name, error in sorted(summary["failed"].items())]
     return "\n".join(lines) + "\n"
+
+
+def _write_summary(output_dir: Path, task_results, types: Dict[str, str], failed: Dict[str, str], meta) -> dict:
+    summary = summarize(task_results, types)
+    summary.update(model={"name": meta.name, "revision": meta.revision}, failed=failed)
+    write_json_atomic(output_dir / "summary.json", summary)
+    write_text_atomic(output_dir / "summary.md",
+                      summary_markdown(summary, f"MTEB results: {meta.name} @ {meta.revision}"))
+    return summary
+
+
+class MTEBTaskError(RuntimeError):
+    """Some tasks failed; the summary of those that finished is written. One line: the tools print it as their
+    `error:`."""
 
 
 def run_mteb(model, tasks, output_dir, cache_dir=None, overwrite: bool = False, encode_batch_size: int = 64) -> dict:
     """Evaluates `model` (a NeoBERTEncoder or any mteb encoder) on `tasks` (task objects or names); writes
-    summary.json and summary.md to `output_dir` and returns the summary."""
+    summary.json and summary.md to `output_dir` and returns the summary.
+
+    One task at a time, the summary rewritten after each: a task that fails (or an interruption) leaves the
+    summary of those that finished; failed tasks are listed in it, and then raised as an MTEBTaskError."""
     import mteb
     from mteb.cache import ResultCache
 
     tasks = list(tasks)
-    if tasks and isinstance(tasks[0], str):
+    if not tasks:
+        raise ValueError("no MTEB tasks given")
+    if isinstance(tasks[0], str):
         tasks = resolve_tasks(tasks)
     output_dir = Path(output_dir)
     cache = ResultCache(cache_path=cache_dir or output_dir / "mteb_cache")
-    result = mteb.evaluate(model, tasks, cache=cache, overwrite_strategy="always" if overwrite else "only-missing",
-                           encode_kwargs={"batch_size": encode_batch_size}, show_progress_bar=False)
-    summary = summarize(result.task_results, {t.metadata.name: t.metadata.type for t in tasks})
-    meta = model.mteb_model_meta
-    summary["model"] = {"name": meta.name, "revision": meta.revision}
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (output_dir / "summary.md").write_text(summary_markdown(summary, f"MTEB results: {meta.name} @ {meta.revision}"))
+    types, meta = {t.metadata.name: t.metadata.type for t in tasks}, model.mteb_model_meta
+    finished, failed = [], {}
+    for task in tasks:
+        result = mteb.evaluate(model, [task], cache=cache, overwrite_strategy="always" if overwrite else "only-missing",
+                               encode_kwargs={"batch_size": encode_batch_size}, show_progress_bar=False,
+                               raise_error=False)  # mteb logs the task's error; the others still run
+        finished += result.task_results
+        failed.update({e.task_name: " ".join(e.exception.split()) for e in result.exceptions or []})
+        summary = _write_summary(output_dir, finished, types, failed, meta)
+    if failed:
+        raise MTEBTaskError(f"{len(failed)} of {len(tasks)} MTEB task(s) failed ({output_dir / 'summary.md'} holds "
+                            f"the {len(finished)} that finished): "
+                            + "; ".join(f"{name}: {error}" for name, error in sorted(failed.items())))
     return summary

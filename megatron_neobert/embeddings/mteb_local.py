@@ -5,7 +5,7 @@ A task is a folder, named as the task (an MTEB task's name, e.g. NFCorpus, also 
     Retrieval       corpus.jsonl ({"_id", "text", "title"?}), queries.jsonl ({"_id", "text"}),
                     qrels.tsv (query-id, corpus-id, score; a header row is allowed) - BEIR's layout
     STS             test.jsonl ({"sentence1", "sentence2", "score"})
-    Classification  train.jsonl and test.jsonl ({"text", "label"})
+    Classification  train.jsonl and test.jsonl ({"text", "label"}; labels are integer classes or class names)
 
 The files decide the type; every task is scored on its "test" split with mteb's own evaluators.
 """
@@ -67,6 +67,19 @@ def read_qrels(path: Path) -> Dict[str, Dict[str, int]]:
     return qrels
 
 
+def class_indices(labels: List, folder: Path) -> Dict:
+    """label -> class index: integers stay themselves; names ("pos", "neg") are numbered in sorted order, as
+    mteb's evaluators (scikit-learn's average precision among them) need integer classes."""
+    kinds = {type(v) for v in labels}
+    if kinds <= {int}:
+        return {v: v for v in set(labels)}
+    if kinds <= {str}:
+        return {name: i for i, name in enumerate(sorted(set(labels)))}
+    shown = " and ".join(sorted(k.__name__ for k in kinds))
+    raise ValueError(f"{folder}: the \"label\" fields of train.jsonl and test.jsonl are {shown}: give every "
+                     f"label as an integer class, or every label as a class name (a string)")
+
+
 def task_type(folder: Path) -> str:
     if (folder / "corpus.jsonl").exists():
         return "Retrieval"
@@ -118,9 +131,10 @@ def local_task(folder):
     else:
         from mteb.abstasks.classification import AbsTaskClassification
 
-        data = DatasetDict({split: Dataset.from_list([{"text": r["text"], "label": r["label"]} for r in
-                                                      read_jsonl(folder / f"{split}.jsonl", ["text", "label"])])
-                            for split in ("train", "test")})
+        splits = {split: read_jsonl(folder / f"{split}.jsonl", ["text", "label"]) for split in ("train", "test")}
+        classes = class_indices([r["label"] for rows in splits.values() for r in rows], folder)
+        data = DatasetDict({split: Dataset.from_list([{"text": r["text"], "label": classes[r["label"]]} for r in rows])
+                            for split, rows in splits.items()})
         base, extra = AbsTaskClassification, {}
 
     def load_data(self, **kwargs):

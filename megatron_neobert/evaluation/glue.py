@@ -7,18 +7,18 @@ independent runs, each one stored as `{output_dir}/runs/{key}.json` when it fini
 resumes where it stopped; see `run_glue`.
 """
 
+import contextlib
 import logging
 import math
-import os
-import shutil
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict
 
 import torch
 
+from ..atomic_write import atomic_path
+from .. import hf  # noqa: F401  (registers NeoBERT with the Auto classes: no remote code runs)
 from ..conversion.hf_format import load_neobert_auto_config
 from ..progress import library_bars, progress_bar
 from .glue_data import HF_DATASET, GlueTask, get_task, load_split
@@ -40,18 +40,21 @@ def load_classifier(folder, task: GlueTask, seed: int = 0):
     from transformers import AutoModelForSequenceClassification
 
     folder = str(folder)
-    source = load_neobert_auto_config(folder, "AutoModelForSequenceClassification")
+    source = load_neobert_auto_config(folder)
     labels = task.labels or ("score",)
     id2label = dict(enumerate(labels))
     torch.manual_seed(seed)  # new head weights depend on the run's seed only
-    model = AutoModelForSequenceClassification.from_pretrained(
-        folder, trust_remote_code=True, num_labels=len(labels), id2label=id2label,
-        label2id={v: k for k, v in id2label.items()},
-        problem_type="regression" if task.is_regression else "single_label_classification",
-        ignore_mismatched_sizes=True,  # MNLI's 3-way classifier into a 2-way or regression head
-    )
+    with _load_report_hidden():
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
+            folder, trust_remote_code=False, num_labels=len(labels), id2label=id2label,
+            label2id={v: k for k, v in id2label.items()},
+            problem_type="regression" if task.is_regression else "single_label_classification",
+            ignore_mismatched_sizes=True,  # MNLI's 3-way classifier into a 2-way or regression head
+            output_loading_info=True,
+        )
     trained_for = [source.id2label[i] for i in sorted(source.id2label)] if source.id2label else []
     head_was_trained = source.architectures and "NeoBERTForSequenceClassification" in source.architectures
+    _report_unexpected_loading(folder, loading, bool(head_was_trained))
     if head_was_trained and tuple(trained_for) != tuple(labels):
         # Same shape but other labels (or a shape mismatch already re-drawn by transformers): re-draw it with
         # the published classifier initialisation so the new task never inherits MNLI's label meaning.
@@ -61,21 +64,53 @@ def load_classifier(folder, task: GlueTask, seed: int = 0):
     return model
 
 
+HEAD_PREFIXES = ("dense.", "classifier.")  # NeoBERTForSequenceClassification's head, on top of the encoder
+
+
+@contextlib.contextmanager
+def _load_report_hidden():
+    """transformers prints a LOAD REPORT table (with terminal colour codes) for every key a load did not match,
+    once per GLUE run and per watched checkpoint; `_report_unexpected_loading` says what is not expected."""
+    from transformers.utils import logging as hf_logging
+
+    def not_the_report(record: logging.LogRecord) -> bool:
+        # A filter, not a level: transformers checks TP plans (and warns) when its loader's level is raised.
+        return "LOAD REPORT" not in record.getMessage()
+
+    loader = hf_logging.get_logger("transformers.modeling_utils")
+    loader.addFilter(not_the_report)
+    try:
+        yield
+    finally:
+        loader.removeFilter(not_the_report)
+
+
+def _report_unexpected_loading(folder: str, loading: dict, head_was_trained: bool) -> None:
+    """One warning for what a classifier load should not meet: encoder weights the folder lacks, weights the
+    model has no place for, or a trained head missing. Expected, and silent: a pre-trained folder without the
+    head (it is newly initialised for the task), and a head of another label space re-drawn (MNLI -> RTE)."""
+    head = lambda key: key.startswith(HEAD_PREFIXES)  # noqa: E731
+    missing = [k for k in loading["missing_keys"] if head_was_trained or not head(k)]
+    mismatched = [k for k, *_ in loading["mismatched_keys"] if not head(k)]
+    problems = [f"{what}: {', '.join(sorted(keys))}" for what, keys in (
+        ("missing (newly initialised)", missing), ("unexpected (not loaded)", loading["unexpected_keys"]),
+        ("of another shape (newly initialised)", mismatched)) if keys]
+    if problems:
+        logger.warning("%s: the classifier's weights do not match the folder's: %s", folder, "; ".join(problems))
+
+
 def _save_checkpoint(model, tokenizer, state_dict, dst: Path) -> None:
-    """Writes the best weights as a loadable folder, atomically (temporary sibling, then rename)."""
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    """Writes the best weights as a loadable folder, atomically."""
+    if dst.exists():
+        raise FileExistsError(f"checkpoint {dst} already exists; refusing to overwrite it")
     current = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(state_dict)
     try:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        if dst.exists():
-            raise FileExistsError(f"checkpoint {dst} already exists; refusing to overwrite it")
-        os.replace(tmp, dst)
+        with atomic_path(dst) as tmp:
+            model.save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
     finally:
         model.load_state_dict(current)
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -176,7 +176,14 @@ def tsv_path(task: GlueTask, split: str, data_dir: Union[str, os.PathLike]) -> P
     return folder / f"{split}.tsv"
 
 
-def missing_tsv_files(tasks, data_dir: Union[str, os.PathLike]) -> List[str]:
-    """The split files of `tasks` (names) that `data_dir` lacks, to refuse a grid before any run."""
-    wanted = [tsv_path(t, split, data_dir) for t in map(get_task, tasks) for split in ("train",) + t.dev_splits]
-    return [str(p) for p in wanted if not p.is_file()]
+def check_tsv_files(tasks, data_dir: Union[str, os.PathLike]) -> None:
+    """Every split file of `tasks` (names) is there, with the task's columns, full rows and known labels: checked
+    before a grid's first run. The missing files are named together, then the first bad line of a file (each is
+    read whole, as a run reads it)."""
+    wanted = [(t, tsv_path(t, split, data_dir)) for t in map(get_task, tasks) for split in ("train",) + t.dev_splits]
+    missing = [str(path) for _, path in wanted if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
+                                f"(docs/glue.md gives the layout)")
+    for task, path in wanted:
+        read_tsv_split(task, path)

@@ -23,10 +23,11 @@ import torch
 
 from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
 from megatron_neobert.conversion.hf_format import checkpoint_revision, load_neobert_auto_config
+from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 
 from .glue import fine_tune
-from .glue_data import HF_DATASET, TASKS, get_task, missing_tsv_files
+from .glue_data import HF_DATASET, TASKS, check_tsv_files, get_task
 from .glue_metrics import PAPER_AVERAGE, PAPER_SCORES, glue_average
 from .glue_protocol import PAPER_GRID, Protocol, RunSpec, data_source
 
@@ -196,11 +197,17 @@ def model_revision(model_path) -> Optional[str]:
     return checkpoint_revision(model_path) if Path(model_path).is_dir() else None
 
 
+def this_revision(records: List[dict], model_key: str, revision: Optional[str]) -> List[dict]:
+    """The records of this revision of the model (those of other weights or another tokenizer under the same
+    path, or stored without a revision, are not this model's)."""
+    return [r for r in records if r["model"] != model_key or r.get("model_revision") == revision]
+
+
 def set_aside_other_revisions(records: List[dict], output_dir, model_key: str, revision: Optional[str]) -> List[dict]:
     """The records of this revision of the model. Runs of the same path with other weights or another tokenizer
     (or stored without a revision) move, with their checkpoints, to superseded/{their revision}/, so that they
     are run again and never reported as this model's."""
-    current = [r for r in records if r["model"] != model_key or r.get("model_revision") == revision]
+    current = this_revision(records, model_key, revision)
     old = [r for r in records if r not in current]
     for r in old:
         folder = Path(output_dir) / "superseded" / (r.get("model_revision") or "unknown")
@@ -216,6 +223,22 @@ def set_aside_other_revisions(records: List[dict], output_dir, model_key: str, r
                        "run again", model_key, len(old), old[0].get("model_revision") or "unknown", revision,
                        Path(output_dir) / "superseded")
     return current
+
+
+def check_run_inputs(model_path, tasks: Sequence[str], data_dir=None) -> None:
+    """What every run of `tasks` reads, checked once before the grid so that bad input is one line, not the same
+    traceback in each run: the model's config, its tokenizer, and (with `data_dir`) every task file, whole."""
+    from transformers import AutoTokenizer
+
+    check_model_source(model_path)
+    if Path(model_path).is_dir():  # a Hub name's config is read by the runs' own load
+        load_neobert_auto_config(model_path)
+    try:
+        AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=True)
+    except Exception as err:  # OSError, ValueError, a tokenizer class that does not import: it does not load
+        raise ValueError(f"--model {model_path}: its tokenizer does not load ({type(err).__name__}: {err})") from None
+    if data_dir is not None:
+        check_tsv_files(tasks, data_dir)
 
 
 def check_same_settings(records: Iterable[dict], output_dir, model_key: str, protocol: Protocol, data: str) -> None:
@@ -259,18 +282,14 @@ def run_glue(
         raise ValueError("no GLUE runs requested")
     records = load_records(output_dir)
     check_same_settings(records, output_dir, model_key, protocol, data_source(data_dir, dataset_name))
+    check_model_source(model_path)  # before its files are hashed
     revision = model_revision(model_path)
-    records = set_aside_other_revisions(records, output_dir, model_key, revision)
-    done = {r["key"] for r in records}
+    done = {r["key"] for r in this_revision(records, model_key, revision)}
     pending = [s for s in dict.fromkeys(specs) if s.key not in done]
     if len(pending) < len(specs):
         logger.info("%d of %d GLUE runs already finished in %s", len(specs) - len(pending), len(specs), output_dir)
-    missing = missing_tsv_files(sorted({s.task for s in pending}), data_dir) if data_dir is not None else []
-    if missing:  # checked before any run, so that a grid never stops halfway for a file it could have named
-        raise FileNotFoundError(f"--data-dir {data_dir} lacks {len(missing)} GLUE file(s): {', '.join(missing)} "
-                                f"(docs/glue.md gives the layout)")
-    if pending and Path(model_path).is_dir():  # a folder that cannot load fails once, not in every run
-        load_neobert_auto_config(model_path, "AutoModelForSequenceClassification")
+    if pending:
+        check_run_inputs(model_path, sorted({s.task for s in pending}), data_dir)
     transfer = [s for s in pending if s.init == "mnli"]
     if transfer and not mnli_checkpoint and not best_mnli_checkpoint(output_dir) and not any(
             s.task == "MNLI" for s in pending):
@@ -279,6 +298,8 @@ def run_glue(
             f"{sorted({s.task for s in transfer})} start from the best MNLI checkpoint, but {output_dir} holds "
             f"no finished MNLI run with a checkpoint and MNLI is not among the tasks: include MNLI in --tasks, "
             f"give one with --mnli-checkpoint, or start every task from the model with --no-transfer")
+
+    set_aside_other_revisions(records, output_dir, model_key, revision)  # the grid's first write
 
     def job(spec, init_path=None):
         return {"model_path": model_path, "model_revision": revision, "spec": spec, "protocol": protocol,
@@ -302,5 +323,5 @@ def run_glue(
 
 
 __all__ = ["grid_specs", "preset_specs", "load_records", "best_per_task", "best_mnli_checkpoint", "report",
-           "check_same_settings", "model_revision", "set_aside_other_revisions",
+           "check_run_inputs", "check_same_settings", "model_revision", "this_revision", "set_aside_other_revisions",
            "run_glue", "default_devices", "write_json_atomic"]

@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..atomic_write import atomic_file, atomic_path
 from ..conversion.hf_format import load_neobert_auto_config
 from ..defaults import DEFAULT_BUCKETS
 from ..progress import progress_bar
@@ -29,21 +30,28 @@ TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 
 
 def load_mlm(folder, rope_scaling: Optional[dict] = None, device="cpu"):
-    """AutoModelForMaskedLM (trust_remote_code) from a NeoBERT folder, optionally with RoPE scaling
-    ({"type": "linear" | "ntk" | "yarn", "factor": f[, "original_max_position_embeddings": n]})."""
-    from transformers import AutoModelForMaskedLM
+    """NeoBERT's MLM model from a NeoBERT folder (ours or the published layout; no remote code runs), optionally
+    with RoPE scaled past the trained length: `rope_scaling` holds transformers' RoPE parameters,
+    {"rope_type": "linear" | "dynamic" | "yarn", "factor": f[, "original_max_position_embeddings": n]}."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from ..hf import NeoBERTLMHead
 
     folder = str(folder)
-    config = load_neobert_auto_config(folder, "AutoModelForMaskedLM")
+    config = load_neobert_auto_config(folder)
     if rope_scaling:
-        validate = getattr(type(config), "_validated_rope_scaling", None)
-        if validate is None:
-            raise ValueError(
-                f"the modeling code in {folder} has no RoPE scaling; export the model with megatron_neobert's "
-                f"modeling_neobert.py to evaluate past the trained length"
-            )
-        config.rope_scaling = validate(rope_scaling, config.max_length)
-    model = AutoModelForMaskedLM.from_pretrained(folder, config=config, trust_remote_code=True)
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_scaling.get("rope_type") not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"RoPE scaling {rope_scaling}: rope_type must be one of transformers' "
+                             f"{sorted(ROPE_INIT_FUNCTIONS)}")
+        try:
+            config.rope_parameters = {"rope_theta": config.rope_parameters["rope_theta"], **rope_scaling}
+            config.standardize_rope_params()
+            config.validate_rope()
+        except (KeyError, ValueError, StrictDataclassError) as err:
+            raise ValueError(f"RoPE scaling {rope_scaling}: {err}") from None
+    model = NeoBERTLMHead.from_pretrained(folder, config=config)
     return model.to(device).eval()
 
 
@@ -185,11 +193,11 @@ def write_outputs(results: Sequence[SequenceResult], buckets: List[dict], prefix
     prefix.parent.mkdir(parents=True, exist_ok=True)
     paths = [prefix.with_suffix(".csv"), prefix.parent / f"{prefix.name}_sequences.csv", prefix.with_suffix(".png")]
     fields = ["min_length", "max_length", "sequences", "tokens", "mean_length", "mean_loss", "pseudo_perplexity"]
-    with open(paths[0], "w", newline="", encoding="utf-8") as f:
+    with atomic_file(paths[0], "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(buckets)
-    with open(paths[1], "w", newline="", encoding="utf-8") as f:
+    with atomic_file(paths[1], "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["index", "length", "scored", "mean_loss", "pseudo_perplexity"])
         writer.writerows([r.index, r.length, r.scored, r.mean_loss, r.pseudo_perplexity] for r in results)
@@ -203,7 +211,8 @@ def write_outputs(results: Sequence[SequenceResult], buckets: List[dict], prefix
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(paths[2], dpi=120, metadata={"Title": title})  # readable without viewing the image
+    with atomic_path(paths[2]) as tmp:
+        fig.savefig(tmp, dpi=120, metadata={"Title": title})  # readable without viewing the image
     plt.close(fig)
     return paths
 

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model import NeoBERTArch, padded_vocab_size
 from megatron_neobert.training.metrics import attended_pairs, peak_tflops, step_flops
@@ -44,7 +45,10 @@ class Measurement:
     micro_batches: int = 1  # per training step
     peak_memory_gib: Optional[float] = None  # GPU only
     tflops_per_gpu: Optional[float] = None
+    # Against the GPU's peak for the row's precision. FP8 rows run only the layers' linears in FP8 (attention, the
+    # head and the norms stay bf16), so their MFU against the FP8 peak understates and mfu_of_bf16_peak overstates.
     mfu: Optional[float] = None
+    mfu_of_bf16_peak: Optional[float] = None  # FP8 rows only
     ratio_to_baseline: Optional[float] = None
     ratio_to_eager: Optional[float] = None  # compiled variant / the same model eager
     error: Optional[str] = None  # why a run gave no figure: "out of memory", "failed: ...", "not run: ..."
@@ -116,10 +120,13 @@ def _peak_memory_gib() -> Optional[float]:
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
-def _release_memory() -> None:
-    """Free the previous run's model and compiled graphs before the next run (megatron-core's
-    modules hold reference cycles); each compiled run starts far from dynamo's recompile limit."""
-    torch._dynamo.reset()
+def _release_memory(compiled: bool) -> None:
+    """Free the previous run's model before the next run (megatron-core's modules hold reference cycles), and
+    around a compiled variant its graphs too, so that each starts far from dynamo's recompile limit. Not around
+    an eager one: megatron-core's fusions (SwiGLU, cross-entropy) are torch.compile'd in every run, and would
+    compile again after each reset."""
+    if compiled:
+        torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -128,10 +135,13 @@ def _release_memory() -> None:
 
 def _attempt(run: Callable[[], Measurement], failed: Measurement, optional: bool) -> Measurement:
     """run(), or `failed` with the reason when it runs out of memory or, for an optional variant
-    (compiled, FP8), fails in any way: one such failure must not cost the rest of a long GPU run."""
-    _release_memory()
+    (compiled, FP8), fails in any way: one such failure must not cost the rest of a long GPU run. Each row is
+    logged as it is measured: a run stopped by a time limit keeps those figures in its log."""
+    _release_memory(failed.compiled)
     try:
-        return run()
+        row = run()
+        logger.info("measured: %s", " | ".join(table_cells(row)))
+        return row
     except torch.OutOfMemoryError:
         reason = "out of memory"
     except Exception as e:
@@ -140,8 +150,9 @@ def _attempt(run: Callable[[], Measurement], failed: Measurement, optional: bool
         logger.exception("%s at length %d failed", failed.label, failed.seq_length)
         reason = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
     finally:
-        _release_memory()
+        _release_memory(failed.compiled)
     failed.error = reason
+    logger.info("measured: %s", " | ".join(table_cells(failed)))
     return failed
 
 
@@ -187,14 +198,12 @@ def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dt
     """name -> model(input_ids=..., attention_mask=...) for each model compared."""
     import transformers
 
-    from megatron_neobert.conversion.hf_format import neobert_config_from_dims
-    from megatron_neobert.conversion.modeling_neobert import NeoBERT
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERT
     from megatron_neobert.model import build_model, transformer_config
     from megatron_neobert.parallel.launch import initialize_model_parallel
 
-    cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
-                                   arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length,
-                                   arch.norm_epsilon, float(arch.rotary_base))
+    cfg = hf_config_for_arch(arch)
     initialize_model_parallel(1, 1)
     config = transformer_config(arch, bf16=dtype == torch.bfloat16, params_dtype=dtype)
     models = {"neobert-hf": NeoBERT(cfg), "neobert-megatron": _HiddenStates(build_model(arch, config))}
@@ -247,11 +256,10 @@ def benchmark_inference(arch: NeoBERTArch, seq_lengths: List[int], steps: int, m
 def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compiled: bool) -> Callable:
     """The released NeoBERT's way: HF model, padded, AdamW, bf16 autocast, head on every token,
     gradients accumulated over the micro-batches."""
-    from megatron_neobert.conversion.hf_format import neobert_config_from_dims
-    from megatron_neobert.conversion.modeling_neobert import NeoBERTLMHead
+    from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
+    from megatron_neobert.hf import NeoBERTLMHead
 
-    cfg = neobert_config_from_dims(arch.num_layers, arch.hidden_size, arch.num_attention_heads,
-                                   arch.ffn_hidden_size, arch.vocab_size, arch.max_sequence_length)
+    cfg = hf_config_for_arch(arch)
     model = NeoBERTLMHead(cfg).to(device).train()
     if compiled:  # the whole model; dynamo splits it at its data-dependent checks (does a mask pad?)
         model.compile()
@@ -316,14 +324,16 @@ def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], 
     # Synthetic tokens are >= 5: none is padding (id 0), so every packed piece is a document.
     pairs = sum(int(attended_pairs(b, pad_id=0)) for b in batches)
     tflops = step_flops(arch, real, predicted, pairs, vocab) / seconds / 1e12
-    peak = peak_tflops(fp8=row.precision == "fp8")
+    fp8 = row.precision == "fp8"
+    peak, bf16_peak = peak_tflops(fp8=fp8), peak_tflops(fp8=False)
     return dataclasses.replace(row, tokens_per_s=real / seconds, peak_memory_gib=_peak_memory_gib(),
-                               tflops_per_gpu=tflops, mfu=tflops / peak if peak else None)
+                               tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
+                               mfu_of_bf16_peak=tflops / bf16_peak if fp8 and bf16_peak else None)
 
 
 def fp8_unavailable() -> Optional[str]:
     """Why FP8 training cannot run here, or None when it can."""
-    from megatron_neobert.model.layer_specs import transformer_engine_available
+    from megatron_neobert.kernels import transformer_engine_available
 
     if not torch.cuda.is_available():
         return "no GPU"
@@ -390,9 +400,11 @@ def table_cells(r: Measurement) -> List[str]:
     if r.error:
         return [r.benchmark, r.label, str(r.seq_length), batch, r.error]
     ratio = lambda x: f"{x:.2f}x" if x is not None else "-"  # noqa: E731
+    mfu = "-" if r.mfu is None else f"{r.mfu:.1%}"
+    if r.mfu is not None and r.precision == "fp8":
+        mfu += " of FP8 peak" + (f", {r.mfu_of_bf16_peak:.1%} of bf16" if r.mfu_of_bf16_peak is not None else "")
     return [r.benchmark, r.label, str(r.seq_length), batch, f"{r.tokens_per_s:,.0f}", ratio(r.ratio_to_baseline),
-            ratio(r.ratio_to_eager), f"{r.tflops_per_gpu:.1f}" if r.tflops_per_gpu is not None else "-",
-            f"{r.mfu:.1%}" if r.mfu is not None else "-",
+            ratio(r.ratio_to_eager), f"{r.tflops_per_gpu:.1f}" if r.tflops_per_gpu is not None else "-", mfu,
             f"{r.peak_memory_gib:.1f}" if r.peak_memory_gib is not None else "-"]
 
 
@@ -432,6 +444,7 @@ def plot(results: List[Measurement], path: str):
     axes[1].set(ylabel="10^3 real tokens/s", title="Training step")
     axes[1].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return axes

@@ -23,7 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from megatron_neobert.training.checkpoint.layout import complete_iterations, iteration_dir
+from megatron_neobert.atomic_write import atomic_path
+from megatron_neobert.model_source import folder_listing
+from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, complete_iterations, iteration_dir,
+                                                         saved_iterations)
+from megatron_neobert.training.checkpoint.lock import LOCK_NAME
 
 RESULTS = "downstream.jsonl"
 PLOT = "downstream.png"
@@ -196,17 +200,40 @@ def plot_scores(rows_by_run: Dict[str, List[dict]], path) -> Path:
         ax.axis("off")
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.stem}.tmp{path.suffix}"  # renamed over: a dashboard never reads half a PNG
-    fig.savefig(tmp, dpi=100, metadata={"Description": json.dumps(points, sort_keys=True)})
+    with atomic_path(path) as tmp:  # a dashboard never reads half a PNG
+        fig.savefig(tmp, dpi=100, metadata={"Description": json.dumps(points, sort_keys=True)})
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
 # --------------------------------------------------------------------------------------------------------
 # A run
 # --------------------------------------------------------------------------------------------------------
+
+
+def check_run_folder(root: str, once: bool) -> Optional[str]:
+    """None when `root` holds the trainer's checkpoints. A folder that cannot become a run's --save (missing, a
+    file, a Hugging Face folder, other files) is a ValueError saying what it found, and so is one with nothing
+    saved yet when `once` asks for what is there; without `once`, a run's folder before its first save (empty,
+    or the trainer's writer.lock alone) returns the line to say while waiting for it."""
+    if not os.path.exists(root):
+        raise ValueError(f"{root} does not exist: give the run's --save folder (the trainer makes it as it starts)")
+    if not os.path.isdir(root):
+        raise ValueError(f"{root} is a file, not a run's --save folder")
+    if os.path.isfile(os.path.join(root, LATEST_MARKER)) or saved_iterations(root):
+        return None
+    layout = f"no {LATEST_MARKER}, no iter_NNNNNNN folder"
+    if os.path.isfile(os.path.join(root, "config.json")):
+        raise ValueError(f"{root} is a Hugging Face model folder ({folder_listing(root)}), not a run's --save "
+                         f"folder ({layout}): the watcher exports each checkpoint itself; give the trainer's --save")
+    started = set(os.listdir(root)) <= {LOCK_NAME, "downstream"}  # the trainer's lock, the watcher's results
+    if started and not once:
+        return f"{root}: no checkpoint yet ({layout}): waiting for the run's first save"
+    runs = sorted(os.path.join(root, n) for n in os.listdir(root)
+                  if os.path.isfile(os.path.join(root, n, LATEST_MARKER)))
+    advice = ("nothing to evaluate with --once" if started
+              else f"did you mean {runs[0]}?" if runs else "give the run's --save folder")
+    raise ValueError(f"{root} holds no trainer checkpoint ({layout}; it holds: {folder_listing(root)}): {advice}")
 
 
 def export_checkpoint(folder: str, dst: Path, tokenizer: Optional[str]) -> None:

@@ -15,11 +15,12 @@ def padded_vocab_size(vocab_size: int, tensor_model_parallel_size: int = 1,
 def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_process: bool = True,
                 vp_stage: Optional[int] = None, transformer_impl: str = "auto",
                 vocab_size: Optional[int] = None):
-    """A `NeoBERTModel` (one pipeline stage of it) for `arch` under the megatron-core `config`."""
-    from megatron_neobert.model.layer_specs import get_block_spec
-    from megatron_neobert.model.neobert_model import NeoBERTModel
+    """A `NeoBERTModel` (one pipeline stage of it) for `arch` under the megatron-core `config`, from its spec."""
+    from megatron.core.transformer.spec_utils import build_module
 
-    return NeoBERTModel(config=config, block_spec=get_block_spec(config, transformer_impl, vp_stage),
+    from megatron_neobert.model.layer_specs import neobert_model_spec
+
+    return build_module(neobert_model_spec(config, transformer_impl, vp_stage), config=config,
                         vocab_size=vocab_size or arch.vocab_size,
                         max_sequence_length=arch.max_sequence_length, pre_process=pre_process,
                         post_process=post_process, position_embedding_type=arch.position_embedding_type,

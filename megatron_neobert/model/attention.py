@@ -7,12 +7,14 @@ and cannot take packed sequences. Two layouts reach it from megatron-core's `Sel
 - packed `thd`: q, k, v `[t, heads, d]` with `packed_seq_params.cu_seqlens_q`; a token only
   attends within its own document. Kernels, best first: flash-attn's varlen kernel (GPU, fp16 or
   bf16), FlexAttention with a document BlockMask (GPU, no dropout), PyTorch SDPA over segments of
-  whole documents. `NEOBERT_PACKED_ATTENTION=flash|flex|sdpa` forces one (tests, benchmarks).
+  whole documents. The kernel is chosen once, when the module is built;
+  `NEOBERT_PACKED_ATTENTION=flash|flex|sdpa` forces one (tests, benchmarks).
 
-Packed input also brings its RoPE here (`RotaryPackedSeqParams`): each token's cos/sin, gathered
-by its position in its document once per step, rotate q and k with megatron-core's unfused
-arithmetic. megatron-core's own unfused THD RoPE reads the document lengths to the host
-(`.tolist()`) and splits q and k per document in every layer.
+The model hands packed input down as `LocalPackedSeqParams`, made once per batch: the `PackedLayout`
+every layer's kernel reads (document ids, SDPA segments, the FlexAttention block mask, each built on
+first use), and, for RoPE by position, each token's cos/sin, gathered by its position in its document,
+which rotate q and k with megatron-core's unfused arithmetic. megatron-core's own unfused THD RoPE
+reads the document lengths to the host (`.tolist()`) and splits q and k per document in every layer.
 """
 
 import dataclasses
@@ -23,12 +25,13 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from megatron.core.models.common.embeddings.rope_utils import _rotate_half
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+
+from megatron_neobert.megatron_core_compat import rotate_half
 
 logger = logging.getLogger(__name__)
 
@@ -84,62 +87,17 @@ def packed_attention_backend(on_gpu: bool, half_precision: bool = True, dropout:
     return "sdpa"
 
 
-@dataclasses.dataclass
-class RotaryPackedSeqParams(PackedSeqParams):
-    """THD parameters with each token's RoPE cos and sin `[t, 1, 1, d]` (positions restarting at each
-    document), for `BidirectionalAttention` to apply; megatron-core's SelfAttention then gets no
-    rotary_pos_emb."""
-
-    rotary_cos: Optional[torch.Tensor] = None
-    rotary_sin: Optional[torch.Tensor] = None
-    rotary_interleaved: bool = False
-
-    @classmethod
-    def by_position(cls, params: PackedSeqParams, freqs: torch.Tensor, positions: torch.Tensor,
-                    dtype: torch.dtype, interleaved: bool) -> "RotaryPackedSeqParams":
-        """`freqs` `[max_seqlen, 1, 1, d]` (megatron-core's RotaryEmbedding) at `positions` `[t]`, as cos and
-        sin in the activations' `dtype`: megatron-core's `(cos(freqs) * mscale).to(dtype)` with mscale 1.
-        Device work only (a gather, no host read)."""
-        token_freqs = freqs[positions]
-        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(PackedSeqParams)},
-                   rotary_cos=torch.cos(token_freqs).to(dtype), rotary_sin=torch.sin(token_freqs).to(dtype),
-                   rotary_interleaved=interleaved)
-
-    def rotate(self, t: torch.Tensor) -> torch.Tensor:
-        """RoPE on packed `t` `[t, heads, d]`: megatron-core's `_apply_rotary_pos_emb_bshd` on `t[:, None]`, as
-        its unfused THD path calls it, with the frequencies it would gather per document."""
-        t4, cos, sin = t.unsqueeze(1), self.rotary_cos.to(t.dtype), self.rotary_sin.to(t.dtype)  # no-op casts
-        return ((t4 * cos) + (_rotate_half(t4, self.rotary_interleaved) * sin)).squeeze(1)
-
-
 @lru_cache(maxsize=None)
 def _log_packed_kernel(backend: str):
     logger.info("Packed attention: %s", PACKED_KERNELS[backend])
 
 
-def _version(tensor: torch.Tensor) -> Optional[int]:
-    """Counts in-place writes; inference-mode tensors keep no count."""
-    return None if tensor.is_inference() else tensor._version
-
-
 class PackedLayout:
-    """What the packed kernels derive from one `cu_seqlens`, built once per step: every layer of a
-    step gets the same tensor, so `of` keeps the last layout and returns it while that tensor is
-    unchanged."""
-
-    _last: Optional["PackedLayout"] = None
-
-    @classmethod
-    def of(cls, params: PackedSeqParams, total: int) -> "PackedLayout":
-        last, cu_seqlens = cls._last, params.cu_seqlens_q
-        if (last is None or last.cu_seqlens is not cu_seqlens or last.version != _version(cu_seqlens)
-                or last.total != total or last.max_seqlen != params.max_seqlen_q):
-            cls._last = cls(cu_seqlens, total, params.max_seqlen_q)
-        return cls._last
+    """What the packed kernels derive from one batch's `cu_seqlens`, each part built on first use and shared by
+    every layer of the step."""
 
     def __init__(self, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):
-        self.cu_seqlens, self.version, self.total, self.max_seqlen = (
-            cu_seqlens, _version(cu_seqlens), total, max_seqlen)
+        self.cu_seqlens, self.total, self.max_seqlen = cu_seqlens, total, max_seqlen
         self.doc_ids = torch.bucketize(torch.arange(total, device=cu_seqlens.device),
                                        cu_seqlens[1:].to(torch.long), right=True)  # of each token
         self._segments = self._block_mask = None
@@ -193,6 +151,39 @@ class PackedLayout:
         return self._block_mask
 
 
+@dataclasses.dataclass
+class LocalPackedSeqParams(PackedSeqParams):
+    """THD parameters as `BidirectionalAttention` reads them, made once per batch by the model: the batch's
+    `PackedLayout` and, for RoPE by position, each token's cos and sin `[t, 1, 1, d]` (positions restarting at each
+    document), which megatron-core's SelfAttention then does not apply (it gets no rotary_pos_emb)."""
+
+    layout: Optional[PackedLayout] = None
+    rotary_cos: Optional[torch.Tensor] = None
+    rotary_sin: Optional[torch.Tensor] = None
+    rotary_interleaved: bool = False
+
+    @classmethod
+    def of(cls, params: PackedSeqParams, total: int, **rotary) -> "LocalPackedSeqParams":
+        fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(PackedSeqParams)}
+        return cls(**fields, layout=PackedLayout(params.cu_seqlens_q, total, params.max_seqlen_q), **rotary)
+
+    @staticmethod
+    def rotary_by_position(freqs: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype,
+                           interleaved: bool) -> dict:
+        """The rotary fields for `of`: `freqs` `[max_seqlen, 1, 1, d]` (megatron-core's RotaryEmbedding) at
+        `positions` `[t]`, as cos and sin in the activations' `dtype`: megatron-core's `(cos(freqs) *
+        mscale).to(dtype)` with mscale 1. Device work only (a gather, no host read)."""
+        token_freqs = freqs[positions]
+        return dict(rotary_cos=torch.cos(token_freqs).to(dtype), rotary_sin=torch.sin(token_freqs).to(dtype),
+                    rotary_interleaved=interleaved)
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        """RoPE on packed `t` `[t, heads, d]`: megatron-core's `_apply_rotary_pos_emb_bshd` on `t[:, None]`, as
+        its unfused THD path calls it, with the frequencies it would gather per document."""
+        t4, cos, sin = t.unsqueeze(1), self.rotary_cos.to(t.dtype), self.rotary_sin.to(t.dtype)  # no-op casts
+        return ((t4 * cos) + (rotate_half(t4, self.rotary_interleaved) * sin)).squeeze(1)
+
+
 class BidirectionalAttention(MegatronModule):
     """Non-causal softmax attention over padded or packed sequences (one TP shard of heads)."""
 
@@ -213,6 +204,9 @@ class BidirectionalAttention(MegatronModule):
                                               tp_size)
         self.softmax_scale = softmax_scale if softmax_scale is not None else config.kv_channels ** -0.5
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.packed_backend = packed_attention_backend(
+            torch.cuda.is_available(), config.bf16 or config.fp16, self.dropout_p > 0)
+        _log_packed_kernel(self.packed_backend)
 
     def _expand_kv(self, key, value, head_dim: int):
         repeat = self.heads_per_partition // self.kv_groups_per_partition
@@ -238,18 +232,18 @@ class BidirectionalAttention(MegatronModule):
 
     def _forward_packed(self, query, key, value, params: PackedSeqParams, dropout_p: float):
         total = query.shape[0]
-        if isinstance(params, RotaryPackedSeqParams):
+        if not isinstance(params, LocalPackedSeqParams):  # a caller of the module alone
+            params = LocalPackedSeqParams.of(params, total)
+        if params.rotary_cos is not None:
             query, key = params.rotate(query), params.rotate(key)
-        backend = packed_attention_backend(
-            query.is_cuda, query.dtype in (torch.float16, torch.bfloat16), dropout_p > 0)
-        _log_packed_kernel(backend)
+        backend = self.packed_backend
         if backend == "flash":  # takes fewer key/value heads as they are (GQA)
             out = flash_attn_varlen()(query, key, value, params.cu_seqlens_q, params.cu_seqlens_kv,
                                       params.max_seqlen_q, params.max_seqlen_kv, dropout_p=dropout_p,
                                       softmax_scale=self.softmax_scale, causal=False)
             return out.reshape(total, -1)
 
-        layout = PackedLayout.of(params, total)
+        layout = params.layout
         if backend == "flex":
             # [t, h, d] -> [1, h, t, d]
             q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (query, key, value))

@@ -115,6 +115,7 @@ def transformer_config(arch: NeoBERTArch, **kwargs):
         use_cpu_initialization=not on_gpu,
         # Loss is summed over masked tokens and divided once by their global count.
         calculate_per_token_loss=True,
+        cuda_graph_scope=[],  # megatron-core's default, "full", is its deprecated spelling of this (and warns)
     )
     if kwargs.get("virtual_pipeline_model_parallel_size"):
         # As Megatron-LM: interleaved stages use unbatched p2p, which puts the two directions on

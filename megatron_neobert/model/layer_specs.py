@@ -5,9 +5,6 @@ norm -> fc1 -> activation -> fc2) and checkpoint under the same keys, so a run c
 across a restart.
 """
 
-import importlib
-import logging
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -23,24 +20,13 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from megatron_neobert.model.attention import BidirectionalAttention
-
-logger = logging.getLogger(__name__)
+from megatron_neobert.model.neobert_model import NeoBERTModel
 
 # Megatron's local spec maps its separate norms onto TE's fused names in checkpoints.
 _LOCAL_TO_TE_CHECKPOINT_KEYS = {
     "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
     "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
 }
-
-
-@lru_cache(maxsize=None)
-def transformer_engine_available() -> bool:
-    try:
-        importlib.import_module("transformer_engine")
-        importlib.import_module("megatron.core.extensions.transformer_engine")
-    except Exception:  # ImportError, or a TE build that does not match this torch/CUDA
-        return False
-    return True
 
 
 class _ConfigNorm:
@@ -129,12 +115,13 @@ def transformer_engine_layer_spec() -> ModuleSpec:
     )
 
 
-def get_block_spec(config: TransformerConfig, transformer_impl: str = "auto",
+def get_block_spec(config: TransformerConfig, transformer_impl: str,
                    vp_stage: Optional[int] = None) -> TransformerBlockSubmodules:
-    """This pipeline stage's layers and final norm. Given a bare layer spec, megatron-core would
-    pick the final norm itself (apex's FusedLayerNorm when apex imports, which rejects RMSNorm)."""
+    """This pipeline stage's layers and final norm (`transformer_impl`: "transformer_engine" or "local"). Given a
+    bare layer spec, megatron-core would pick the final norm itself (apex's FusedLayerNorm when apex imports, which
+    rejects RMSNorm)."""
     num_layers = get_num_layers_to_build(config, vp_stage)
-    if use_transformer_engine(transformer_impl):
+    if transformer_impl == "transformer_engine":
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TransformerBlockSubmodules(layer_specs=[transformer_engine_layer_spec()] * num_layers,
@@ -144,23 +131,12 @@ def get_block_spec(config: TransformerConfig, transformer_impl: str = "auto",
                                       layer_norm=norm)
 
 
-def use_transformer_engine(transformer_impl: str = "auto", log: bool = True) -> bool:
-    """`transformer_impl`: "auto" (TE when it imports and a GPU is present), "transformer_engine"
-    or "local". Logs the choice unless `log` is False."""
-    if transformer_impl not in ("auto", "transformer_engine", "local"):
-        raise ValueError(f"--transformer-impl must be auto, transformer_engine or local, "
-                         f"not {transformer_impl!r}")
-    use_te = transformer_impl == "transformer_engine" or (
-        transformer_impl == "auto" and transformer_engine_available() and torch.cuda.is_available())
-    if use_te:
-        if not transformer_engine_available():
-            raise RuntimeError("--transformer-impl transformer_engine: transformer_engine does not import")
-        if log:
-            logger.info("Layer spec: Transformer Engine (fused norm+linear, TE fused attention)")
-        return True
-    from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
+def neobert_model_spec(config: TransformerConfig, transformer_impl: str = "auto",
+                       vp_stage: Optional[int] = None) -> ModuleSpec:
+    """`NeoBERTModel` with this stage's block, in Transformer Engine layers or megatron-core's local ones
+    (`transformer_impl`; auto: TE when it imports on a GPU, `kernels.choose_transformer_impl`)."""
+    from megatron_neobert.kernels import choose_transformer_impl, transformer_engine_available
 
-    if log:
-        logger.info("Layer spec: local megatron-core modules, attention through %s (packed) and PyTorch "
-                    "SDPA (padded)", PACKED_KERNELS[packed_attention_backend(torch.cuda.is_available())])
-    return False
+    impl = choose_transformer_impl(transformer_impl, torch.cuda.is_available(), transformer_engine_available())
+    return ModuleSpec(module=NeoBERTModel, params={"local_attention": impl == "local"},
+                      submodules=get_block_spec(config, impl, vp_stage))

@@ -31,15 +31,10 @@ from megatron.core.transformer.transformer_block import TransformerBlock, Transf
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
-from megatron_neobert.model.attention import BidirectionalAttention, RotaryPackedSeqParams
+from megatron_neobert.megatron_core_compat import linear_wgrad_fusion_available
+from megatron_neobert.model.attention import LocalPackedSeqParams
 
 IGNORE_INDEX = -100
-
-
-def _apex_wgrad_fusion_available() -> bool:
-    from megatron.core.tensor_parallel import layers
-
-    return layers._grad_accum_fusion_available
 
 
 def packed_seq_params_from_cu_seqlens(cu_seqlens: Tensor, max_seqlen: int) -> PackedSeqParams:
@@ -49,9 +44,15 @@ def packed_seq_params_from_cu_seqlens(cu_seqlens: Tensor, max_seqlen: int) -> Pa
 
 
 class NeoBERTModel(LanguageModule):
-    """A bidirectional pre-norm encoder with an MLM output layer, for TP/PP/VPP/SP training."""
+    """A bidirectional pre-norm encoder with an MLM output layer, for TP/PP/VPP/SP training.
 
-    def __init__(self, config: TransformerConfig, block_spec: TransformerBlockSubmodules,
+    Built from its spec (`layer_specs.neobert_model_spec`): `submodules` is this stage's block, and
+    `local_attention` says whether its core attention is this package's `BidirectionalAttention` (the local
+    spec) rather than Transformer Engine's: ours takes padded input without a mask, and packed input as
+    `LocalPackedSeqParams`, with RoPE by token position unless megatron-core's fused THD RoPE applies it; TE's,
+    built for `AttnMaskType.padding`, asserts that a mask is given."""
+
+    def __init__(self, config: TransformerConfig, submodules: TransformerBlockSubmodules, local_attention: bool,
                  vocab_size: int, max_sequence_length: int, pre_process: bool = True,
                  post_process: bool = True, position_embedding_type: str = "rope",
                  rotary_base: int = 10000, pg_collection=None, vp_stage: Optional[int] = None):
@@ -75,31 +76,28 @@ class NeoBERTModel(LanguageModule):
                 rotary_interleaved=config.rotary_interleaved, rotary_base=rotary_base,
                 use_cpu_initialization=config.use_cpu_initialization, cp_group=self.pg_collection.cp)
 
-        self.decoder = TransformerBlock(config=config, spec=block_spec,
+        self.decoder = TransformerBlock(config=config, spec=submodules,
                                         pre_process=pre_process, post_process=post_process,
                                         pg_collection=self.pg_collection, vp_stage=vp_stage)
-        # Our bidirectional attention takes padded input without a mask; Transformer Engine's,
-        # built for `AttnMaskType.padding`, asserts that one is given. Without TE's fused THD RoPE, ours
-        # also applies packed input's RoPE itself, by token position (RotaryPackedSeqParams).
-        layer_specs = block_spec.layer_specs
-        core_attention = layer_specs[0].submodules.self_attention.submodules.core_attention if layer_specs else None
-        self.padded_input_needs_mask = core_attention not in (None, BidirectionalAttention)
-        self.rope_by_position = core_attention is BidirectionalAttention and not config.apply_rope_fusion
+        self.local_attention = local_attention
+        self.rope_by_position = local_attention and not config.apply_rope_fusion
         if post_process:
-            head_config = config
-            if config.gradient_accumulation_fusion and not _apex_wgrad_fusion_available():
-                # TE's linears fuse the weight-gradient accumulation themselves; this megatron-core
-                # linear needs apex's extension for it, else accumulates as usual.
-                head_config = copy.copy(config)
-                head_config.gradient_accumulation_fusion = False
             self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size, vocab_size, config=head_config, init_method=config.init_method,
+                config.hidden_size, vocab_size, config=self._head_config(config), init_method=config.init_method,
                 bias=True, skip_bias_add=False, gather_output=False, tp_group=self.pg_collection.tp)
-            # The head sees only the labelled positions, gathered out of the sequence-parallel
-            # layout in forward(); it must not gather them again.
-            self.output_layer.sequence_parallel = False
-            self.output_layer.allreduce_dgrad = self.pg_collection.tp.size() > 1
         self.setup_embeddings_and_output_layer()
+
+    @staticmethod
+    def _head_config(config: TransformerConfig) -> TransformerConfig:
+        """The output layer's config: it sees only the labelled positions, gathered out of the sequence-parallel
+        layout in forward(), so it must not gather them again (no sequence parallelism: its input gradient is
+        all-reduced across TP instead); TE's linears fuse the weight-gradient accumulation themselves, this
+        megatron-core linear only with apex's extension."""
+        head_config = copy.copy(config)
+        head_config.sequence_parallel = False
+        head_config.gradient_accumulation_fusion = (config.gradient_accumulation_fusion
+                                                    and linear_wgrad_fusion_available())
+        return head_config
 
     def set_input_tensor(self, input_tensor) -> None:
         if isinstance(input_tensor, list):
@@ -122,7 +120,7 @@ class NeoBERTModel(LanguageModule):
             raise ValueError("give masked_positions and num_masked together")
         if self.position_embedding_type == "learned_absolute" and position_ids is None:
             position_ids = self._default_position_ids(input_ids, packed_seq_params)
-        if attention_mask is None and packed_seq_params is None and self.padded_input_needs_mask:
+        if attention_mask is None and packed_seq_params is None and not self.local_attention:
             attention_mask = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
 
         hidden = self.embedding(input_ids=input_ids, position_ids=position_ids) if self.pre_process else None
@@ -131,12 +129,14 @@ class NeoBERTModel(LanguageModule):
             seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, self.decoder, hidden, self.config,
                                                              packed_seq_params)
             rotary_pos_emb = self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
-            if packed_seq_params is not None and self.rope_by_position:
+        if packed_seq_params is not None and self.local_attention:
+            rotary = {}
+            if rotary_pos_emb is not None and self.rope_by_position:
                 positions = self._default_position_ids(input_ids, packed_seq_params)[0]
-                packed_seq_params = RotaryPackedSeqParams.by_position(
-                    packed_seq_params, rotary_pos_emb, positions, self.config.params_dtype,
-                    self.config.rotary_interleaved)
+                rotary = LocalPackedSeqParams.rotary_by_position(
+                    rotary_pos_emb, positions, self.config.params_dtype, self.config.rotary_interleaved)
                 rotary_pos_emb = None
+            packed_seq_params = LocalPackedSeqParams.of(packed_seq_params, input_ids.shape[1], **rotary)
         # megatron-core masks are True where attention is *not* allowed: [b, 1, 1, s] over keys.
         mask = None if attention_mask is None else ~attention_mask.bool()[:, None, None, :]
 

@@ -1,24 +1,24 @@
 """Run megatron-core's tensor, pipeline and data parallel code on CPU, over gloo.
 
-megatron-core is written for CUDA and calls it directly in a handful of places: the current
-device, the CUDA RNG state of the tensor-parallel RNG tracker, `torch.cuda.synchronize`,
-factory calls with `device="cuda"` (or a device index), `Tensor.cuda()`, and `Tensor.type()`
-names checked by the optimizers and grad clipping. `enable_cpu_execution()` redirects each of
-those to the CPU so that the same code paths (TP/PP/DP, the distributed optimizer, distributed
-checkpoints) run unchanged with several gloo processes: in CI, and on a laptop to debug a run.
-On a machine with CUDA it does nothing.
+megatron-core is written for CUDA and calls it directly in a handful of places: the current device, the CUDA RNG
+state of the tensor-parallel RNG tracker, `torch.cuda.synchronize`, factory calls with `device="cuda"` (or a device
+index), `Tensor.cuda()`, and `Tensor.type()` names checked by the optimizers and grad clipping. Inside
+`with cpu_execution():` each of those goes to the CPU, so that the same code paths (TP/PP/DP, the distributed
+optimizer, distributed checkpoints) run unchanged with several gloo processes: in CI, and on a laptop to debug a
+run. The trainer's entry point and the commands that run megatron-core switch it on for their run (and say so),
+`run_on_ranks` for each rank, the tests as a fixture; everything is restored when the block ends. On a machine with
+CUDA it changes nothing.
 """
 
+import contextlib
 import logging
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from megatron_neobert.megatron_core_compat import point_cuda_rng_at_cpu
+from megatron_neobert.megatron_core_compat import cuda_rng_on_cpu, patched
 
 logger = logging.getLogger(__name__)
-
-_mode = None
 
 
 def _is_cuda_device(device) -> bool:
@@ -47,26 +47,28 @@ class _CudaToCpuMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def enable_cpu_execution() -> bool:
-    """Redirect megatron-core's CUDA calls to the CPU, once per process.
+_active = False  # inside a cpu_execution() block: a nested one changes nothing
 
-    Returns True when the redirection is active (no CUDA device), False on a CUDA machine.
-    """
-    global _mode
-    if torch.cuda.is_available():
-        return False
-    if _mode is not None:
-        return True
-    # The device itself rather than an index: megatron-core passes it as `device=` also inside
-    # autograd backward functions, where the function mode below is not active.
-    torch.cuda.current_device = lambda: torch.device("cpu")
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    torch.cuda.empty_cache = lambda: None
-    torch.cuda.memory_allocated = lambda *args, **kwargs: 0
-    torch.cuda.max_memory_allocated = lambda *args, **kwargs: 0
-    point_cuda_rng_at_cpu()  # the tensor-parallel RNG tracker's states
-    _mode = _CudaToCpuMode()
-    _mode.__enter__()  # stays active for the life of the process
-    logger.info("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")
-    return True
 
+@contextlib.contextmanager
+def cpu_execution():
+    """Inside the block, megatron-core's CUDA calls run on the CPU; yields True, or False (and changes nothing) on a
+    machine with a CUDA device."""
+    global _active
+    if torch.cuda.is_available() or _active:
+        yield _active
+        return
+    # The device itself rather than an index: megatron-core passes it as `device=` also inside autograd backward
+    # functions, where the function mode below is not active.
+    cuda_calls = [(torch.cuda, "current_device", lambda: torch.device("cpu")),
+                  (torch.cuda, "synchronize", lambda *args, **kwargs: None),
+                  (torch.cuda, "empty_cache", lambda: None),
+                  (torch.cuda, "memory_allocated", lambda *args, **kwargs: 0),
+                  (torch.cuda, "max_memory_allocated", lambda *args, **kwargs: 0)]
+    with patched(cuda_calls), cuda_rng_on_cpu(), _CudaToCpuMode():
+        logger.info("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")
+        _active = True
+        try:
+            yield True
+        finally:
+            _active = False

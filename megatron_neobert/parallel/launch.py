@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from megatron_neobert.megatron_core_compat import destroy_model_parallel_groups
-from megatron_neobert.parallel.cpu import enable_cpu_execution
+from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.parallel.rendezvous import attempt_store, uses_agent_store
 
 # Set to 1 to run on the CPU with a CUDA build of torch that sees no GPU.
@@ -32,13 +32,15 @@ def check_cpu_fallback() -> None:
 
 
 def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distributed.Store] = None) -> None:
-    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`).
+    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`; megatron-core's CUDA
+    calls then need `parallel.cpu.cpu_execution`, which the caller switches on).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
     (RANK, MASTER_ADDR/MASTER_PORT): on the agent's store under a name of this attempt's own when torchrun
     shares its store, so that a restarted attempt never reads the keys of the one before (`rendezvous`). A
-    lone process that no launcher started (no RANK: a tool, a notebook) needs no rendezvous and takes an in-memory store, so it never looks for a free port,
-    even when the shell exports MASTER_PORT, as cluster shells often do.
+    lone process that no launcher started (no RANK: a tool, a notebook) needs no rendezvous and takes an
+    in-memory store, so it never looks for a free port, even when the shell exports MASTER_PORT, as cluster
+    shells often do.
     """
     if torch.distributed.is_initialized():
         return
@@ -47,7 +49,6 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
         backend = "nccl"
     else:
         check_cpu_fallback()
-        enable_cpu_execution()
         backend = "gloo"
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     timeout = timedelta(minutes=timeout_minutes)
@@ -119,9 +120,11 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
         store = torch.distributed.TCPStore("127.0.0.1", port, world_size, is_master=False,
                                            timeout=timedelta(minutes=5))
         init_distributed(timeout_minutes=5, store=store)
+        with cpu_execution():
+            result = fn(*args, **kwargs)
         # Plain pickle bytes: torch's queue pickler would share tensors through memory that
         # disappears when this process exits.
-        results.put((rank, True, pickle.dumps(fn(*args, **kwargs))))
+        results.put((rank, True, pickle.dumps(result)))
     except BaseException:  # report every failure to the parent, with its traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -131,7 +134,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
 def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, **kwargs) -> List[Any]:
     """Run `fn(*args, **kwargs)` on `world_size` local processes joined by gloo (NCCL on GPUs).
 
-    `fn` must be importable (a module-level function); what it returns must pickle. Returns the
+    `fn` must be importable (a module-level function); what it returns must pickle. It runs inside
+    `cpu_execution()` (a no-op with CUDA). Returns the
     list of return values by rank; raises with every failing rank's traceback.
     """
     ctx = mp.get_context("spawn")

@@ -22,6 +22,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
+from megatron_neobert.data.tokenizer import NULL_TOKENIZER, build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
@@ -31,9 +32,11 @@ from megatron_neobert.training.checkpoint.state import (AsyncSaves, holds_traini
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
 from megatron_neobert.training.data_files import DataFiles
 from megatron_neobert.training.data_setup import build_data
-from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.megatron_args import RECIPE_DIFFERENCES, recipe_defaults_applied, schedule_steps
+from megatron_neobert.training.resolve import recipe_defaults_applied
+from megatron_neobert.training.batch_size import check_batch_sizes, global_batch_sizes
+from megatron_neobert.training.schedule import checkpoint_schedule_note, describe_rampup, describe_schedule
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
                                                    resolve_padded_vocab_size, resume_param_sync,
@@ -44,11 +47,12 @@ from megatron_neobert.training.process_guards import (ExitSignalHandler, Progres
                                                       ignore_exit_signals, stop_requested)
 from megatron_neobert.training.restarts import RestartReport, world_size_change
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_vocabulary, data_prefixes, trained_length)
-from megatron_neobert.training.settings import Settings
+                                                  check_tensor_parallel_shapes, check_vocabulary, data_prefixes,
+                                                  trained_length)
+from megatron_neobert.training.settings import RECIPE_DIFFERENCES, Settings
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step,
                                             params_are_finite, params_norm, run_micro_batches)
-from megatron_neobert.training.train_log import TrainingLog, configure_logging
+from megatron_neobert.training.train_log import TrainingLog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
@@ -79,17 +83,16 @@ class TrainState:
 
 
 def data_stream(settings: Settings) -> dict:
-    flags = settings.flags()
-    return {k: flags[k] for k in DATA_STREAM_KEYS}
+    values = settings.as_dict()
+    return {k: values[k] for k in DATA_STREAM_KEYS}
 
 
 def num_micro_batches(settings: Settings) -> int:
+    """Micro-batches per data-parallel rank of a whole --global-batch-size (a validation's; a training step's are
+    fewer while --rampup-batch-size grows the batch), once every global batch size of the run is checked."""
     dp = parallel_state.get_data_parallel_world_size()
-    global_batch, micro_batch = settings.training.global_batch_size, settings.training.micro_batch_size
-    if global_batch % (micro_batch * dp):
-        raise InputError(f"--global-batch-size {global_batch} is not a multiple of "
-                         f"--micro-batch-size {micro_batch} x data-parallel size {dp}")
-    return global_batch // (micro_batch * dp)
+    check_batch_sizes(settings.training, dp)
+    return settings.training.global_batch_size // (settings.training.micro_batch_size * dp)
 
 
 def describe_layout(settings: Settings, arch, padded_vocab: int, num_chunks: int, num_micro: int) -> str:
@@ -111,12 +114,16 @@ def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer,
     options = settings.checkpoint
     if not (finetune or options.no_load_optim):
         check_optimizer_setup(settings, checkpoint, common)
+    flags_schedule = scheduler.state_dict()
     keeps_position = not finetune and common["train_state"]["data_stream"] == data_stream(settings)
     if not finetune:  # before the load: data that changed is refused at once
         data_files.check_resume(common["train_state"].get("data_files"), checkpoint, keeps_position,
                                 options.allow_data_change)
     load_checkpoint(checkpoint, common, chunks, optimizer, scheduler, load_optimizer=not options.no_load_optim,
                     load_rng=not options.no_load_rng, finetune=finetune, strict=options.dist_ckpt_strictness)
+    note = None if finetune else checkpoint_schedule_note(flags_schedule, scheduler.state_dict())
+    if note:
+        logger.info(note)
     state = TrainState()
     if not finetune:
         saved = common["train_state"]
@@ -164,6 +171,14 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if applied:
         notes.append("NeoBERT recipe defaults applied (not set on the command line or in --config): "
                      + "; ".join(applied))
+    notes.append(describe_schedule(settings.training))
+    if settings.training.rampup_batch_size is not None:
+        notes.append(describe_rampup(settings.training))
+    if settings.data.tokenizer_type == NULL_TOKENIZER:
+        notes.append(build_tokenizer(NULL_TOKENIZER, settings.data.tokenizer_model).describe())
+    if settings.data.mock_data and "split" in settings.explicit:
+        notes.append(f"--split {settings.data.split} does not apply to --mock-data: megatron-core splits mock data "
+                     f"1,1,1")
     changed = preset_overrides(settings.model, arch)
     if changed:
         notes.append(f"model preset {settings.model.model_preset} overridden by the flags: {', '.join(changed)} "
@@ -171,7 +186,25 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if "sequence_parallel" in settings.explicit and settings.parallel.tensor_model_parallel_size == 1:
         notes.append("warning: disabling sequence parallelism because tensor model parallelism is disabled "
                      "(--tensor-model-parallel-size 1)")
+    notes.append(precision_note(settings, torch.cuda.is_available()))
     return notes
+
+
+def precision_note(settings: Settings, on_gpu: bool) -> str:
+    """What precision the step runs in, on this device. On a CPU, --bf16 is not ignored: megatron-core's
+    Float16Module holds bf16 weights and the linear layers, attention and norms compute in bf16 there too."""
+    precision = settings.precision
+    if not (precision.bf16 or precision.fp16):
+        why = "--no-bf16" if "bf16" in settings.explicit else "the default without a GPU; --bf16 runs bf16 here too"
+        return f"precision: fp32 weights, activations, gradients and optimizer state ({why})"
+    half = "bf16" if precision.bf16 else "fp16"
+    where = "" if on_gpu else ", on the CPU as on a GPU"
+    scaling = ("" if precision.bf16 else f"; loss scale {precision.loss_scale:g}" if precision.loss_scale
+               else f"; dynamic loss scale from {precision.initial_loss_scale:g}")
+    fp8 = (f"FP8 ({precision.fp8_format}, {precision.fp8_recipe} recipe) matrix multiplications in Transformer "
+           f"Engine's layers, else " if precision.fp8_format else "")
+    return (f"precision: {fp8}{half} weights and activations (linear layers, attention and norms compute in {half}"
+            f"{where}); fp32 main weights, gradient reduction and optimizer state (--{half}{scaling})")
 
 
 def fp16_step(optimizer, state: TrainState) -> tuple:
@@ -187,8 +220,8 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
                forward_step: ForwardStep, pad_id: int) -> dict:
     """One optimizer step over a global batch; updates `state` and returns the step's record:
     iteration, loss, accuracy, lr (used by that step), logged_lr (the next step's, as Megatron-LM logs
-    it), grad_norm, skipped, predicted, tokens, loss_scale (None without --fp16), num_zeros (with
-    --log-num-zeros-in-grad), params_norm (with --log-params-norm)."""
+    it), grad_norm, skipped, predicted, tokens, global_batch_size, loss_scale (None without --fp16), num_zeros
+    (with --log-num-zeros-in-grad), params_norm (with --log-params-norm)."""
     for c in chunks:
         c.zero_grad_buffer()
     optimizer.zero_grad()
@@ -196,7 +229,9 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
     stats = run_micro_batches(chunks, batches, forward_only=False, forward_step=forward_step, pad_id=pad_id)
     state.iteration += 1
     fp16 = settings.precision.fp16
-    state.consumed_samples += settings.training.global_batch_size
+    # As Megatron-LM: the step's samples are its micro-batches x micro-batch size x DP (fewer during a batch ramp).
+    global_batch = len(batches) * settings.training.micro_batch_size * parallel_state.get_data_parallel_world_size()
+    state.consumed_samples += global_batch
     loss_scale = float(optimizer.get_loss_scale()) if fp16 else None
     stepped, num_zeros = False, None
     if math.isfinite(stats.loss) and fp16:
@@ -219,28 +254,29 @@ def train_step(settings: Settings, chunks, optimizer, scheduler, batches: List[d
                 f"{state.skipped_in_a_row} consecutive steps with a non-finite loss or gradient (more than "
                 f"--max-skipped-iters {settings.faults.max_skipped_iters}); stopping at iteration "
                 f"{state.iteration} without saving. Last good checkpoint: {state.last_checkpoint or 'none'}")
-    if stepped:  # in iterations, or in samples with --train-samples
-        scheduler.step(increment=schedule_steps(settings.training).per_iteration)
+    if stepped:  # the scheduler counts samples, as Megatron-LM's
+        scheduler.step(increment=global_batch)
     # Megatron-LM logs the lr after the scheduler's step (the next step's), that of the default param group.
     logged_lr = get_canonical_lr_for_logging(optimizer.param_groups)
     return dict(iteration=state.iteration, loss=stats.loss, accuracy=stats.accuracy, lr=lr,
                 logged_lr=optimizer.param_groups[0]["lr"] if logged_lr is None else logged_lr,
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
                 skipped=not stepped, predicted=stats.predicted, tokens=stats.real_tokens,
-                attended=stats.attended_pairs, consumed_samples=state.consumed_samples, loss_scale=loss_scale,
+                attended=stats.attended_pairs, consumed_samples=state.consumed_samples, global_batch_size=global_batch,
+                loss_scale=loss_scale,
                 num_zeros=num_zeros, params_norm=params_norm(chunks) if settings.logging.log_params_norm else None)
 
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
-    """Train on every rank of the process group; returns {"train": [records of the last HISTORY_STEPS steps],
-    "eval": [records], "iteration", "exit": "finished" | "signal" | "exit-duration" | "exit-interval" | "skip-train",
+    """Train on every rank of the process group (on CPU inside `parallel.cpu.cpu_execution()`); returns {"train":
+    [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" | "signal" |
+    "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
     function), for training and validation.
     """
     started = time.time()
-    configure_logging()
     found = DistributedState()
     try:
         history = _guarded_train(settings, forward_step, started)
@@ -287,6 +323,7 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
         settings, checkpoint_arch = use_checkpoint_args(settings, checkpoint, common)
     arch = trained_length(settings, model_arch(settings.model, tokenizer.vocab_size, checkpoint_arch), common)
     check_vocabulary(tokenizer, arch)
+    check_tensor_parallel_shapes(settings, arch)
     if checkpoint:
         check_model_shape(settings, arch, checkpoint, common)
     finetune = options.finetune or pretrained
@@ -314,6 +351,9 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
     evals_done = state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
     _, train_iter, valid_iter = build_data(
         settings, state.consumed_samples, evals_done * evaluation.eval_iters * training.global_batch_size, tokenizer)
+    batch_sizes = global_batch_sizes(training.global_batch_size, training.rampup_batch_size,
+                                     training.micro_batch_size, parallel_state.get_data_parallel_world_size())
+    batch_sizes.update(state.consumed_samples, consistency_check=True)
     if evaluation.skip_train and valid_iter is None:
         raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to run: "
                             "give a validation split (--split or --valid-data-path) and --eval-iters and "
@@ -339,7 +379,7 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
                                 f"them; the checkpoint to resume from stays {state.last_checkpoint or 'none'}")
         data_files.check_unchanged(state.iteration)
         saved_args = megatron_lm_args(
-            arch, padded_vocab, **settings.flags(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            arch, padded_vocab, **settings.as_dict(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
@@ -384,8 +424,12 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
         while not evaluation.skip_train and state.iteration < training.train_iters:
             watchdog.at(state.iteration + 1, "training step")
             profiler.step_begins(state.iteration)
-            batches = [next(train_iter) for _ in range(num_micro)]
+            batches = [next(train_iter) for _ in range(batch_sizes.get())]
             record = train_step(settings, chunks, optimizer, scheduler, batches, state, forward_step, tokenizer.pad_id)
+            batch_sizes.update(state.consumed_samples, consistency_check=True)
+            if batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
+                logger.info(f"ramping up batch size from {record['global_batch_size']} to "
+                            f"{batch_sizes.get_current_global_batch_size()}")
             state.floating_point_operations += step_flops(arch, record["tokens"], record["predicted"],
                                                           record["attended"], padded_vocab)
             profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves

@@ -11,22 +11,19 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_vocab_size, swiglu_width,
                                     transformer_config)
-from megatron_neobert.model.layer_specs import use_transformer_engine
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.arguments import ARCH_OVERRIDES
 from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError
-from megatron_neobert.training.megatron_args import schedule_steps
-from megatron_neobert.training.settings import ModelSettings, Settings, TrainingSettings
+from megatron_neobert.training.schedule import build_scheduler
+from megatron_neobert.training.settings import ModelSettings, Settings
 
 
-def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto",
+def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
                        ddp_config: Optional[DistributedDataParallelConfig] = None,
                        padded_vocab: Optional[int] = None) -> List[torch.nn.Module]:
     """This rank's NeoBERT model chunks: one per virtual pipeline stage (one without VPP).
@@ -38,7 +35,7 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str = "auto"
     reduce(-scatter)) and `config` gets the hooks the pipeline schedules call (and, with Transformer
     Engine, `gradient_accumulation_fusion`).
     """
-    if ddp_config is not None and use_transformer_engine(transformer_impl):
+    if ddp_config is not None and transformer_impl == "transformer_engine":
         # TE's linears add their weight gradients straight into DDP's fp32 main_grad buffers.
         config.gradient_accumulation_fusion = True
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
@@ -80,8 +77,7 @@ def model_arch(model: ModelSettings, tokenizer_vocab_size: Optional[int] = None,
     --vocab-size is given, and --hidden-size
     without --ffn-hidden-size derives the MLP width, by the presets' own rule (SwiGLU: 2/3 x 4h rounded
     up to 8, as NeoBERT; Megatron-LM rounds down to 64; GELU: 4h)."""
-    overrides = {field: getattr(model, name) for name, field in ARCH_OVERRIDES.items()
-                 if getattr(model, name) is not None}
+    overrides = model.arch_overrides()
     base = NeoBERTArch(**checkpoint_arch) if checkpoint_arch is not None else get_arch(model.model_preset)
     if tokenizer_vocab_size is not None:
         overrides.setdefault("vocab_size", tokenizer_vocab_size)
@@ -150,19 +146,6 @@ def set_random_seed(seed: int) -> None:
     numpy.random.seed(seed)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def build_scheduler(training: TrainingSettings, optimizer) -> OptimizerParamScheduler:
-    """Linear warmup from --lr-warmup-init (0), decay to min-lr, then constant; in iterations, or in samples with
-    --train-samples (step it by `schedule_steps(training).per_iteration` per iteration)."""
-    warmup, decay, span, _ = schedule_steps(training)
-    return OptimizerParamScheduler(
-        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
-        lr_warmup_steps=warmup, lr_decay_steps=decay,
-        lr_decay_style=training.lr_decay_style, start_wd=training.weight_decay, end_wd=training.weight_decay,
-        wd_incr_steps=span, wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=not training.override_opt_param_scheduler,
-        override_opt_param_scheduler=training.override_opt_param_scheduler)
 
 
 def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: int):

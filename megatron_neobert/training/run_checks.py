@@ -2,10 +2,13 @@
 
 import dataclasses
 import logging
+import math
 import os
 import re
-from typing import Optional
+from typing import List, Optional
 
+from megatron_neobert.data.indexed import IndexedDataError, check_sizes
+from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import NeoBERTArch
@@ -16,8 +19,13 @@ from megatron_neobert.training.settings import DataSettings, Settings
 # What decides the model's tensors (besides the vocabulary rows, see resolve_padded_vocab_size).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
                 "position_embedding_type", "add_bias_linear")
-# Settings that decide the layout of the optimizer state in a checkpoint.
-OPTIMIZER_SETUP = {"bf16": "--bf16", "use_distributed_optimizer": "--use-distributed-optimizer"}
+# Transformer Engine's FP8 GEMMs take operands whose last dimension is a multiple of 16 (transformer_engine.pytorch.
+# utils.assert_dim_for_fp8_exec; cuBLASLt's FP8 kernels need 16-byte rows): every width of a layer's linears on a
+# tensor-parallel rank, as the forward's inner dimension or the backward's.
+FP8_WIDTH_MULTIPLE = 16
+TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes suggested: within one 8-GPU node
+# Settings that decide the layout of the optimizer state in a checkpoint: (section, name).
+OPTIMIZER_SETUP = (("precision", "bf16"), ("parallel", "use_distributed_optimizer"))
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +39,7 @@ def check_inputs(data: DataSettings) -> MLMTokenizer:
     except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
         raise InputError(str(err)) from err
     for prefix in prefixes:
-        if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
-            # preprocess_data.py names its output {output prefix}_{key}_document.
-            named = re.fullmatch(r"(.*)_([^_/]+)_document", prefix)
-            output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
-            raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
-                             f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
-                             f"{output_prefix} --json-keys {key} --tokenizer-model {data.tokenizer_model}, which "
-                             f"writes {output_prefix}_{key}_document.bin / .idx")
+        check_dataset(prefix, data.tokenizer_model)
     return tokenizer
 
 
@@ -47,6 +48,37 @@ def data_prefixes(data: DataSettings) -> list:
     sources = data_sources(data)
     blends = [sources["blend"], *(sources["blend_per_split"] or [])]
     return list(dict.fromkeys(prefix for blend in blends if blend for prefix in blend[0]))
+
+
+def check_dataset(prefix: str, tokenizer_model: str) -> None:
+    """A --data-path prefix names a .bin / .idx pair whose sizes and header are megatron-core's (constant time:
+    a few bytes of each file); else an InputError saying how to get one: the prefix without a .bin / .idx
+    suffix, raw text (Parquet, JSON lines) preprocessed first, or the dataset made with preprocess_data.py."""
+    stem, suffix = os.path.splitext(prefix)
+    if suffix in (".bin", ".idx"):
+        made = os.path.isfile(stem + ".bin") and os.path.isfile(stem + ".idx")
+        raise InputError(f"--data-path {prefix}: a dataset is named by its prefix, without {suffix}: --data-path "
+                         f"{stem}" + ("" if made else f" (which names {stem}.bin and {stem}.idx; neither pair is "
+                                                      f"there yet)"))
+    raw = next((s for s in JSON_SUFFIXES + PARQUET_SUFFIXES if prefix.endswith(s)), None)
+    if raw:
+        output_prefix = prefix[:-len(raw)]
+        raise InputError(f"--data-path {prefix} is raw text: the trainer reads tokenized .bin / .idx datasets; make "
+                         f"one first with python tools/preprocess_data.py --input {prefix} --output-prefix "
+                         f"{output_prefix} --json-keys text --tokenizer-model {tokenizer_model} (--json-keys: the "
+                         f"field holding the text), then train with --data-path {output_prefix}_text_document")
+    if not (os.path.isfile(prefix + ".bin") and os.path.isfile(prefix + ".idx")):
+        # preprocess_data.py names its output {output prefix}_{key}_document.
+        named = re.fullmatch(r"(.*)_([^_/]+)_document", prefix)
+        output_prefix, key = (named.group(1), named.group(2)) if named else (prefix, "text")
+        raise InputError(f"dataset {prefix} not found (no {prefix}.bin / .idx): make it with "
+                         f"python tools/preprocess_data.py --input CORPUS.parquet --output-prefix "
+                         f"{output_prefix} --json-keys {key} --tokenizer-model {tokenizer_model}, which "
+                         f"writes {output_prefix}_{key}_document.bin / .idx")
+    try:
+        check_sizes(prefix + ".idx", prefix + ".bin")
+    except IndexedDataError as err:
+        raise InputError(f"dataset {prefix}: {err} (make it again with python tools/preprocess_data.py)") from None
 
 
 def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
@@ -94,11 +126,70 @@ def trained_length(settings: Settings, arch: NeoBERTArch, common: Optional[dict]
 
 def check_optimizer_setup(settings: Settings, checkpoint: str, common: dict) -> None:
     """A checkpoint's optimizer state loads only into the optimizer setup that saved it."""
-    saved, here = checkpoint_args(common), settings.flags()
+    saved = checkpoint_args(common)
     on_off = lambda value: "on" if value else "off"
-    differs = [f"{flag} {on_off(saved.get(key))} there, {on_off(here[key])} here"
-               for key, flag in OPTIMIZER_SETUP.items() if bool(saved.get(key)) != bool(here[key])]
+    here = {name: getattr(getattr(settings, section), name) for section, name in OPTIMIZER_SETUP}
+    differs = [f"--{name.replace('_', '-')} {on_off(saved.get(name))} there, {on_off(value)} here"
+               for name, value in here.items() if bool(saved.get(name)) != bool(value)]
     if differs:
         raise TrainingError(f"checkpoint {checkpoint} holds optimizer state of another setup ({'; '.join(differs)}); "
                             f"start with a fresh optimizer state with --no-load-optim (the weights, iteration, "
                             f"schedule and data position still load)")
+
+
+def _one_of(values) -> str:
+    values = [str(v) for v in values]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    below, above = value // step * step, -(-value // step) * step
+    return _one_of([below, above] if below else [above])
+
+
+def _shape_problems(arch: NeoBERTArch, tp: int, fp8: bool) -> List[tuple]:
+    """(flag, its value, what is wrong, the step of its valid values or None, an FP8 rule) of each rule `arch`
+    breaks at tensor-parallel size `tp`, in the order megatron-core and Transformer Engine would meet them."""
+    heads, ffn = arch.num_attention_heads, arch.ffn_hidden_size
+    attention = heads * arch.kv_channels  # the QKV GEMM's output is 3 x this; linear_proj's input is this
+    rules = [(heads % tp, "--num-attention-heads", heads, f"each rank computes whole heads, and {tp} does not divide "
+              f"{heads}", None, False),
+             (ffn % tp, "--ffn-hidden-size", ffn, f"each rank holds an equal share of the MLP, and {tp} does not "
+              f"divide {ffn}", tp, False)]
+    if fp8:
+        rules += [(attention // tp % FP8_WIDTH_MULTIPLE, "--hidden-size", arch.hidden_size,
+                   f"the attention width per rank, {attention // tp} (the QKV output {3 * attention // tp}), is not "
+                   f"a multiple of {FP8_WIDTH_MULTIPLE}", math.lcm(FP8_WIDTH_MULTIPLE * tp, heads), True),
+                  (ffn // tp % FP8_WIDTH_MULTIPLE, "--ffn-hidden-size", ffn, f"the MLP width per rank, {ffn // tp}, is "
+                   f"not a multiple of {FP8_WIDTH_MULTIPLE}", FP8_WIDTH_MULTIPLE * tp, True)]
+    return [rule[1:] for rule in rules if rule[0]]
+
+
+def tensor_parallel_shape_error(arch: NeoBERTArch, tp: int, fp8: bool, preset: str) -> Optional[str]:
+    """Why `arch` cannot run at tensor-parallel size `tp` (with `fp8`: in Transformer Engine's FP8 GEMMs), in one
+    line naming the flag and its nearest valid values, or None when it can."""
+    problems = _shape_problems(arch, tp, fp8)
+    if not problems:
+        return None
+    flag, value, why, step, fp8_rule = problems[0]
+    # The sizes that fit; where none does with FP8 and the rule broken is not FP8's, those that fit without it
+    # (the FP8 check then names what else to change).
+    sizes = [size for size in TP_SIZES if not _shape_problems(arch, size, fp8)]
+    if not sizes and not fp8_rule:
+        sizes = [size for size in TP_SIZES if not _shape_problems(arch, size, False)]
+    fixes = ([f"{flag} {_nearest_multiples(value, step)}"] if step else []) + (
+        [f"--tensor-model-parallel-size {_one_of(sizes)}"] if sizes else [])
+    if fp8_rule:
+        fixes.append("drop --fp8-format")
+    head, tail = ("--fp8-format: ", " (Transformer Engine's FP8 GEMMs)") if fp8_rule else ("", "")
+    return (f"{head}{flag} {value} (--model-preset {preset}) at --tensor-model-parallel-size {tp}: {why}{tail}; "
+            f"use {', or '.join(fixes)}")
+
+
+def check_tensor_parallel_shapes(settings: Settings, arch: NeoBERTArch) -> None:
+    """The run's final shape against its tensor-parallel size (and FP8), before any model is built: megatron-core
+    would stop in the build, Transformer Engine in the first FP8 GEMM."""
+    error = tensor_parallel_shape_error(arch, settings.parallel.tensor_model_parallel_size,
+                                        settings.precision.fp8_format is not None, settings.model.model_preset)
+    if error:
+        raise InputError(error)

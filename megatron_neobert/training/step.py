@@ -27,8 +27,17 @@ def model_inputs(batch: Dict[str, torch.Tensor]) -> dict:
 
     Nothing here waits for the GPU: the loader's batches are in pinned memory and copied
     asynchronously, the masked positions come as a list from the loader (found here, on the host,
-    for a batch without them), and `max_seqlen` is the sample length, the same every step (Transformer
-    Engine then keeps its attention backend; no document is longer)."""
+    for a batch without them), and `max_seqlen` is the sample length (no document is longer), given
+    rather than read from `cu_seqlens`, which would wait for the device.
+
+    A fixed `max_seqlen` does not keep Transformer Engine's attention backend for packed input: TE 2.11
+    caches the selection for the last call's `AttentionParams` alone, whose `batch_size` is the number of
+    documents, and selects again (`get_attention_backend`) whenever they differ: in the first layer of
+    nearly every packed micro-batch (padded input keeps its batch size and length). That costs host time
+    only, no GPU work and no sync: Python checks and one cuDNN support query, estimated at well under a
+    millisecond per micro-batch (not measured). The cuDNN graph itself is cached per bucket of the
+    document count (up to 32, then powers of two up to 512) and of the token count (micro-batch x length,
+    fixed), with cuDNN 9.6 and newer: a new one is built, once per run, when the count enters a new bucket."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     if "masked_positions" not in batch:
         batch = dict(batch)

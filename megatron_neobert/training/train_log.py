@@ -90,6 +90,9 @@ class TrainingLog:
         self.options = settings.logging
         fp8 = settings.precision.fp8_format is not None
         self.peak = peak_tflops(fp8=fp8)
+        # FP8 runs only the layers' linears in FP8 (attention, the head and the norms stay bf16): their MFU is
+        # given against both peaks, the FP8 one understating it, the bf16 one overstating it.
+        self.bf16_peak = peak_tflops(fp8=False) if fp8 else None
         if self.peak is None and torch.cuda.is_available():
             logger.info(f"MFU not reported: no {'FP8' if fp8 else 'bf16'} peak TFLOP/s known for "
                         f"{torch.cuda.get_device_name()!r} (training/metrics.py PEAK_TFLOPS)")
@@ -120,7 +123,7 @@ class TrainingLog:
     def _step_scalars(self, record: dict) -> None:
         """Megatron-LM's per-step tags, each also "... vs samples"; the optional ones behind its flags."""
         options, good = self.options, not record["skipped"]
-        values = [("learning-rate", record["logged_lr"]), ("batch-size", self.settings.training.global_batch_size),
+        values = [("learning-rate", record["logged_lr"]), ("batch-size", record["global_batch_size"]),
                   ("lm loss", record["loss"] if good else None)]
         if options.log_loss_scale_to_tensorboard:
             values.append(("loss-scale", record["loss_scale"] or 1.0))
@@ -153,7 +156,7 @@ class TrainingLog:
                   f"elapsed time per iteration (ms): {per_step * 1000.0:.1f}"]
         if options.log_throughput:
             fields.append(f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f}")
-        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {training.global_batch_size:5d}"]
+        fields += [f"learning rate: {last['logged_lr']:.6E}", f"global batch size: {last['global_batch_size']:5d}"]
         if good and loss > 0.0:  # Megatron-LM leaves out a loss whose average is not positive
             fields.append(f"lm loss: {loss:.6E}")
         fields.append(f"loss scale: {last['loss_scale'] or 1.0:.1f}")
@@ -167,7 +170,7 @@ class TrainingLog:
         fields += [f"number of skipped iterations: {n - len(good):3d}",
                    f"number of nan iterations: {sum(not math.isfinite(r['loss']) for r in window):3d}",
                    f"accuracy: {acc:.4f}", f"tokens/s: {tokens / per_step:,.0f}",
-                   f"MFU: {100 * tflops / self.peak:.1f}%" if self.peak else "MFU: n/a",
+                   self._mfu(tflops),
                    f"mem (GiB): {memory_gib():.2f}",
                    f"time left: {format_duration(per_step * (training.train_iters - it))}"]
         logger.info(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{training.train_iters:8d} |"
@@ -178,6 +181,13 @@ class TrainingLog:
         self._scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
+
+    def _mfu(self, tflops: float) -> str:
+        if not self.peak:
+            return "MFU: n/a"
+        if self.bf16_peak is None:
+            return f"MFU: {100 * tflops / self.peak:.1f}%"
+        return f"MFU: {100 * tflops / self.peak:.1f}% of FP8 peak ({100 * tflops / self.bf16_peak:.1f}% of bf16 peak)"
 
     def evaluation(self, result: dict) -> None:
         line = (f" validation loss at iteration {result['iteration']} | lm loss value: {result['loss']:.6E} |"
@@ -204,7 +214,7 @@ class WandbWriter:
         save_dir = options.wandb_save_dir or os.path.join(settings.checkpoint.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
         self.run = wandb.init(dir=save_dir, name=options.wandb_exp_name, project=options.wandb_project,
-                              config=settings.flags())
+                              config=settings.as_dict())
 
     def add_scalar(self, name: str, value: float, step: int) -> None:
         if name.endswith(" vs samples"):  # wandb's step only increases: the iteration is it (as Megatron-LM)

@@ -1,6 +1,7 @@
 """Length subsets, packing, the MLM dataset, blends, loaders (torch and DALI)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -38,7 +39,7 @@ def _original(sample):
 
 
 # ---- length subsets ----------------------------------------------------------------------------
-def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected_ids, tmp_path):
+def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected_ids, tmp_path, capsys):
     from tools.make_length_subset import main
     for threshold in (1024, 2048):
         out = str(tmp_path / f"rw{threshold}plus")
@@ -48,6 +49,12 @@ def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected
         got = read_documents(out)
         assert len(want) >= 5 and len(got) == len(want)
         assert all(numpy.array_equal(a, b) for a, b in zip(got, want))
+        # The progress line counts the documents read and how many were kept (before: "documents >= 1024
+        # tokens: 1432/1432" with 371 kept).
+        progress = [re.sub(r"\(\d+ s", "(N s", line) for line in capsys.readouterr().err.splitlines()
+                    if line.startswith("documents")]
+        assert progress == [f"documents read for >= {threshold} tokens: {len(expected_ids)}/{len(expected_ids)} "
+                            f"(N s, kept={len(want):,})"]
     assert main(["--input-prefix", str(tmp_path / "missing"), "--output-prefix", out,
                  "--min-tokens", "5"]) == 1
 
@@ -345,7 +352,6 @@ def test_collate_offsets_cu_seqlens_over_the_flattened_batch():
     batch = collate_mlm_batch([a, b])
     assert batch["tokens"].shape == (2, 8)
     assert batch["cu_seqlens"].tolist() == [0, 3, 8, 16] and batch["cu_seqlens"].dtype == torch.int32
-    assert batch["max_seqlen"] == 8 and isinstance(batch["max_seqlen"], int)
 
 
 def _batches(loader):

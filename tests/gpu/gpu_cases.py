@@ -7,7 +7,8 @@ from megatron.core import tensor_parallel
 
 from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import build_model, get_arch, transformer_config
-from megatron_neobert.model.layer_specs import _LOCAL_TO_TE_CHECKPOINT_KEYS, transformer_engine_available
+from megatron_neobert.kernels import transformer_engine_available
+from megatron_neobert.model.layer_specs import _LOCAL_TO_TE_CHECKPOINT_KEYS
 
 
 def needs(kernel: str, available: bool, what: str):

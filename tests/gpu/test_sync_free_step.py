@@ -1,37 +1,43 @@
-"""A micro-batch step (copy in, forward, MLM loss, backward) makes no host-device synchronisation."""
+"""A training step makes no host-device synchronisation from its first forward to the end of its last backward:
+two micro-batches (copy in, forward, MLM loss, backward, DDP's gradient hooks) through megatron-core's schedule as
+the trainer runs them, checked on the CUDA runtime calls CUPTI records from every library (PyTorch, Transformer
+Engine, cuDNN, Triton, NCCL), which `torch.cuda.set_sync_debug_mode` does not see.
+
+Outside the window, by design: megatron-core's finalize_model_grads reads the global token count once per step
+(`if num_tokens > 0`), and the trainer then reads the loss and the gradients' finiteness."""
 
 import pytest
 import torch
 
-from megatron_neobert.model.attention import flash_attn_varlen
-from megatron_neobert.training.step import mlm_loss_func, model_inputs
-from gpu_cases import batch, build, needs, needs_gpu, needs_te
+from execution_checks import profiled_step
+from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_varlen
+from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
+from megatron_neobert.training.step import run_micro_batches
+from gpu_cases import ARCH, MICRO_BATCH, SEQ, batch, needs, needs_fp8, needs_gpu, needs_te
 
 pytestmark = needs_gpu
 
 
-def step(model, host_batch):
-    inputs = model_inputs(host_batch)
-    loss, _, _ = mlm_loss_func(inputs["num_masked"], model(**inputs))
-    loss.backward()
-
-
-@pytest.mark.parametrize("impl, packed", [
-    ("local", False),
-    pytest.param("transformer_engine", False, marks=needs_te),
-    pytest.param("transformer_engine", True, marks=needs_te),
-    # Packed, the local spec's RoPE (by position, or TE's fused) and flash-attn's varlen kernel make no sync;
-    # its segmented-SDPA fallback reads the document lengths once per step.
-    pytest.param("local", True, marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
-])
-def test_step_makes_no_host_sync(single_rank, impl, packed):
-    model = build(impl).train()
-    host_batch = batch(packed, pinned=True)
-    step(model, host_batch)  # the first step compiles the fused kernels and picks the backends
+@pytest.mark.parametrize("impl, packed, kernel, flags", [
+    pytest.param("transformer_engine", False, None, (), marks=needs_te),
+    pytest.param("transformer_engine", True, None, (), marks=needs_te),
+    pytest.param("transformer_engine", True, None, ("--fp8-format", "hybrid"), marks=[needs_te, needs_fp8]),
+    ("local", False, None, ()),
+    # Packed on the local spec: FlexAttention where flash-attn is absent (as on the GPU host), flash-attn's
+    # varlen kernel where it is installed. Its segmented-SDPA fallback reads the document lengths once a step.
+    ("local", True, "flex", ()),
+    pytest.param("local", True, "flash", (), marks=needs("flash", flash_attn_varlen() is not None, "flash-attn")),
+], ids=["te-padded", "te-packed", "te-packed-fp8", "local-padded", "local-packed-flex", "local-packed-flash"])
+def test_step_makes_no_host_sync(monkeypatch, impl, packed, kernel, flags):
+    if kernel:
+        monkeypatch.setenv(PACKED_ATTENTION_ENV, kernel)
+    settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
+                               "--bf16", "--transformer-impl", impl, "--lr-warmup-iters", "0", *flags])
+    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
+    batches = [batch(packed, seed=i, pinned=True) for i in range(2)]
+    run_micro_batches(chunks, batches, forward_only=False)  # compiles the fused kernels, picks the backends
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step(model, host_batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    report = profiled_step(chunks, batches)
+    assert report.runtime_calls > 0, "the profiler recorded no CUDA runtime call: the check saw nothing"
+    assert not report.syncs, f"{len(report.syncs)} host syncs:\n" + "\n".join(report.syncs)

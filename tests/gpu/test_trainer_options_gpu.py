@@ -23,30 +23,48 @@ STEPS = 20
 NOISE, FALL = 0.1, 1.0
 
 
-def losses(data, *flags):
+OPTIONS = {
+    "distributed-optimizer-overlapped": ("--use-distributed-optimizer", "--overlap-grad-reduce",
+                                         "--overlap-param-gather"),
+    "recompute-full": ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers",
+                       "1"),
+    "recompute-selective": ("--recompute-activations",),
+}
+
+
+def loss_curves(data, flag_sets: list) -> list:
+    """The loss of each step of a run with each set of flags, one run after the other in this process (one start
+    of Python and CUDA for all)."""
     prefix, cache = data
-    argv = tiny_argv(prefix, cache, "--bf16", "--train-iters", str(STEPS), "--log-interval", "1", *flags)
-    history = run_on_ranks(run_train, 1, argv)[0]
-    assert history["exit"] == "finished"
-    return [r["loss"] for r in history["train"]]
+    curves = []
+    for flags in flag_sets:
+        argv = tiny_argv(prefix, cache, "--bf16", "--train-iters", str(STEPS), "--log-interval", "1", *flags)
+        history = run_train(argv)
+        assert history["exit"] == "finished"
+        curves.append([r["loss"] for r in history["train"]])
+    return curves
 
 
 @pytest.fixture(scope="module")
-def plain(data):
-    curve = losses(data)
-    assert len(curve) == STEPS and all(math.isfinite(x) for x in curve)
-    assert curve[0] - min(curve[-3:]) > FALL, curve
-    return curve
+def curves(data):
+    """{"plain" or an option's name: its loss curve}, all from one process."""
+    names = ["plain", *OPTIONS]
+    runs = dict(zip(names, run_on_ranks(loss_curves, 1, data, [()] + list(OPTIONS.values()))[0]))
+    plain = runs["plain"]
+    assert len(plain) == STEPS and all(math.isfinite(x) for x in plain)
+    assert plain[0] - min(plain[-3:]) > FALL, plain
+    return runs
 
 
-@pytest.mark.parametrize("flags", [
-    ("--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"),
-    ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"),
-    ("--recompute-activations",),
-    pytest.param(("--data-loader", "dali"), marks=needs("dali", probe("dali") is not None, "NVIDIA DALI")),
-], ids=["distributed-optimizer-overlapped", "recompute-full", "recompute-selective", "dali"])
-def test_option_gives_the_plain_runs_losses(data, plain, flags):
-    curve = losses(data, *flags)
+@pytest.mark.parametrize("option", OPTIONS)
+def test_option_gives_the_plain_runs_losses(curves, option):
+    curve, plain = curves[option], curves["plain"]
+    assert max(abs(a - b) for a, b in zip(curve, plain)) < NOISE, (curve, plain)
+
+
+@needs("dali", probe("dali") is not None, "NVIDIA DALI")
+def test_the_dali_loader_gives_the_plain_runs_losses(data, curves):
+    curve, plain = run_on_ranks(loss_curves, 1, data, [("--data-loader", "dali")])[0][0], curves["plain"]
     assert max(abs(a - b) for a, b in zip(curve, plain)) < NOISE, (curve, plain)
 
 

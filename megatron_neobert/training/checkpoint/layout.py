@@ -13,6 +13,7 @@ import re
 import shutil
 from typing import List, Optional
 
+from megatron_neobert.atomic_write import write_text_atomic
 from megatron_neobert.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -31,12 +32,7 @@ def is_complete(folder: str) -> bool:
 
 def write_latest_marker(root: str, iteration: int) -> None:
     """Atomically point the root at a complete iteration folder (call only once it is complete)."""
-    tmp = os.path.join(root, f".{LATEST_MARKER}.tmp")
-    with open(tmp, "w") as f:
-        f.write(str(iteration))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(root, LATEST_MARKER))
+    write_text_atomic(os.path.join(root, LATEST_MARKER), str(iteration))
 
 
 def read_latest_iteration(root: str) -> Optional[int]:

@@ -18,8 +18,7 @@ An iteration folder (see `layout.py`) holds, as one megatron-core distributed ch
   written by rank 0);
 - "args", as Megatron-LM saves them: an `argparse.Namespace` with the model's sizes at top level
   (what Megatron-LM's load_args_from_checkpoint and its tools read) plus "arch", the `NeoBERTArch`
-  fields (`megatron_lm_args`). Older checkpoints of this project hold a dict instead; `checkpoint_args`
-  reads both;
+  fields (`megatron_lm_args`);
 - "rng_state": each rank's RNG states; restored only at the saved layout (other layouts
   have other ranks).
 
@@ -62,11 +61,9 @@ from megatron_neobert.training.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 3.0  # Megatron-LM's: args a Namespace, TP and PP sizes in them
-
-# torch.load(weights_only=True), also inside megatron-core's load_common_state_dict, refuses any
-# class it does not know; a Namespace of plain values is safe to rebuild.
-torch.serialization.add_safe_globals([argparse.Namespace])
+# Megatron-LM's: args a Namespace, TP and PP sizes in them. torch.load(weights_only=True), inside megatron-core's
+# loads too, rebuilds the Namespace because megatron-core allows it at its own import (megatron/core/safe_globals.py).
+CHECKPOINT_VERSION = 3.0
 
 
 def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Namespace:
@@ -90,9 +87,8 @@ def megatron_lm_args(arch, padded_vocab_size: int, **settings) -> argparse.Names
 
 
 def checkpoint_args(common: dict) -> dict:
-    """A checkpoint's args as a dict (a live view of a Namespace), from either form."""
-    args = common["args"]
-    return vars(args) if isinstance(args, argparse.Namespace) else args
+    """A checkpoint's args as a dict (a live view of its Namespace)."""
+    return vars(common["args"])
 
 
 def rotary_layout_problem(args: dict) -> Optional[str]:
@@ -155,7 +151,7 @@ def _restore_rng(state: dict) -> None:
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _full_state(chunks, optimizer, scheduler, is_loading: bool, with_optimizer: bool, with_rng: bool):
+def _full_state(chunks, optimizer, is_loading: bool, with_optimizer: bool, with_rng: bool):
     state = model_sharded_state_dict(chunks)
     if with_optimizer:
         if is_loading:
@@ -184,7 +180,7 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
             shutil.rmtree(path)
         os.makedirs(path)
     torch.distributed.barrier()
-    state = _full_state(chunks, optimizer, scheduler, is_loading=False, with_optimizer=save_optimizer,
+    state = _full_state(chunks, optimizer, is_loading=False, with_optimizer=save_optimizer,
                         with_rng=save_rng)
     state.update(args=args, iteration=iteration, train_state={**train_state, "schedule_in_samples": True},
                  opt_param_scheduler=scheduler.state_dict(), checkpoint_version=CHECKPOINT_VERSION,
@@ -301,7 +297,7 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
     elif load_rng and not finetune and not with_rng:
         logger.info("checkpoint layout (PP, TP, DP) %s differs from this run's %s: RNG states not "
                     "restored", saved_layout, _layout())
-    state = _full_state(chunks, optimizer, scheduler, is_loading=True,
+    state = _full_state(chunks, optimizer, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
     loaded = dist_checkpointing.load(state, path, strict=strict)
     load_model_state(chunks, loaded)
@@ -328,7 +324,8 @@ def read_common_state(folder: str) -> dict:
         common = dist_checkpointing.load_common_state_dict(folder)
     except Exception as err:  # a missing or unreadable common.pt
         raise InputError(f"checkpoint {folder}: cannot read the common state: {err}") from None
-    args = checkpoint_args(common) if isinstance(common, dict) and "args" in common else None
+    args = (checkpoint_args(common) if isinstance(common, dict) and isinstance(common.get("args"), argparse.Namespace)
+            else None)
     if not isinstance(args, dict) or not isinstance(args.get("arch"), dict):
         raise InputError(f"checkpoint {folder}: the common state has no args['arch']: not a megatron_neobert "
                          f"checkpoint (expected the trainer's layout)")

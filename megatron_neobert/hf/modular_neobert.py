@@ -1,49 +1,53 @@
-# coding=utf-8
-"""NeoBERT for Hugging Face transformers (remote code, `trust_remote_code=True`).
+# Copyright 2025 Chandar Research Lab and the megatron_neobert authors. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""NeoBERT (Le Breton et al., 2025): a pre-RMSNorm encoder with SwiGLU and rotary positions.
 
-Module names reproduce the published `chandar-lab/NeoBERT` checkpoint keys exactly
+Written as transformers writes a model: this modular file is what transformers' `utils/modular_model_converter.py`
+turns into `configuration_neobert.py` and `modeling_neobert.py` (relative imports of transformers become absolute
+ones in this package's copies). Module names reproduce the published `chandar-lab/NeoBERT` checkpoint keys
 (`model.encoder`, `model.transformer_encoder.{i}.{attention_norm,qkv,wo,ffn_norm,ffn.w12,ffn.w3}`,
-`model.layer_norm`, `decoder`), so this file is a drop-in replacement for the published `model.py`.
+`model.layer_norm`, `decoder`), and its `config.json` loads as it is.
 
-Written on transformers' own helpers, as its `modeling_modernbert.py` is: the attention interface
-(`attn_implementation` = "eager", "sdpa", "flash_attention_2", "flex_attention"), `create_bidirectional_mask`,
-`capture_outputs` (hidden states and attention weights), `GradientCheckpointingLayer`, `can_return_tuple`,
-`TransformersKwargs` and `self.loss_function`. Requires transformers >= 5.2.0, the first release with all of them
-(what later releases add to these helpers, such as hidden states selected by index or checkpointing every n layers,
-works where the installed release has it).
-
-What is NeoBERT's own, and differs from the published code:
-- no xformers, runs on CPU; `output_attentions=True` computes that call eagerly, whatever the implementation;
-- RoPE rotates interleaved pairs (2i, 2i+1), as the published complex form does; cos/sin are computed from the
-  config in each forward (no buffers), so loading on the meta device never leaves stale tables behind; optional
-  RoPE scaling (linear / NTK-aware / YaRN) evaluates beyond the trained length;
-- `attention_mask` is optional and takes the formats transformers takes: [batch, length] 0/1 or bool, or a 4D
-  additive (0 / large negative or -inf) or bool mask; anything else is refused with an error. Positions count real
-  tokens only, so left and right padding give the same result;
-- padding-free batches (`DataCollatorWithFlattening`: `position_ids` restarting at 0, or `cu_seq_lens_q/k` +
-  `max_length_q/k`, or our `cu_seqlens` / `max_seqlen`): tokens never attend across documents on any
-  implementation. flash-attn's varlen kernel runs them as they are; the others regroup the documents into a
+What is NeoBERT's own:
+- RoPE rotates interleaved pairs (2i, 2i+1), as the published complex form does (Cohere's rotation), in fp32;
+- `attention_mask` takes the formats transformers takes: [batch, length] 0/1 or bool, or a 4D additive or bool
+  mask; positions count real tokens only, so left and right padding give the same result;
+- padding-free batches (`DataCollatorWithFlattening`: `cu_seq_lens_q/k` + `max_length_q/k`, or restarting
+  `position_ids`, or `cu_seqlens` / `max_seqlen`): tokens never attend across documents on any implementation;
+  flash-attn's varlen kernel runs them as they are, the others regroup the documents into a
   [documents, longest document] batch, so memory grows with the documents, never with the square of the batch;
-- the padded path has no data-dependent control flow when traced, so `torch.export` and
-  `torch.compile(fullgraph=True)` work on padded batches;
-- heads for question answering and multiple choice, `classifier_pooling` = "cls" | "mean", and losses that
-  honour the Trainer's `num_items_in_batch` (exact gradient accumulation), regression and multi-label included.
-
-This file must stay self-contained (torch + transformers only): it is copied into exported checkpoint folders.
+- forward reads no tensor value on the host when the documents come with their longest length: the input checks
+  that read values run only on CPU tensors (where a read costs no device synchronisation) and never when traced,
+  so padded and packed batches export and compile without graph breaks;
+- heads for question answering and multiple choice, sequence classification of packed documents,
+  `classifier_pooling` = "cls" | "mean", and losses that honour the Trainer's `num_items_in_batch`.
 """
 
 import copy
-import math
-from typing import Optional, Tuple
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
-from transformers.loss.loss_utils import fixed_cross_entropy
-from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import (
+
+from ... import initialization as init
+from ...configuration_utils import PreTrainedConfig
+from ...loss.loss_utils import fixed_cross_entropy
+from ...masking_utils import create_bidirectional_mask
+from ...modeling_layers import GradientCheckpointingLayer
+from ...modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
@@ -51,213 +55,138 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, is_tracing
-from transformers.utils.generic import can_return_tuple
-from transformers.utils.output_capturing import capture_outputs
+from ...modeling_rope_utils import RopeParameters
+from ...modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from ...processing_utils import Unpack
+from ...utils import TransformersKwargs, is_tracing
+from ...utils.generic import can_return_tuple
+from ...utils.output_capturing import capture_outputs
+from ..align.modeling_align import eager_attention_forward
+from ..cohere.modeling_cohere import CohereRotaryEmbedding, apply_rotary_pos_emb
+from ..llama.modeling_llama import LlamaRMSNorm
 
-_ROPE_SCALING_TYPES = ("linear", "ntk", "yarn")
 
-
-def swiglu_hidden_size(intermediate_size: int, multiple_of: int = 8) -> int:
-    """Real SwiGLU width for a nominal `intermediate_size`: int(2/3 * I) rounded up to `multiple_of`."""
+def published_swiglu_width(intermediate_size: int, multiple_of: int = 8) -> int:
+    """The SwiGLU width of the published code for its nominal `intermediate_size`: int(2/3 * I) rounded up to
+    `multiple_of` (3072 -> 2048)."""
     width = int(2 * intermediate_size / 3)
     return multiple_of * ((width + multiple_of - 1) // multiple_of)
 
 
+@strict
 class NeoBERTConfig(PreTrainedConfig):
-    r"""Configuration of a NeoBERT encoder. Field names and defaults follow the published `config.json`.
+    r"""
+    Configuration of a NeoBERT encoder. Field names and defaults are those of the published `config.json`
+    (`chandar-lab/NeoBERT`), which loads as it is; `head_dim` and `max_position_embeddings` are aliases of
+    `dim_head` and `max_length`.
 
     Args:
-        intermediate_size: nominal FFN size; the SwiGLU width is `swiglu_hidden_size(intermediate_size)`
-            (3072 -> 2048), exposed as `ffn_hidden_size`.
-        dim_head: per-head size; defaults to `hidden_size // num_attention_heads`.
-        max_length: the trained context length (RoPE itself has no length limit here).
-        rope_theta: RoPE base.
-        rope_scaling: `None` or `{"type": "linear" | "ntk" | "yarn", "factor": float,
-            "original_max_position_embeddings": int}` (YaRN also takes optional `beta_fast`/`beta_slow`).
-        classifier_dropout: dropout of the classification heads.
-        classifier_pooling: what the sequence classification and multiple choice heads read: "cls" (the first
-            token, as published) or "mean" (the mean over real tokens).
+        vocab_size (`int`, *optional*, defaults to 30522):
+            Vocabulary size.
+        hidden_size (`int`, *optional*, defaults to 768):
+            Width of the encoder.
+        intermediate_size (`int`, *optional*, defaults to 3072):
+            The published nominal FFN size; the real SwiGLU width is `ffn_hidden_size`.
+        ffn_hidden_size (`int`, *optional*):
+            The real width of each of the SwiGLU gate and up projections. By default the published rule applied
+            to `intermediate_size` (int(2/3 * I) rounded up to 8: 3072 -> 2048).
+        num_hidden_layers (`int`, *optional*, defaults to 28):
+            Number of encoder blocks.
+        num_attention_heads (`int`, *optional*, defaults to 12):
+            Attention heads per block.
+        dim_head (`int`, *optional*):
+            Per-head size; `hidden_size // num_attention_heads` by default.
+        max_length (`int`, *optional*, defaults to 4096):
+            The trained context length (RoPE itself has no length limit).
+        pad_token_id (`int`, *optional*, defaults to 0):
+            Padding token id.
+        norm_eps (`float`, *optional*, defaults to 1e-05):
+            RMSNorm epsilon.
+        embedding_init_range (`float`, *optional*, defaults to 0.02):
+            Embeddings are initialised uniform(-r, r).
+        decoder_init_range (`float`, *optional*, defaults to 0.02):
+            Linear layers of the encoder and the MLM decoder are initialised uniform(-r, r).
+        classifier_init_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the classification heads' normal initialisation.
+        classifier_dropout (`float`, *optional*, defaults to 0.1):
+            Dropout of the classification heads.
+        classifier_pooling (`str`, *optional*, defaults to `"cls"`):
+            What the sequence classification and multiple choice heads read: `"cls"` (the first token, as
+            published) or `"mean"` (the mean over real tokens).
+        rope_parameters (`RopeParameters`, *optional*):
+            RoPE settings as transformers defines them (`rope_theta`, and a `rope_type` of transformers' RoPE
+            functions with its parameters, e.g. `{"rope_type": "yarn", "factor": 2.0}` to evaluate past the
+            trained length).
+        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
+            The MLM decoder is a matrix of its own, with a bias: never tied to the embedding.
     """
 
     model_type = "neobert"
-    # Declared as a field: transformers refuses to save configs holding generation parameters (`max_length` is one)
-    # unless the config class declares them itself.
+    attribute_map = {"head_dim": "dim_head", "max_position_embeddings": "max_length"}
+    default_theta = 10000.0
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    intermediate_size: int = 3072
+    ffn_hidden_size: int | None = None
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 12
+    dim_head: int | None = None
     max_length: int = 4096
-    # transformers turns `rope_scaling` into a deprecated alias of its own `rope_parameters` schema, which knows
-    # nothing of our "ntk" type. A plain class attribute shadows that property so our field is stored and
-    # serialised like any other one.
-    rope_scaling = None
+    pad_token_id: int | None = 0
+    norm_eps: float = 1e-5
+    embedding_init_range: float = 0.02
+    decoder_init_range: float = 0.02
+    classifier_init_range: float = 0.02
+    classifier_dropout: float | int | None = 0.1
+    classifier_pooling: Literal["cls", "mean"] = "cls"
+    rope_parameters: RopeParameters | dict | None = None
+    tie_word_embeddings: bool = False
 
-    def __init__(
-        self,
-        hidden_size: int = 768,
-        intermediate_size: int = 3072,
-        num_hidden_layers: int = 28,
-        num_attention_heads: int = 12,
-        dim_head: Optional[int] = None,
-        vocab_size: int = 30522,
-        pad_token_id: int = 0,
-        norm_eps: float = 1e-5,
-        max_length: int = 4096,
-        embedding_init_range: float = 0.02,
-        decoder_init_range: float = 0.02,
-        classifier_init_range: float = 0.02,
-        classifier_dropout: float = 0.1,
-        rope_theta: float = 10000.0,
-        rope_scaling: Optional[dict] = None,
-        classifier_pooling: str = "cls",
-        **kwargs,
-    ):
-        # The published config.json stores extra constructor kwargs under a literal "kwargs" key.
-        legacy = kwargs.pop("kwargs", None)
-        if isinstance(legacy, dict) and "classifier_dropout" in legacy:
-            classifier_dropout = legacy["classifier_dropout"]
-        # The MLM decoder is a separate matrix with its own bias: never tie it to the embedding.
-        kwargs["tie_word_embeddings"] = False
-        super().__init__(pad_token_id=pad_token_id, **kwargs)
-
-        # A hand-edited config.json ("hidden_size": "big") fails here by name, not in arithmetic below.
-        sizes = dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
-                     num_attention_heads=num_attention_heads, vocab_size=vocab_size, max_length=max_length,
-                     **({} if dim_head is None else {"dim_head": dim_head}))
-        bad = [f"{k}={v!r}" for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    def __post_init__(self, **kwargs):
+        # The published config.json stores extra constructor arguments under a literal "kwargs" key.
+        published_kwargs = kwargs.pop("kwargs", None)
+        if isinstance(published_kwargs, dict) and "classifier_dropout" in published_kwargs:
+            self.classifier_dropout = published_kwargs["classifier_dropout"]
+        sizes = {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+                 "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
+                 "vocab_size": self.vocab_size, "max_length": self.max_length}
+        bad = [f"{name}={value!r}" for name, value in sizes.items() if value < 1]
         if bad:
-            raise ValueError(f"NeoBERT config: {', '.join(bad)}: sizes must be positive integers")
-        numbers = dict(norm_eps=norm_eps, embedding_init_range=embedding_init_range,
-                       decoder_init_range=decoder_init_range, classifier_init_range=classifier_init_range,
-                       classifier_dropout=classifier_dropout, rope_theta=rope_theta)
-        bad = [f"{k}={v!r}" for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
-        if bad:
-            raise ValueError(f"NeoBERT config: {', '.join(bad)}: must be numbers")
-        if hidden_size % num_attention_heads != 0:
-            raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})")
-        if dim_head is None:
-            dim_head = hidden_size // num_attention_heads
-        if dim_head * num_attention_heads != hidden_size:
+            raise ValueError(f"NeoBERT config: {', '.join(bad)}: sizes must be positive")
+        if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
-                f"dim_head ({dim_head}) * num_attention_heads ({num_attention_heads}) must equal hidden_size ({hidden_size})"
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads ({self.num_attention_heads})"
             )
-        if classifier_pooling not in ("cls", "mean"):
-            raise ValueError(f"classifier_pooling must be 'cls' or 'mean', got {classifier_pooling!r}")
-        if dim_head % 2 != 0:
-            raise ValueError(f"RoPE rotates pairs of dimensions: dim_head must be even, got {dim_head}")
-
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.dim_head = dim_head
-        self.vocab_size = vocab_size
-        self.norm_eps = norm_eps
-        self.max_length = max_length
-        self.embedding_init_range = embedding_init_range
-        self.decoder_init_range = decoder_init_range
-        self.classifier_init_range = classifier_init_range
-        self.classifier_dropout = classifier_dropout
-        self.classifier_pooling = classifier_pooling
-        self.rope_theta = float(rope_theta)
-        self.rope_scaling = self._validated_rope_scaling(rope_scaling, max_length)
-
-    @property
-    def ffn_hidden_size(self) -> int:
-        return swiglu_hidden_size(self.intermediate_size)
-
-    @staticmethod
-    def _validated_rope_scaling(rope_scaling: Optional[dict], max_length: int) -> Optional[dict]:
-        if rope_scaling is None:
-            return None
-        if not isinstance(rope_scaling, dict):
-            raise ValueError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
-        scaling = dict(rope_scaling)
-        kind = scaling.pop("type", None)
-        kind = scaling.pop("rope_type", None) or kind  # accept the HF spelling too
-        if kind not in _ROPE_SCALING_TYPES:
-            raise ValueError(f"rope_scaling type must be one of {_ROPE_SCALING_TYPES}, got {kind!r}")
-        factor = float(scaling.pop("factor", 0.0))
-        if factor < 1.0:
-            raise ValueError(f"rope_scaling factor must be >= 1, got {factor}")
-        original = int(scaling.pop("original_max_position_embeddings", max_length))
-        out = {"type": kind, "factor": factor, "original_max_position_embeddings": original}
-        if kind == "yarn":
-            out["beta_fast"] = float(scaling.pop("beta_fast", 32.0))
-            out["beta_slow"] = float(scaling.pop("beta_slow", 1.0))
-        if scaling:
-            raise ValueError(f"Unknown rope_scaling keys for type {kind!r}: {sorted(scaling)}")
-        return out
+        if self.dim_head is None:
+            self.dim_head = self.hidden_size // self.num_attention_heads
+        if self.dim_head * self.num_attention_heads != self.hidden_size:
+            raise ValueError(
+                f"dim_head ({self.dim_head}) * num_attention_heads ({self.num_attention_heads}) must equal "
+                f"hidden_size ({self.hidden_size})"
+            )
+        if self.dim_head % 2 != 0:
+            raise ValueError(f"RoPE rotates pairs of dimensions: dim_head must be even, got {self.dim_head}")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = published_swiglu_width(self.intermediate_size)
+        if self.ffn_hidden_size < 1:
+            raise ValueError(f"NeoBERT config: ffn_hidden_size={self.ffn_hidden_size!r}: sizes must be positive")
+        super().__post_init__(**kwargs)
 
 
-# --------------------------------------------------------------------------------------------------------
-# Rotary position embedding
-# --------------------------------------------------------------------------------------------------------
+class NeoBERTRMSNorm(LlamaRMSNorm):
+    pass
 
 
-def rope_inverse_frequencies(config: NeoBERTConfig, device=None) -> Tuple[torch.Tensor, float, float]:
-    """Returns (inv_freq [dim_head/2] fp32, position divisor, attention scale) for the config's RoPE."""
-    dim = config.dim_head
-    theta = config.rope_theta
-    scaling = config.rope_scaling
-    kind = scaling["type"] if scaling else None
-    factor = scaling["factor"] if scaling else 1.0
+class NeoBERTRotaryEmbedding(CohereRotaryEmbedding):
+    """cos/sin of interleaved pairs, kept in fp32 whatever the activations' dtype: rotating bf16 or fp16 queries by
+    reduced-precision angles loses the positions of long sequences."""
 
-    if kind == "ntk":
-        # NTK-aware: stretch the base so the lowest frequency is interpolated by `factor`, the highest kept.
-        theta = theta * factor ** (dim / (dim - 2))
-    # Same fp32 formula as the published precompute_freqs_cis.
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
 
-    position_divisor, attention_scale = 1.0, 1.0
-    if kind == "linear":
-        position_divisor = factor
-    elif kind == "yarn":
-        # Dimensions that rotate more than beta_fast times over the original context keep their frequency,
-        # those rotating fewer than beta_slow times are interpolated by `factor`, a linear ramp in between.
-        original = scaling["original_max_position_embeddings"]
-
-        def correction_dim(num_rotations: float) -> float:
-            return dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-        low = max(math.floor(correction_dim(scaling["beta_fast"])), 0)
-        high = min(math.ceil(correction_dim(scaling["beta_slow"])), dim - 1)
-        if low == high:
-            high += 0.001  # avoid a zero-width ramp
-        ramp = ((torch.arange(dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-        inv_freq = (inv_freq / factor) * ramp + inv_freq * (1.0 - ramp)
-        # YaRN temperature: q and k are both scaled by 0.1 ln(s) + 1 (logits by its square), as in the paper.
-        attention_scale = 0.1 * math.log(factor) + 1.0
-    return inv_freq, position_divisor, attention_scale
-
-
-def rope_cos_sin(config: NeoBERTConfig, position_ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape [*position_ids.shape, dim_head/2] in fp32."""
-    inv_freq, position_divisor, attention_scale = rope_inverse_frequencies(config, device=position_ids.device)
-    positions = position_ids.to(torch.float32)
-    if position_divisor != 1.0:
-        positions = positions / position_divisor
-    angles = positions[..., None] * inv_freq
-    cos, sin = angles.cos(), angles.sin()
-    if attention_scale != 1.0:
-        cos, sin = cos * attention_scale, sin * attention_scale
-    return cos, sin
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates interleaved pairs (2i, 2i+1) of x [B, L, heads, D] by cos/sin [B or 1, L, D/2], in fp32.
-
-    Equal to the published complex form: view_as_real(view_as_complex(x.reshape(..., D/2, 2)) * e^{i angle}).
-    """
-    pairs = x.float().unflatten(-1, (-1, 2))
-    even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Attention masks and padding-free batches
-# --------------------------------------------------------------------------------------------------------
 
 MASK_FORMATS = (
     "attention_mask must be [batch, length] with 1 (or True) for real tokens and 0 (or False) for padding, or 4D "
@@ -266,25 +195,33 @@ MASK_FORMATS = (
 )
 
 
-def _additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # A large finite negative instead of -inf: a row with no visible key gives uniform weights, not NaN.
+def values_are_checkable(tensor: torch.Tensor) -> bool:
+    """Whether the input checks may read `tensor`'s values: on the CPU a read costs no device synchronisation, on an
+    accelerator it would stall every forward, and a traced forward has no values to read."""
+    return tensor.device.type == "cpu" and not is_tracing(tensor)
+
+
+def additive_mask(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `keep`, else the most negative finite number of `dtype` (never -inf: a row with no visible key then
+    gives uniform weights, not NaN)."""
     zero = torch.zeros((), dtype=dtype, device=keep.device)
     return torch.where(keep, zero, torch.finfo(dtype).min)
 
 
-def _is_flash(attn_implementation: str) -> bool:
+def is_flash(attn_implementation: str) -> bool:
     return "flash" in attn_implementation
 
 
 def checked_padding_mask(mask: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    """The [batch, length] keep mask of a 2D `attention_mask`. Its values are checked (0/1) only when not traced, so
-    a padded batch compiles and exports without data-dependent branches."""
+    """The [batch, length] keep mask of a 2D `attention_mask`; its values are checked (0/1) where that is free."""
     if tuple(mask.shape) != (batch, length):
-        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, the input is [batch, length] = [{batch}, {length}]")
+        raise ValueError(
+            f"attention_mask has shape {tuple(mask.shape)}, the input is [batch, length] = [{batch}, {length}]"
+        )
     if mask.dtype != torch.bool:
         if mask.dtype.is_complex:
             raise ValueError(f"{MASK_FORMATS}; got a complex mask")
-        if not is_tracing(mask) and bool(((mask != 0) & (mask != 1)).any()):
+        if values_are_checkable(mask) and bool(((mask != 0) & (mask != 1)).any()):
             raise ValueError(
                 f"{MASK_FORMATS}. This [batch, length] mask holds values other than 0 and 1 (an additive 0/-inf "
                 f"mask?): give an additive mask the 4D shape [batch, 1, 1, length], or convert it to 0/1"
@@ -292,25 +229,23 @@ def checked_padding_mask(mask: torch.Tensor, batch: int, length: int) -> torch.T
     return mask.bool()
 
 
-def additive_4d_mask(mask: torch.Tensor, batch: int, length: int, num_heads: int, dtype: torch.dtype,
-                     attn_implementation: str) -> torch.Tensor:
-    """A 4D `attention_mask` as an additive bias, which eager, sdpa and flex attention all take (transformers passes a
-    4D mask on as it is, and eager attention adds its mask to the scores)."""
+def additive_4d_mask(mask, batch: int, length: int, num_heads: int, dtype: torch.dtype, attn_implementation: str):
+    """A 4D `attention_mask` as an additive bias, which eager, sdpa and flex attention all take."""
     b, h, q, k = mask.shape
     if b not in (1, batch) or h not in (1, num_heads) or q not in (1, length) or k != length:
         raise ValueError(
             f"4D attention_mask has shape {tuple(mask.shape)}, which does not broadcast to [batch, heads, length, "
             f"length] = [{batch}, {num_heads}, {length}, {length}]"
         )
-    if _is_flash(attn_implementation):
+    if is_flash(attn_implementation):
         raise ValueError(
             f"attn_implementation={attn_implementation!r} takes a [batch, length] padding mask, not a 4D one; "
             f"use 'sdpa', 'eager' or 'flex_attention' for arbitrary masks"
         )
     if mask.dtype == torch.bool:
-        bias = _additive_mask(mask, dtype)
+        bias = additive_mask(mask, dtype)
     elif mask.dtype.is_floating_point:
-        if not is_tracing(mask) and bool((mask > 0).any()):
+        if values_are_checkable(mask) and bool((mask > 0).any()):
             raise ValueError(
                 f"{MASK_FORMATS}. This 4D float mask has positive values (a 0/1 mask?): a 4D float mask is "
                 f"additive; give 0/1 masks as [batch, length] or as bool"
@@ -327,66 +262,81 @@ def additive_4d_mask(mask: torch.Tensor, batch: int, length: int, num_heads: int
 
 def key_padding_mask(keep: torch.Tensor, dtype: torch.dtype, attn_implementation: str):
     """The mask of a regrouped pack ([documents, longest] keep mask): flex attention's block mask, else a
-    [documents, 1, 1, longest] additive bias. Not `create_bidirectional_mask`'s [documents, 1, longest, longest]:
-    this one grows with the tokens, not with the documents times the longest one squared."""
+    [documents, 1, 1, longest] additive bias, which grows with the tokens, not with the documents times the
+    longest one squared. Every row sees its first slot, so no row is fully masked (an empty document's row would
+    otherwise give NaN in sdpa's and flex's kernels, and its gradient would reach the token gathered there)."""
+    keep = keep.clone()
+    keep[:, 0] = True
     if attn_implementation == "flex_attention":
         from torch.nn.attention.flex_attention import create_block_mask
 
         documents, longest = keep.shape
         return create_block_mask(lambda b, h, q, kv: keep[b, kv], documents, None, longest, longest, device=keep.device)
-    return _additive_mask(keep, dtype)[:, None, None, :]
+    return additive_mask(keep, dtype)[:, None, None, :]
 
 
 class PackedDocuments:
-    """Where the documents of a padding-free batch lie among its flattened batch * length tokens."""
+    """Where the documents of a padding-free batch lie among its flattened batch * length tokens. Tokens after
+    the last boundary form one more document (possibly empty), so nothing here depends on the boundaries' values."""
 
-    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: Optional[int], total: int):
+    def __init__(self, cu_seqlens: torch.Tensor, max_seqlen: int | None, total: int):
         cu_seqlens = cu_seqlens.to(torch.int32).flatten()
-        if cu_seqlens.numel() < 2 or int(cu_seqlens[0]) != 0:
+        if cu_seqlens.numel() < 2:
             raise ValueError("cu_seqlens must start at 0 and hold at least one document boundary")
-        if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()) or int(cu_seqlens[-1]) > total:
-            raise ValueError(f"cu_seqlens must be non-decreasing and end at most at the {total} tokens given")
-        if int(cu_seqlens[-1]) < total:
-            # Trailing tokens (pack padding) form their own document, so they never attend into real ones.
-            cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([total])])
-        self.cu_seqlens = cu_seqlens
-        self.lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        longest = int(self.lengths.max())
-        if max_seqlen is not None and int(max_seqlen) < longest:
-            raise ValueError(f"max_seqlen={int(max_seqlen)} is shorter than the longest document ({longest} tokens)")
-        self.max_seqlen = longest
+        if values_are_checkable(cu_seqlens):
+            if int(cu_seqlens[0]) != 0:
+                raise ValueError("cu_seqlens must start at 0 and hold at least one document boundary")
+            if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()) or int(cu_seqlens[-1]) > total:
+                raise ValueError(f"cu_seqlens must be non-decreasing and end at most at the {total} tokens given")
+        self.cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_full((1,), total)])
+        self.lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        if max_seqlen is None:  # the one host read of a pack: give max_seqlen (max_length_q) to avoid it
+            max_seqlen = int(self.lengths.max())
+        elif values_are_checkable(self.lengths) and int(max_seqlen) < int(self.lengths.max()):
+            raise ValueError(
+                f"max_seqlen={int(max_seqlen)} is shorter than the longest document ({int(self.lengths.max())} tokens)"
+            )
+        self.max_seqlen = max(int(max_seqlen), 1)
         tokens = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
-        self.doc_ids = torch.searchsorted(cu_seqlens[1:], tokens, right=True)
-        self.position_ids = (tokens - cu_seqlens[self.doc_ids]).long()
+        self.doc_ids = torch.searchsorted(self.cu_seqlens[1:], tokens, right=True)
+        self.position_ids = (tokens - self.cu_seqlens[self.doc_ids]).long()
 
     @classmethod
-    def from_position_ids(cls, position_ids: torch.Tensor) -> Optional["PackedDocuments"]:
+    def from_position_ids(cls, position_ids: torch.Tensor) -> "PackedDocuments | None":
         """Documents of a [batch, length] padding-free batch (a new one wherever positions restart), or None when
-        each row is one sequence."""
+        each row is one sequence. Reads the positions on the host: give cu_seq_lens_q and max_length_q instead
+        (`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`) for a forward without that read."""
         batch, length = position_ids.shape
         starts = torch.ones_like(position_ids, dtype=torch.bool)
         starts[:, 1:] = position_ids[:, 1:] <= position_ids[:, :-1]
         if not bool(starts[:, 1:].any()):
             return None
-        cu = torch.cat([starts.flatten().nonzero().flatten(), position_ids.new_tensor([batch * length])])
-        return cls(cu, None, batch * length)
+        starts_at = starts.flatten().nonzero().flatten()
+        return cls(torch.cat([starts_at, starts_at.new_full((1,), batch * length)]), None, batch * length)
 
     @classmethod
     def of_inputs(cls, attention_mask, position_ids, batch: int, length: int, device, cu_seqlens, max_seqlen,
-                  kwargs: dict) -> Optional["PackedDocuments"]:
+                  kwargs: dict) -> "PackedDocuments | None":
         """The documents given as `cu_seqlens` (ours, or transformers' `cu_seq_lens_q/k`), or by restarting
-        `position_ids` without an attention mask; None for a padded or plain batch."""
+        `position_ids` without an attention mask (not when traced); None for a padded or plain batch."""
         cu_seq_lens_q, cu_seq_lens_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
         if cu_seq_lens_q is not None or cu_seq_lens_k is not None:
             if cu_seqlens is not None:
                 raise ValueError("Give the documents as cu_seqlens or as cu_seq_lens_q/k, not both")
-            if cu_seq_lens_q is not None and cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_q, cu_seq_lens_k):
-                raise ValueError("NeoBERT is self-attention only: cu_seq_lens_q and cu_seq_lens_k must be equal")
+            if cu_seq_lens_q is not None and cu_seq_lens_k is not None and cu_seq_lens_q is not cu_seq_lens_k:
+                if cu_seq_lens_q.shape != cu_seq_lens_k.shape or (
+                    values_are_checkable(cu_seq_lens_q) and not torch.equal(cu_seq_lens_q, cu_seq_lens_k.cpu())
+                ):
+                    raise ValueError("NeoBERT is self-attention only: cu_seq_lens_q and cu_seq_lens_k must be equal")
             cu_seqlens = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
             max_length_q = kwargs.get("max_length_q")
             max_seqlen = max_length_q if max_length_q is not None else kwargs.get("max_length_k")
         if cu_seqlens is not None:
-            if attention_mask is not None and not bool(attention_mask.bool().all()):
+            if (
+                attention_mask is not None
+                and values_are_checkable(attention_mask)
+                and not bool(attention_mask.bool().all())
+            ):
                 raise ValueError(
                     "Packed inputs (cu_seqlens) take no padding mask: leave padding out of the pack, or put it "
                     "after cu_seqlens[-1] where it forms its own document."
@@ -404,35 +354,9 @@ class PackedDocuments:
         index = torch.where(valid, self.cu_seqlens[:-1, None].long() + slots, 0)
         return index, valid, self.doc_ids.long() * self.max_seqlen + self.position_ids
 
-
-def eager_attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0, **kwargs):
-    """query/key/value [batch, heads, length, dim]; returns ([batch, length, heads, dim], weights)."""
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-# --------------------------------------------------------------------------------------------------------
-# Modules
-# --------------------------------------------------------------------------------------------------------
-
-
-class NeoBERTRMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-    def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+    def first_tokens(self) -> torch.Tensor:
+        """The flat index of each given document's first token (the trailing pack-padding document excluded)."""
+        return self.cu_seqlens[:-2].long()
 
 
 class NeoBERTSwiGLU(nn.Module):
@@ -459,12 +383,12 @@ class NeoBERTAttention(nn.Module):
         self.is_causal = False
         self.scaling = config.dim_head**-0.5
 
-    def forward(self, query, key, value, attention_mask=None, documents: Optional[PackedDocuments] = None,
+    def forward(self, query, key, value, attention_mask=None, documents: PackedDocuments | None = None,
                 attn_implementation: str = "eager", position_ids=None):
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, eager_attention_forward)
         if documents is not None:
             return self._packed(interface, query, key, value, documents, attn_implementation)
-        extra = {"position_ids": position_ids} if _is_flash(attn_implementation) else {}
+        extra = {"position_ids": position_ids} if is_flash(attn_implementation) else {}
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         return interface(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False, **extra)
 
@@ -472,7 +396,7 @@ class NeoBERTAttention(nn.Module):
         batch, length, heads, dim = query.shape
         q, k, v = (t.reshape(batch * length, heads, dim) for t in (query, key, value))
         weights = None
-        if _is_flash(attn_implementation):  # varlen kernel on the flat tokens
+        if is_flash(attn_implementation):  # varlen kernel on the flat tokens
             cu, longest = documents.cu_seqlens, documents.max_seqlen
             out, _ = interface(self, *(t.transpose(0, 1)[None] for t in (q, k, v)), None, dropout=0.0,
                                scaling=self.scaling, is_causal=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
@@ -521,7 +445,7 @@ class NeoBERTEncoderBlock(GradientCheckpointingLayer):
         batch, length, hidden = x.shape
         # qkv rows are grouped per head ([q_h; k_h; v_h] for each head h), as in the published weights.
         q, k, v = self.qkv(x).view(batch, length, self.num_heads, 3 * self.dim_head).chunk(3, dim=-1)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
         attn, _ = self.attention(q, k, v, attention_mask, documents=documents,
                                  attn_implementation=attn_implementation, position_ids=position_ids)
         hidden_states = hidden_states + self.wo(attn.reshape(batch, length, hidden))
@@ -550,18 +474,16 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
 
     def _init_weights(self, module):
-        # torch.nn.init is looked up at call time, so transformers' guard (skip loaded tensors) applies.
         if isinstance(module, nn.Linear):
-            nn.init.uniform_(module.weight, -self.config.decoder_init_range, self.config.decoder_init_range)
+            init.uniform_(module.weight, -self.config.decoder_init_range, self.config.decoder_init_range)
             if module.bias is not None:
-                nn.init.zeros_(module.bias)
+                init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.uniform_(module.weight, -self.config.embedding_init_range, self.config.embedding_init_range)
+            init.uniform_(module.weight, -self.config.embedding_init_range, self.config.embedding_init_range)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, NeoBERTRMSNorm):
-            nn.init.ones_(module.weight)
+                init.zeros_(module.weight[module.padding_idx])
+        else:
+            super()._init_weights(module)
 
 
 class NeoBERT(NeoBERTPreTrainedModel):
@@ -574,6 +496,7 @@ class NeoBERT(NeoBERTPreTrainedModel):
     def __init__(self, config: NeoBERTConfig):
         super().__init__(config)
         self.encoder = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.rotary_emb = NeoBERTRotaryEmbedding(config)
         self.transformer_encoder = nn.ModuleList(NeoBERTEncoderBlock(config) for _ in range(config.num_hidden_layers))
         self.layer_norm = NeoBERTRMSNorm(config.hidden_size, config.norm_eps)
         self.gradient_checkpointing = False
@@ -588,12 +511,12 @@ class NeoBERT(NeoBERTPreTrainedModel):
     @capture_outputs
     def forward(
         self,
-        input_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
-        inputs_embeds: Optional[torch.Tensor] = None,
-        cu_seqlens: Optional[torch.Tensor] = None,
-        max_seqlen: Optional[int] = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
         **kwargs: Unpack[NeoBERTKwargs],
     ) -> BaseModelOutput:
         """
@@ -616,18 +539,22 @@ class NeoBERT(NeoBERTPreTrainedModel):
         batch, length, _ = x.shape
         # Attention weights exist only on the eager path (as `capture_outputs` reads the flag): a call that returns
         # them runs eagerly, whatever the model's implementation.
-        attn_implementation = ("eager" if kwargs.get("output_attentions", self.config.output_attentions)
-                               else self.config._attn_implementation)
+        attn_implementation = (
+            "eager" if kwargs.get("output_attentions", self.config.output_attentions) else self.config._attn_implementation
+        )
 
-        documents = PackedDocuments.of_inputs(attention_mask, position_ids, batch, length, x.device, cu_seqlens,
-                                              max_seqlen, kwargs)
+        documents = PackedDocuments.of_inputs(
+            attention_mask, position_ids, batch, length, x.device, cu_seqlens, max_seqlen, kwargs
+        )
         mask = None
         if documents is not None:
             if position_ids is None:
                 position_ids = documents.position_ids
         elif attention_mask is not None and attention_mask.dim() == 4:
-            mask = additive_4d_mask(attention_mask.to(x.device), batch, length, self.config.num_attention_heads,
-                                    x.dtype, attn_implementation)
+            mask = additive_4d_mask(
+                attention_mask.to(x.device), batch, length, self.config.num_attention_heads, x.dtype,
+                attn_implementation,
+            )
         elif attention_mask is not None:
             if attention_mask.dim() != 2:
                 raise ValueError(f"{MASK_FORMATS}; got shape {tuple(attention_mask.shape)}")
@@ -635,18 +562,18 @@ class NeoBERT(NeoBERTPreTrainedModel):
             mask = create_bidirectional_mask(self._config_for(attn_implementation), x, keep)
             if position_ids is None:
                 position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
-        elif position_ids is not None and not _is_flash(attn_implementation):
+        elif position_ids is not None and not is_flash(attn_implementation):
             # Traced (so no data-dependent documents): restarting positions become a dense per-row document mask.
             pos = position_ids.to(x.device).reshape(-1, length).expand(batch, length)
             starts = torch.cat([torch.ones_like(pos[:, :1], dtype=torch.bool), pos[:, 1:] <= pos[:, :-1]], dim=1)
             doc = starts.long().cumsum(-1)
-            mask = _additive_mask(doc[:, :, None] == doc[:, None, :], x.dtype)[:, None]
+            mask = additive_mask(doc[:, :, None] == doc[:, None, :], x.dtype)[:, None]
             if attn_implementation == "flex_attention":
                 mask = mask.expand(batch, 1, length, length)
         if position_ids is None:
             position_ids = torch.arange(length, device=x.device)
         position_ids = position_ids.to(x.device).reshape(-1, length).expand(batch, length)
-        position_embeddings = rope_cos_sin(self.config, position_ids)
+        position_embeddings = self.rotary_emb(x, position_ids)
 
         for layer in self.transformer_encoder:
             x = layer(x, mask, position_embeddings, documents=documents, attn_implementation=attn_implementation,
@@ -706,10 +633,10 @@ class NeoBERTLMHead(NeoBERTPreTrainedModel):
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
-class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
+class NeoBERTClassifierBase(NeoBERTPreTrainedModel):
     """Shared by the classification heads: dropout -> dense -> tanh -> dropout -> classifier."""
 
-    def __init__(self, config: NeoBERTConfig, num_outputs: Optional[int] = None):
+    def __init__(self, config: NeoBERTConfig, num_outputs: int | None = None):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.model = NeoBERT(config)
@@ -721,8 +648,8 @@ class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
     def _init_weights(self, module):
         # The published heads draw from N(0, classifier_init_range) with zero bias.
         if module is getattr(self, "dense", None) or module is getattr(self, "classifier", None):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.classifier_init_range)
-            nn.init.zeros_(module.bias)
+            init.normal_(module.weight, mean=0.0, std=self.config.classifier_init_range)
+            init.zeros_(module.bias)
         else:
             super()._init_weights(module)
 
@@ -731,13 +658,23 @@ class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
         x = torch.tanh(self.dense(x))
         return self.classifier(self.dropout(x))
 
-    def _pool(self, states: torch.Tensor, attention_mask: Optional[torch.Tensor], kwargs: dict) -> torch.Tensor:
-        """One vector per sequence: the first real token ("cls", the published head) or the mean over real tokens."""
-        if any(kwargs.get(k) is not None for k in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")):
-            raise ValueError(f"{type(self).__name__} pools one vector per row: it takes padded batches, not packed ones")
+    def _pool(self, states: torch.Tensor, attention_mask, position_ids, kwargs: dict) -> torch.Tensor:
+        """One vector per sequence: the first real token ("cls", the published head) or the mean over real tokens.
+        A padding-free batch gives one vector per document."""
+        batch, length = states.shape[:2]
+        documents = PackedDocuments.of_inputs(attention_mask, position_ids, batch, length, states.device,
+                                              kwargs.get("cu_seqlens"), kwargs.get("max_seqlen"), kwargs)
+        if documents is not None:
+            flat = states.reshape(batch * length, -1)
+            if self.config.classifier_pooling == "cls":
+                return flat[documents.first_tokens()]
+            count = documents.lengths.numel() - 1
+            sums = flat.new_zeros(count + 1, flat.shape[-1]).index_add_(0, documents.doc_ids.long(), flat)
+            return sums[:count] / documents.lengths[:count, None].clamp(min=1).to(flat.dtype)
         if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"{type(self).__name__} pools over a [batch, length] attention_mask, got a "
-                             f"{attention_mask.dim()}D one")
+            raise ValueError(
+                f"{type(self).__name__} pools over a [batch, length] attention_mask, got a {attention_mask.dim()}D one"
+            )
         if attention_mask is None:
             keep = torch.ones(states.shape[:2], dtype=torch.bool, device=states.device)
         else:
@@ -753,17 +690,19 @@ class _NeoBERTClassifierBase(NeoBERTPreTrainedModel):
                           inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
 
 
-class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
-    """Classification / regression from the first ([CLS]) token, or the mean over tokens (`classifier_pooling`)."""
+class NeoBERTForSequenceClassification(NeoBERTClassifierBase):
+    """Classification / regression from the first ([CLS]) token, or the mean over tokens (`classifier_pooling`);
+    of each document of a padding-free batch (`cu_seq_lens_q` or restarting `position_ids`), one label each."""
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
                 **kwargs: Unpack[NeoBERTKwargs]) -> SequenceClassifierOutput:
         out = self._encode(input_ids, attention_mask, position_ids, inputs_embeds, kwargs)
-        logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs))
+        logits = self._head(self._pool(out.last_hidden_state, attention_mask, position_ids, kwargs))
 
         loss = None
         if labels is not None:
+            labels = labels.reshape(-1) if labels.dim() > 1 and logits.shape[0] != labels.shape[0] else labels
             problem_type = self.config.problem_type
             if problem_type is None:
                 if self.num_labels == 1:
@@ -782,11 +721,12 @@ class NeoBERTForSequenceClassification(_NeoBERTClassifierBase):
             else:
                 loss = items_mean(F.binary_cross_entropy_with_logits, logits, labels.float(), num_items_in_batch)
 
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                        attentions=out.attentions)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
 
 
-class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
+class NeoBERTForTokenClassification(NeoBERTClassifierBase):
     """Per-token classification; `labels` of -100 (e.g. padding, sub-word continuations) are not scored."""
 
     @can_return_tuple
@@ -801,11 +741,12 @@ class NeoBERTForTokenClassification(_NeoBERTClassifierBase):
                 # Padding never counts, whatever label the collator left there.
                 labels = labels.masked_fill(~attention_mask.to(labels.device).bool(), -100)
             loss = self.loss_function(logits, labels, config=self.config, **kwargs)
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                     attentions=out.attentions)
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions
+        )
 
 
-class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
+class NeoBERTForQuestionAnswering(NeoBERTClassifierBase):
     """Extractive question answering: start and end logits per token (the classifier has 2 outputs)."""
 
     def __init__(self, config: NeoBERTConfig):
@@ -827,7 +768,7 @@ class NeoBERTForQuestionAnswering(_NeoBERTClassifierBase):
                                             hidden_states=out.hidden_states, attentions=out.attentions)
 
 
-class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
+class NeoBERTForMultipleChoice(NeoBERTClassifierBase):
     """Multiple choice: inputs [batch, choices, length]; one score per choice from the pooled sequence."""
 
     def __init__(self, config: NeoBERTConfig):
@@ -840,6 +781,8 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
         source = input_ids if input_ids is not None else inputs_embeds
         if source is None:
             raise ValueError("Specify exactly one of input_ids or inputs_embeds")
+        if any(kwargs.get(k) is not None for k in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k")):
+            raise ValueError(f"{type(self).__name__} scores [batch, choices, length] inputs, not packed ones")
         num_choices = source.shape[1]
 
         def flat(t):
@@ -847,8 +790,9 @@ class NeoBERTForMultipleChoice(_NeoBERTClassifierBase):
 
         if attention_mask is not None and attention_mask.dim() == 3:
             attention_mask = flat(attention_mask)
-        out = self._encode(flat(input_ids), attention_mask, flat(position_ids), flat(inputs_embeds), kwargs)
-        logits = self._head(self._pool(out.last_hidden_state, attention_mask, kwargs)).view(-1, num_choices)
+        position_ids = flat(position_ids)
+        out = self._encode(flat(input_ids), attention_mask, position_ids, flat(inputs_embeds), kwargs)
+        logits = self._head(self._pool(out.last_hidden_state, attention_mask, None, kwargs)).view(-1, num_choices)
         loss = None
         if labels is not None:
             # transformers has no multiple-choice loss to look up: its cross-entropy, over the choices.

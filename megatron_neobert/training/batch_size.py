@@ -1,0 +1,68 @@
+"""The global batch of each step: fixed, or growing with Megatron-LM's --rampup-batch-size START INCREMENT SAMPLES,
+on megatron-core's micro-batch calculator (the loop's, and the count of a ramped run's iterations), with every size
+checked against micro-batch x data-parallel size before training."""
+
+from typing import List, Optional
+
+from megatron_neobert.training.errors import InputError
+
+
+def rampup_train_iters(values: dict) -> int:
+    """The iterations of a --train-samples run whose batch grows (`values`: the settings by name), counted as
+    Megatron-LM's update_train_iters counts them: steps of the ramp while the samples before them are within the
+    ramp (and --train-samples), then whole global batches; the ramp itself checked as megatron-core's calculator
+    checks it."""
+    gbs, samples = values["global_batch_size"], values["train_samples"]
+    start, increment, ramp = values["rampup_batch_size"]
+    flag = f"--rampup-batch-size {start} {increment} {ramp}"
+    if start < 1 or increment < 1 or ramp < 0:
+        raise InputError(f"{flag}: START and INCREMENT must be at least 1, SAMPLES at least 0")
+    if start >= gbs:
+        raise InputError(f"{flag}: START must be below --global-batch-size {gbs}, where the ramp ends")
+    if (gbs - start) % increment:
+        raise InputError(f"{flag}: --global-batch-size {gbs} - START {start} must be a multiple of INCREMENT "
+                         f"{increment}")
+    from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
+
+    try:  # megatron-core's calculator counts the ramp, as in the loop; the entry point has not imported it yet
+        import_megatron_core()
+    except TransformerEngineInstallError as err:
+        raise InputError(str(err)) from err
+    sizes = global_batch_sizes(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
+    iterations = consumed = 0
+    while consumed <= ramp and consumed <= samples:
+        sizes.update(consumed, consistency_check=False)
+        consumed += sizes.get_current_global_batch_size()
+        iterations += 1
+    return iterations + max(0, samples - consumed) // gbs
+
+
+def global_batch_sizes(global_batch_size: int, rampup_batch_size: Optional[List[int]], micro_batch_size: int,
+                       data_parallel_size: int):
+    """megatron-core's micro-batch calculator (its own object, not megatron-core's process-wide one):
+    `update(consumed samples, consistency_check)`, then `get()` micro-batches on each data-parallel rank make the
+    step's `get_current_global_batch_size()` samples. rank -1: megatron-core's lines about it are not printed (the
+    trainer prints its own)."""
+    from megatron.core.num_microbatches_calculator import (ConstantNumMicroBatchesCalculator,
+                                                           RampupBatchsizeNumMicroBatchesCalculator)
+
+    if rampup_batch_size is None:
+        return ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False, -1)
+    return RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False,
+                                                    -1, *rampup_batch_size)
+
+
+def check_batch_sizes(training, data_parallel_size: int) -> None:
+    """Every global batch size of the run (each of its ramp with --rampup-batch-size) a multiple of micro-batch x
+    data-parallel size, as megatron-core's calculator requires; checked before training (megatron-core asserts at
+    the step that reaches a size that is not)."""
+    gbs, mbs, ramp = training.global_batch_size, training.micro_batch_size, training.rampup_batch_size
+    per_step = mbs * data_parallel_size
+    sizes = [gbs] if ramp is None else list(range(ramp[0], gbs + 1, ramp[1]))
+    bad = [size for size in sizes if size % per_step]
+    if not bad:
+        return
+    what = (f"--global-batch-size {gbs}" if ramp is None else
+            f"--rampup-batch-size {' '.join(map(str, ramp))}: global batch size {bad[0]} of the ramp "
+            f"({', '.join(map(str, sizes))})")
+    raise InputError(f"{what} is not a multiple of --micro-batch-size {mbs} x data-parallel size {data_parallel_size}")

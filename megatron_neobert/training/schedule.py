@@ -1,0 +1,208 @@
+"""The learning-rate and weight-decay schedule, with Megatron-LM's meanings: lengths in iterations or, with
+--train-samples, in samples; resolved once from the settings (`resolve_schedule`), counted by megatron-core's
+`OptimizerParamScheduler` in samples as Megatron-LM counts them. Its decay styles are megatron-core's: cosine,
+linear, constant, inverse-square-root and WSD (warmup-stable-decay, with its own final decay); the iterations of a
+growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
+
+from typing import NamedTuple, Optional, Set
+
+from megatron_neobert.training.batch_size import rampup_train_iters
+from megatron_neobert.training.errors import InputError
+
+RECIPE_WARMUP_ITERS = 2000
+RECIPE_DECAY_FRACTION = 0.9
+# Styles whose decay ends where Megatron-LM's does, with the run: the recipe's 90% belongs to its cosine. After the
+# decay steps megatron-core gives --min-lr: an inverse square root would drop to it, and a WSD run would idle there.
+DECAY_TO_THE_END = ("WSD", "inverse-square-root")
+
+
+def _refuse(condition: bool, message: str) -> None:
+    if condition:
+        raise InputError(message)
+
+
+def resolve_schedule(values: dict, explicit: Set[str]) -> None:
+    """Fill in the schedule's derived defaults in `values` (the settings by name): --min-lr (10% of --lr),
+    --lr-decay-iters (90% of --train-iters), and with --train-samples the sample-based lengths and the iterations
+    they mean; refuse lengths that contradict each other."""
+    fraction = values["lr_warmup_fraction"]
+    _refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
+    _refuse(values["rampup_batch_size"] is not None and values["train_samples"] is None,
+            "--rampup-batch-size needs --train-samples (as Megatron-LM: the iterations and the schedule of a "
+            "growing batch are counted in samples)")
+    if values["train_samples"] is None:
+        _refuse(values["lr_decay_samples"] is not None or values["lr_warmup_samples"] is not None,
+                "--lr-decay-samples / --lr-warmup-samples go with --train-samples; with --train-iters use "
+                "--lr-decay-iters / --lr-warmup-iters")
+        _refuse(fraction is not None and "lr_warmup_iters" in explicit,
+                "give --lr-warmup-fraction or --lr-warmup-iters, not both")
+        if fraction is not None:
+            values["lr_warmup_iters"] = 0
+    else:
+        _resolve_sample_schedule(values, explicit)
+    if values["min_lr"] is None:
+        values["min_lr"] = 0.1 * values["lr"]
+    fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
+    if values["lr_decay_iters"] is None:
+        values["lr_decay_iters"] = max(1, int(fraction * values["train_iters"]))  # the scheduler needs a step
+    if values["lr_decay_style"] == "constant":
+        values["min_lr"] = values["lr"]
+    decay, warmup = values["lr_decay_iters"], values["lr_warmup_iters"]
+    _refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
+    if warmup >= decay:
+        # The recipe's 2000 warm-up steps stop every short run here: say how to get past them.
+        why_warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
+        why_decay = ("" if "lr_decay_iters" in explicit
+                     else f" ({fraction:.0%} of --train-iters {values['train_iters']}, at least 1)")
+        raise InputError(f"--lr-warmup-iters {warmup}{why_warmup} must be below --lr-decay-iters {decay}{why_decay}: "
+                         f"for a short run pass --lr-warmup-iters 0 (or a few steps)")
+    _resolve_wsd(values)
+
+
+def _resolve_wsd(values: dict) -> None:
+    """WSD's final decay: its length in the schedule's unit, within the decay steps after the warmup (a longer one
+    would start inside the warmup, and the learning rate would jump down where the warmup ends)."""
+    by_samples = values["train_samples"] is not None
+    flag, other = (("--lr-wsd-decay-samples", "--lr-wsd-decay-iters") if by_samples
+                   else ("--lr-wsd-decay-iters", "--lr-wsd-decay-samples"))
+    length, misplaced = (values["lr_wsd_decay_samples"], values["lr_wsd_decay_iters"]) if by_samples else (
+        values["lr_wsd_decay_iters"], values["lr_wsd_decay_samples"])
+    if values["lr_decay_style"] != "WSD":
+        given = [f for f, v in ((flag, length), (other, misplaced)) if v is not None]
+        _refuse(bool(given), f"{', '.join(given)}: only with --lr-decay-style WSD")
+        return
+    _refuse(misplaced is not None, f"{other} goes with {'--train-iters' if by_samples else '--train-samples'}; "
+            f"with {'--train-samples' if by_samples else '--train-iters'} use {flag}")
+    _refuse(length is None, f"--lr-decay-style WSD needs {flag}: the length of its final decay to --min-lr")
+    warmup, decay, unit = ((values["lr_warmup_samples"], values["lr_decay_samples"], "samples") if by_samples
+                           else (values["lr_warmup_iters"], values["lr_decay_iters"], "iters"))
+    if values["lr_warmup_fraction"] is not None:
+        warmup = values["lr_warmup_fraction"] * decay
+    _refuse(not 1 <= length <= decay - warmup, f"{flag} {length} must be at least 1 and at most the decay steps "
+            f"after the warmup: --lr-decay-{unit} {decay} - warmup {warmup:g} = {decay - warmup:g}")
+
+
+def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
+    gbs, fraction = values["global_batch_size"], values["lr_warmup_fraction"]
+    _refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
+    _refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
+            "with --train-samples the schedule is in samples: use --lr-decay-samples / --lr-warmup-samples")
+    _refuse(values["train_samples"] < gbs,
+            f"--train-samples {values['train_samples']} is less than one global batch ({gbs})")
+    _refuse(fraction is not None and values["lr_warmup_samples"] is not None,
+            "give --lr-warmup-fraction or --lr-warmup-samples, not both")
+    values["train_iters"] = (values["train_samples"] // gbs if values["rampup_batch_size"] is None
+                             else rampup_train_iters(values))
+    decay_fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
+    if values["lr_decay_samples"] is None:
+        values["lr_decay_samples"] = int(decay_fraction * values["train_samples"])
+    if values["lr_warmup_samples"] is None:
+        values["lr_warmup_samples"] = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
+    warmup, decay = values["lr_warmup_samples"], values["lr_decay_samples"]
+    _refuse(fraction is None and warmup >= decay,
+            f"--lr-warmup-samples {warmup} must be below --lr-decay-samples {decay} (recipe defaults: "
+            f"{RECIPE_WARMUP_ITERS} x --global-batch-size, {decay_fraction:.0%} of --train-samples): for a "
+            f"short run pass --lr-warmup-samples 0 (or a few batches)")
+    # The iteration fields mirror the sample schedule (read by the log and the checks).
+    values["lr_decay_iters"] = decay // gbs
+    values["lr_warmup_iters"] = 0
+
+
+def _number(x: float) -> str:
+    """A count as the flags give it: whole numbers in full (48828125, not 4.88281e+07)."""
+    return str(int(x)) if x == int(x) else f"{x:.6g}"
+
+
+def describe_rampup(training) -> str:
+    """The batch-size ramp in words, for the start-up log."""
+    start, increment, ramp = training.rampup_batch_size
+    every = ramp / ((training.global_batch_size - start) // increment)  # megatron-core's samples per increment
+    return (f"global batch size: {start}, growing by {increment} every {_number(every)} samples, "
+            f"{training.global_batch_size} after sample {ramp} (--rampup-batch-size); {training.train_iters} "
+            f"iterations in --train-samples {training.train_samples}")
+
+
+class ScheduleSteps(NamedTuple):
+    warmup: float
+    decay: int
+    wsd_decay: Optional[int]  # WSD's final decay (None for the other styles)
+    weight_decay_span: int
+
+
+def schedule_steps(training) -> ScheduleSteps:
+    """The scheduler's lengths for `training` (the TrainingSettings), in samples as Megatron-LM counts them
+    (iterations x --global-batch-size with --train-iters); --lr-warmup-fraction is a fraction of the decay."""
+    gbs = training.global_batch_size
+    if training.train_samples is not None:
+        decay, warmup, wsd, span = (training.lr_decay_samples, training.lr_warmup_samples,
+                                    training.lr_wsd_decay_samples, training.train_samples)
+    else:
+        decay, warmup, span = (training.lr_decay_iters * gbs, training.lr_warmup_iters * gbs,
+                               training.train_iters * gbs)
+        wsd = None if training.lr_wsd_decay_iters is None else training.lr_wsd_decay_iters * gbs
+    if training.lr_warmup_fraction is not None:
+        warmup = training.lr_warmup_fraction * decay
+    return ScheduleSteps(warmup, decay, wsd, span)
+
+
+def build_scheduler(training, optimizer):
+    """megatron-core's `OptimizerParamScheduler` for `training` (the TrainingSettings): linear warmup from
+    --lr-warmup-init, the --lr-decay-style to --min-lr, then --min-lr; step it by the samples of each iteration (its
+    global batch), as Megatron-LM does."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    warmup, decay, wsd, span = schedule_steps(training)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=decay,
+        lr_decay_style=training.lr_decay_style, start_wd=training.weight_decay, end_wd=training.weight_decay,
+        wd_incr_steps=span, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=not training.override_opt_param_scheduler,
+        override_opt_param_scheduler=training.override_opt_param_scheduler,
+        wsd_decay_steps=wsd, lr_wsd_decay_style=training.lr_wsd_decay_style)
+
+
+def describe_schedule(training) -> str:
+    """The learning-rate schedule in words, in the unit of its flags (iterations, or samples with --train-samples),
+    for the start-up log."""
+    warmup, decay, wsd, _ = schedule_steps(training)
+    gbs = training.global_batch_size
+    by_samples = training.train_samples is not None
+
+    def count(steps) -> str:
+        return _number(steps if by_samples else steps / gbs)
+
+    def at(steps) -> str:
+        return f"{'sample' if by_samples else 'iteration'} {count(steps)}"
+
+    lr, floor = f"{training.lr:g}", f"{training.min_lr:g}"
+    words = [f"linear warmup from {training.lr_warmup_init:g} to {lr} until {at(warmup)}"] if warmup else []
+    style = training.lr_decay_style
+    if style == "constant":
+        return "learning rate: " + ", then ".join(words + [f"{lr} (constant)"])
+    if style == "inverse-square-root":
+        unit = "sample" if by_samples else "iteration"  # megatron-core counts a warmup of 0 as 1 sample
+        words.append(f"{lr} x sqrt({count(max(warmup, 1))} / {unit}), not below {floor}, until {at(decay)}")
+    elif style == "WSD":
+        words.append(f"{lr} until {at(decay - wsd)}, {training.lr_wsd_decay_style} decay to {floor} by {at(decay)}")
+    else:
+        words.append(f"{style} decay to {floor} by {at(decay)}")
+    return "learning rate: " + ", then ".join(words + [floor])
+
+
+# megatron-core's scheduler state that the checkpoint's wins over the flags' on a resume, by what sets it.
+CHECKPOINT_SCHEDULE = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "warmup (samples)",
+                       "lr_decay_steps": "decay (samples)", "lr_decay_style": "--lr-decay-style"}
+
+
+def checkpoint_schedule_note(flags: dict, loaded: dict) -> Optional[str]:
+    """The line a resumed run prints where the checkpoint's schedule (`loaded`, the scheduler's state after the
+    load) is not the flags' (`flags`, its state before): which applies, and how to take the flags' (a longer
+    --train-iters moves no decay without it)."""
+    differ = [f"{what} {loaded[key]:g} there, {flags[key]:g} here" if key != "lr_decay_style"
+              else f"{what} {loaded[key]} there, {flags[key]} here"
+              for key, what in CHECKPOINT_SCHEDULE.items() if loaded[key] != flags[key]]
+    if not differ:
+        return None
+    return (f"the checkpoint's learning-rate schedule applies, not the flags' ({'; '.join(differ)}): "
+            f"--override-opt-param-scheduler takes the flags', from the checkpoint's position")
