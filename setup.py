@@ -1,4 +1,4 @@
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 EVAL = ["scipy", "scikit-learn", "datasets", "sentence-transformers", "mteb>=2"]
 # The container and the GPU hosts are CUDA 13; the cuda130 wheel's CPU pipelines also run on a machine without a GPU
@@ -12,9 +12,10 @@ setup(
     name="megatron_neobert",
     version="0.1.0",
     description="Pre-train NeoBERT encoders with megatron-core: data, training, conversion, evaluation.",
-    packages=find_packages(include=["megatron_neobert", "megatron_neobert.*"]),
-    include_package_data=True,
-    package_data={"megatron_neobert": ["assets/*", "assets/**/*"]},
+    # Namespace packages too: the data folders (assets/, assets/tokenizer/) are packages to setuptools.
+    packages=find_namespace_packages(include=["megatron_neobert", "megatron_neobert.*"],
+                                     exclude=["*.__pycache__"]),
+    package_data={"megatron_neobert.assets": ["*"], "megatron_neobert.assets.tokenizer": ["*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.6",  # megatron-core 0.16's own floor
