@@ -50,12 +50,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         kill_children()
         return _report(err)
     except BaseException as err:  # this rank's alone (its data, a lost peer, a bug): it says it
-        traceback.print_exc()
-        line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
-        print(line, file=sys.stderr, flush=True)
-        tell_the_launcher(line)
-        kill_stopped_local_ranks()
         kill_children()
+        traceback.print_exc()
+        _report_rank_error(err)
+        kill_stopped_local_ranks()
         return 1
     logger.info(f"done: iteration {history['iteration']} ({history['exit']})")  # the run destroyed its groups
     return 0
@@ -75,6 +73,12 @@ def _report(err: Exception) -> int:
         # fault, the time to say it (its exit ends this wait).
         time.sleep(RANK_0_GRACE_S)
     return 1
+
+
+def _report_rank_error(err: BaseException) -> None:
+    line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
+    print(line, file=sys.stderr, flush=True)
+    tell_the_launcher(line)
 
 
 def tell_the_launcher(line: str) -> None:
@@ -103,7 +107,14 @@ def cli() -> None:
     from megatron_neobert.training.process_guards import exit_now, exit_with_launcher
 
     exit_with_launcher()  # first: a rank must not outlive a torchrun that dies while it imports and meets the others
-    exit_now(main())
+    try:
+        status = main()
+    except SystemExit:  # --help and the parser's usage errors, with their own status, before any worker exists
+        raise
+    except BaseException as err:  # raised while main() handled the first error: a DataLoader worker's death
+        _report_rank_error(err)  # signalled meanwhile (torch's handler raises wherever the main thread is)
+        status = 1
+    exit_now(status)
 
 
 if __name__ == "__main__":

@@ -819,7 +819,10 @@ def ends_after_error(job: Job, error: str, within: float = 30, mark: str = r"ite
     start = job.time_of(r"^error: ")
     assert re.search(error, job.first_error()), job.output[-3000:]
     within *= job.slowdown(mark, idle)
-    assert job.proc.wait(timeout=max(1.0, within - (time.monotonic() - start))) != 0
+    try:
+        assert job.proc.wait(timeout=max(1.0, within - (time.monotonic() - start))) != 0
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the job still runs {within:.0f} s after its error line:\n{job.output[-4000:]}")
     job.wait_until_gone(within - (time.monotonic() - start))
     return time.monotonic() - start
 

@@ -3,6 +3,8 @@ the signal's before the wall-clock limit's (the multi-rank runs are in test_pret
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -46,3 +48,22 @@ def test_stop_requested(single_rank, signalled, minutes_ago, limit, expected):
 def test_the_wall_clock_limit_applies_without_a_handler(single_rank):
     assert stop_requested(None, time.time() - 60, 0.5) == "exit-duration"
     assert stop_requested(None, time.time(), 0.5) is None
+
+
+KILL_CHILDREN_WITH_A_LIVE_DATALOADER = """
+import time, torch
+from megatron_neobert.training.process_guards import kill_children
+batches = iter(torch.utils.data.DataLoader(range(8), num_workers=1, persistent_workers=True))
+next(batches)  # a worker runs, watched by torch's SIGCHLD handler in this process
+kill_children()
+time.sleep(1.0)  # a watched worker's death raises here in the main thread, if its handler is still in place
+print("the rank went on to say what failed")
+"""
+
+
+def test_killing_the_workers_of_a_failed_rank_raises_nothing_more_in_it():
+    """The rank that reports an error kills its DataLoader workers: torch's SIGCHLD handler would raise again, in the
+    middle of that report, and the rank would leave by Python's exit, which waits for the workers it did not kill."""
+    done = subprocess.run([sys.executable, "-c", KILL_CHILDREN_WITH_A_LIVE_DATALOADER], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "went on" in done.stdout, done.stderr[-2000:]

@@ -137,7 +137,12 @@ def _install_bus_error_handler() -> Optional[int]:
 
 
 def kill_children() -> None:
-    """SIGKILL this process's multiprocessing children (DataLoader workers, checkpoint writers)."""
+    """SIGKILL this process's multiprocessing children (DataLoader workers, checkpoint writers).
+
+    From the main thread, torch's DataLoader handler of SIGCHLD goes first: it raises in the main thread, wherever
+    that is, as each worker it watches dies, which would cut short the report of the error that ends the rank."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in multiprocessing.active_children():
         child.kill()
 
