@@ -233,3 +233,12 @@ def test_an_unknown_gpu_is_logged_without_mfu(single_rank, monkeypatch, capsys):
     assert TrainingLog(settings, get_arch("neobert-tiny"), 128).peak is None
     assert capsys.readouterr().out == ("MFU not reported: no bf16 peak TFLOP/s known for 'NVIDIA H800' "
                                        "(training/metrics.py PEAK_TFLOPS)\n")
+
+
+@pytest.mark.parametrize("iters, every", [(50_000, 2_500), (100, 5), (20, 1), (15, 15), (1, 1)])
+def test_stage2_evaluates_and_saves_twenty_times_or_once_at_the_end(iters, every):
+    """The paper's stage 2 (50k steps) every 2,500 steps; one after the quickstart (15 steps) only at its end,
+    not at each step."""
+    from megatron_neobert.training.stage2 import evaluation_interval
+
+    assert evaluation_interval(iters) == every

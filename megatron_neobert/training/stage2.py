@@ -25,6 +25,12 @@ STEPS_DIVISOR = 20  # 1M steps -> 50k more
 EVALUATIONS = 20  # evaluations (and saves) over stage 2: every 2,500 of the 50k steps
 
 
+def evaluation_interval(iters: int) -> int:
+    """Steps between stage 2's evaluations and saves: EVALUATIONS of them, or only the last step's for a stage 2 of
+    fewer steps (after the quickstart's 300, 15), which a checkpoint at every step would only slow down."""
+    return iters // EVALUATIONS or iters
+
+
 @dataclasses.dataclass(frozen=True)
 class Stage2Plan:
     ranks: int  # the stage-1 run's world size
@@ -91,7 +97,7 @@ def stage2_plan(stage1: str, save: str, load_optim: bool = True, seq_length: Opt
         first, last = 1, iters
         flags += [*_switch("--finetune", not resume), "--train-iters", str(iters), "--lr", str(args["min_lr"]),
                   "--lr-decay-style", "constant", "--lr-warmup-iters", str(iters // 100)]
-    every = max(1, iters // EVALUATIONS)
+    every = evaluation_interval(iters)
     flags += ["--log-interval", str(min(args["log_interval"], iters)), "--eval-interval", str(every),
               "--eval-iters", str(args["eval_iters"]), "--save-interval", str(every)]
     summary = (f"stage 2 from {save if resume else folder} (stage 1: {args['model_preset']}, iteration {done}, "
