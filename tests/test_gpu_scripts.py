@@ -95,6 +95,7 @@ def test_the_quick_benchmark_writes_to_out_alone_and_logs_each_figure(tmp_path):
     assert set(results_of(out)) == {"quick.json", "quick.png", "quick.md", "quick.log"} and not older.exists()
     log = (out / "quick.log").read_text()
     assert log.index("nvidia-smi") < log.index("measured: inference | neobert-hf | 64 |")  # the GPU line first
-    assert "measured: training | megatron-packed | 64 | " in log
-    assert "| training | megatron-packed | 64 | " in run.stdout  # the Markdown table, printed at the end
+    # --cpu-smoke's micro-batches (2 of 2 sequences) over --quick's 32k tokens each
+    assert "measured: training | megatron-packed | 64 | 2x2 | " in log
+    assert "| training | megatron-packed | 64 | 2x2 | " in run.stdout  # the Markdown table, printed at the end
     assert listing(tree) == before

@@ -183,6 +183,7 @@ def parse_args(argv=None):
         args.model_preset, args.inference_seq_lengths, args.inference_max_batch = "neobert-tiny", [64, 128], 2
         args.inference_steps, args.train_seq_lengths, args.train_micro_batch, args.train_steps = 1, [64], 2, 1
         args.train_micro_batches = 2  # the schedule's accumulation (no_sync) path
+        args.train_tokens_per_micro_batch = None  # --quick's, which would size the micro-batch instead
     return args
 
 
