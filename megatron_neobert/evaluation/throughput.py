@@ -51,6 +51,9 @@ class Measurement:
     mfu_of_bf16_peak: Optional[float] = None  # FP8 rows only
     ratio_to_baseline: Optional[float] = None
     ratio_to_eager: Optional[float] = None  # compiled variant / the same model eager
+    # The trainer's rows: the loss of every step, warm-up included. Each row builds its model from the same seed
+    # and repeats the same micro-batches, so the FP8 row's losses compare step by step with its bf16 row's.
+    losses: Optional[List[float]] = None
     error: Optional[str] = None  # why a run gave no figure: "out of memory", "failed: ...", "not run: ..."
 
     @property
@@ -277,16 +280,19 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
     return step
 
 
-def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool) -> Callable:
-    """The trainer's step, built by the trainer's own set-up from its flags."""
+def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool,
+                         losses: List[float]) -> Callable:
+    """The trainer's step, built by the trainer's own set-up from its flags; each step appends its loss to
+    `losses`."""
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.arguments import parse_settings
     from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
     from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
-    # No data is read: the batches are synthetic.
-    flags = ["--mock-data", "--micro-batch-size", str(batches[0]["tokens"].shape[0])]
+    # No data is read: the batches are synthetic. No warmup: the steps learn at the peak rate from the first, so
+    # that the losses compared between rows (FP8's and bf16's) are those of training, not of one forward repeated.
+    flags = ["--mock-data", "--micro-batch-size", str(batches[0]["tokens"].shape[0]), "--lr-warmup-iters", "0"]
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     settings = parse_settings(flags)
@@ -307,14 +313,16 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
         # As the trainer: the loss and the gradients' finiteness reach the host every step.
         if not (math.isfinite(stats.loss) and grads_are_finite(chunks)):
             raise FloatingPointError("non-finite loss or gradient: the trainer would skip this step")
+        losses.append(stats.loss)
         optimizer.step()
     return step
 
 
 def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], steps: int, device) -> Measurement:
     reference = row.model.startswith("reference")
+    losses = None if reference else []
     step = (_reference_train_step(arch, batches, device, row.compiled) if reference
-            else _megatron_train_step(arch, batches, row.precision == "fp8", row.compiled))
+            else _megatron_train_step(arch, batches, row.precision == "fp8", row.compiled, losses))
     seconds = time_per_step(step, steps, WARMUP_STEPS[row.compiled])
     real = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["tokens"].numel() for b in batches)
     # The reference's head runs on every position, ours on the masked ones; each one's FLOPs count
@@ -327,7 +335,7 @@ def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], 
     fp8 = row.precision == "fp8"
     peak, bf16_peak = peak_tflops(fp8=fp8), peak_tflops(fp8=False)
     return dataclasses.replace(row, tokens_per_s=real / seconds, peak_memory_gib=_peak_memory_gib(),
-                               tflops_per_gpu=tflops, mfu=tflops / peak if peak else None,
+                               tflops_per_gpu=tflops, losses=losses, mfu=tflops / peak if peak else None,
                                mfu_of_bf16_peak=tflops / bf16_peak if fp8 and bf16_peak else None)
 
 
