@@ -41,6 +41,9 @@ def fails_in_one_line(capsys, argv) -> str:
     (["--data-path", "nowhere/corpus_content_document"],
      "dataset nowhere/corpus_content_document not found (no nowhere/corpus_content_document.bin / .idx): make it "
      "with python tools/preprocess_data.py --input CORPUS.parquet --output-prefix nowhere/corpus --json-keys content"),
+    # The datasets are checked before the tokenizer loads (a name may look for the Hub first).
+    (["--data-path", "nowhere/corpus_content_document", "--tokenizer-model", "nowhere/tokenizer"],
+     "dataset nowhere/corpus_content_document not found"),
     (["--lr-warmup-iters", "2000", "--train-iters", "3"],
      "--lr-warmup-iters 2000 must be below --lr-decay-iters 2 (90% of --train-iters 3, at least 1): for a short run "
      "pass --lr-warmup-iters 0"),

@@ -31,16 +31,15 @@ logger = logging.getLogger(__name__)
 
 
 def check_inputs(data: DataSettings) -> MLMTokenizer:
-    """The run's tokenizer, once it loads and every dataset the data flags name exists. Needs no
-    process group: every rank checks before the group exists, so bad input ends the run at once."""
+    """The run's tokenizer, once every dataset the data flags name exists and the tokenizer loads. Needs no
+    process group: every rank checks before the group exists, so bad input ends the run at once. The datasets
+    first: a few bytes of each file, where a tokenizer by name may look for the Hub first."""
     try:
-        tokenizer = build_tokenizer(data.tokenizer_type, data.tokenizer_model)
-        prefixes = data_prefixes(data)
+        for prefix in data_prefixes(data):
+            check_dataset(prefix, data.tokenizer_model)
+        return build_tokenizer(data.tokenizer_type, data.tokenizer_model)
     except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
         raise InputError(str(err)) from err
-    for prefix in prefixes:
-        check_dataset(prefix, data.tokenizer_model)
-    return tokenizer
 
 
 def data_prefixes(data: DataSettings) -> list:
