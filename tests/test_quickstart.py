@@ -1,28 +1,41 @@
-"""README's first command, examples/quickstart.sh, end to end on a short run: as a cluster shell would run it
+"""README's first command, examples/quickstart.sh, end to end on short runs: as a cluster shell would run it
 (MASTER_PORT exported, so the lone conversion process must not wait for a rendezvous), with a run shorter than
-the default warmup, and with extra trainer flags passed through."""
+the default warmup, with extra trainer flags passed through, and bit-reproducible: two runs in two folders give
+the same losses, checkpoints (every tensor, optimizer and RNG states included) and exported weights
+(tests/quickstart_fingerprint.py)."""
 
 import json
 
 import pytest
 
-from quickstart_fingerprint import run_quickstart
+from quickstart_fingerprint import fingerprint, run_quickstart
 
 pytestmark = pytest.mark.integration
 
 
-def test_short_run_with_exported_master_port_and_extra_flags(tmp_path):
-    out = run_quickstart(tmp_path, 12, "--save-interval", "6")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "12 steps (1 warmup)" in out.stdout  # 30 warmup steps would not fit in 12
-    assert "saved checkpoint at iteration 6" in out.stdout  # the extra flag reached the trainer
-    qs = tmp_path / "qs"
-    assert (qs / "hf" / "model.safetensors").is_file() and (qs / "hf" / "vocab.txt").is_file()
-    assert (qs / "pseudo_perplexity.csv").is_file()
-    # The watcher's --once line scored both checkpoints (iterations 6 and 12) for its pseudo-perplexity buckets.
-    results = (qs / "checkpoints" / "downstream" / "downstream.jsonl").read_text().splitlines()
-    assert sorted((row["iteration"], row["task"]) for row in map(json.loads, results)) == \
-        [(i, f"pppl/len_{n}") for i in (6, 12) for n in (128, 64)]
+def test_two_short_runs_with_exported_master_port_and_extra_flags_are_whole_and_bit_identical(tmp_path):
+    prints = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        out = run_quickstart(tmp_path / name, 12, "--save-interval", "6")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "12 steps (1 warmup)" in out.stdout  # 30 warmup steps would not fit in 12
+        assert "saved checkpoint at iteration 6" in out.stdout  # the extra flag reached the trainer
+        qs = tmp_path / name / "qs"
+        assert (qs / "hf" / "model.safetensors").is_file() and (qs / "hf" / "vocab.txt").is_file()
+        assert (qs / "pseudo_perplexity.csv").is_file()
+        # The watcher's --once line scored both checkpoints (iterations 6 and 12) for its pseudo-perplexity buckets.
+        results = (qs / "checkpoints" / "downstream" / "downstream.jsonl").read_text().splitlines()
+        assert sorted((row["iteration"], row["task"]) for row in map(json.loads, results)) == \
+            [(i, f"pppl/len_{n}") for i in (6, 12) for n in (128, 64)]
+        prints.append(fingerprint(qs))
+    first, second = prints
+    # what is compared: the loss of each step, both checkpoints, the export
+    assert sum(key.startswith("curve/lm loss/") for key in first) == 12
+    assert {key.split("/")[1] for key in first if key.startswith("checkpoint/")} == {"iter_0000006", "iter_0000012"}
+    assert "export/decoder.weight" in first
+    differ = sorted(key for key in first.keys() | second.keys() if first.get(key) != second.get(key))
+    assert not differ, f"{len(differ)} of {len(first)} items differ between the runs, first: {differ[:10]}"
 
 
 def test_too_short_a_run_fails_before_anything_runs(tmp_path):
