@@ -39,11 +39,13 @@ _PART = 256 << 20
 _CRC32_POLY = 0xEDB88320  # CRC-32's polynomial, bit-reflected as zlib computes it
 
 
-def _range_crc32(path: str, start: int = 0, length: Optional[int] = None, crc: int = 0) -> int:
+def _range_crc32(path: str, start: int = 0, length: Optional[int] = None) -> int:
+    """The CRC-32 of `length` bytes of a file from `start` (to its end when None)."""
+    crc = 0
     with open(path, "rb") as f:
+        left = os.fstat(f.fileno()).st_size - start if length is None else length
         f.seek(start)
-        left = float("inf") if length is None else length
-        while left > 0 and (block := f.read(int(min(_CHUNK, left)))):
+        while left > 0 and (block := f.read(min(_CHUNK, left))):
             crc = zlib.crc32(block, crc)
             left -= len(block)
     return crc
