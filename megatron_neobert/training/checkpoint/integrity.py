@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import zlib
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from torch.distributed.checkpoint import CheckpointException
@@ -189,18 +189,32 @@ def require_manifest(folder: str, training_state: bool) -> None:
         logger.info(f"{folder} has no {MANIFEST} (written by a converter): its files are not verified")
 
 
-def is_disk_full(err: BaseException) -> bool:
-    """Whether an error (megatron-core wraps its writers' errors) comes from a full disk. The writers'
-    errors reach the rank, and the coordinator's CheckpointException, pickled: as text, not chained."""
+def _error_chain(err: Optional[BaseException]) -> Iterator[BaseException]:
+    """An error and those it wraps (its cause, else its context), each once."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(err) or "ENOSPC" in str(err):
-            return True
+        yield err
         err = err.__cause__ or err.__context__
-    return False
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether an error (megatron-core wraps its writers' errors) comes from a full disk. The writers'
+    errors reach the rank, and the coordinator's CheckpointException, pickled: as text, not chained."""
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               or "ENOSPC" in str(e) for e in _error_chain(err))
+
+
+# What gloo says when a peer stopped answering or left; NCCL's watchdog ends the process itself.
+_COLLECTIVE_FAILURES = ("Timed out waiting", "timeout caused pair closure", "Connection closed by peer",
+                        "Connection reset by peer")
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether an error (or one it wraps, as megatron-core's checkpoint errors do) is a collective's failure: a
+    peer frozen or gone. The group is unusable after it: any further collective would wait for the same peer."""
+    return any(isinstance(e, torch.distributed.DistError) or any(text in str(e) for text in _COLLECTIVE_FAILURES)
+               for e in _error_chain(err))
 
 
 def failed_save(root: str, folder: str, iteration: int, errors: List[Optional[str]], disk_full: bool,
@@ -272,5 +286,7 @@ def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> No
     # Reported by every rank in seal_folder, so that no rank waits for the others. megatron-core raises
     # a writer's failure as torch's CheckpointException, a BaseException.
     except (Exception, CheckpointException) as err:
+        if is_collective_failure(err):
+            raise  # agreeing on it would take another collective timeout, waiting for the same peer
         failure = err
     seal_folder(failure, root, folder, iteration)
