@@ -39,20 +39,15 @@ _PART = 256 << 20
 _CRC32_POLY = 0xEDB88320  # CRC-32's polynomial, bit-reflected as zlib computes it
 
 
-def _range_crc32(path: str, start: int = 0, length: Optional[int] = None) -> int:
-    """The CRC-32 of `length` bytes of a file from `start` (to its end when None)."""
+def _range_crc32(path: str, start: int, length: int) -> int:
+    """The CRC-32 of `length` bytes of a file from `start`."""
     crc = 0
     with open(path, "rb") as f:
-        left = os.fstat(f.fileno()).st_size - start if length is None else length
         f.seek(start)
-        while left > 0 and (block := f.read(min(_CHUNK, left))):
+        while length > 0 and (block := f.read(min(_CHUNK, length))):
             crc = zlib.crc32(block, crc)
-            left -= len(block)
+            length -= len(block)
     return crc
-
-
-def file_crc32(path: str) -> str:
-    return f"{_range_crc32(path):08x}"
 
 
 def _multiply_mod_poly(a: int, b: int) -> int:
@@ -81,8 +76,8 @@ def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
 
 
 def shared_crc32(paths: List[str]) -> Dict[str, dict]:
-    """Collective, with the same `paths` on every rank: {path: {"bytes", "crc32"}} of each file (`file_crc32`'s
-    checksum), on every rank. The files' parts of _PART bytes go to the ranks in turn and their checksums are
+    """Collective, with the same `paths` on every rank: {path: {"bytes", "crc32"}} of each file (zlib's CRC-32 of
+    the whole file), on every rank. The files' parts of _PART bytes go to the ranks in turn and their checksums are
     combined, so the ranks share the reading whether there is one file or thousands."""
     sizes = [[os.path.getsize(p) for p in paths] if torch.distributed.get_rank() == 0 else None]
     torch.distributed.broadcast_object_list(sizes, src=0)
@@ -99,11 +94,6 @@ def _all_gather(obj) -> list:
     out = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
-
-
-def _my_share(names: List[str]) -> List[str]:
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return sorted(names)[rank::world]
 
 
 def write_manifest(folder: str) -> None:
@@ -124,16 +114,13 @@ def _folder_files(folder: str) -> List[str]:
     return found
 
 
-def _check_file(folder: str, name: str, expected: dict) -> Optional[str]:
+def _size_problem(folder: str, name: str, written: int) -> Optional[str]:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
         return f"{name} is missing"
     size = os.path.getsize(path)
-    if size != expected["bytes"]:
-        return f"{name} is {'truncated' if size < expected['bytes'] else 'longer than written'} ({size} bytes, {expected['bytes']} written)"
-    crc = file_crc32(path)
-    if crc != expected["crc32"]:
-        return f"{name} is corrupted (CRC-32 {crc}, {expected['crc32']} written)"
+    if size != written:
+        return f"{name} is {'truncated' if size < written else 'longer than written'} ({size} bytes, {written} written)"
     return None
 
 
@@ -149,9 +136,18 @@ def folder_problem(folder: str) -> Optional[str]:
             files = json.load(f)["files"]
     except (ValueError, KeyError) as err:
         return f"{MANIFEST} is unreadable ({err})"
-    problems = [p for n in _my_share(list(files)) if (p := _check_file(folder, n, files[n]))]
-    found = sorted(p for part in _all_gather(problems) for p in part)
-    return found[0] if found else None
+    # Rank 0 compares the sizes (a stat each), so that every rank checksums the same files: those of the right size.
+    sized = [{n: _size_problem(folder, n, files[n]["bytes"]) for n in sorted(files)}
+             if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(sized, src=0)
+    whole = [n for n, problem in sized[0].items() if problem is None]
+    found = shared_crc32([os.path.join(folder, n) for n in whole])
+    problems = [problem for problem in sized[0].values() if problem]
+    for n in whole:
+        crc = found[os.path.join(folder, n)]["crc32"]
+        if crc != files[n]["crc32"]:
+            problems.append(f"{n} is corrupted (CRC-32 {crc}, {files[n]['crc32']} written)")
+    return min(problems, default=None)
 
 
 def previous_complete(root: str, before: int) -> Optional[int]:
