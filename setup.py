@@ -19,7 +19,9 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.6",  # megatron-core 0.16's own floor
-        "megatron-core>=0.16,<0.17",
+        # 0.16 (CPython 3.10+) and 0.19 (CPython 3.12+; 0.17 on need 3.12): megatron_core_compat.py holds every
+        # difference between them; 0.17 and 0.18 are refused there at import, so pip is told to skip them.
+        "megatron-core>=0.16,!=0.17.*,!=0.18.*,<0.20",
         "numpy",
         "packaging",
         "pyyaml",

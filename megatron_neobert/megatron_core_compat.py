@@ -18,23 +18,27 @@ Each patch says what upstream does, why we patch it, and what to check on 0.17.
 import contextlib
 import errno
 import functools
+import json
+import math
 import importlib.metadata
 import multiprocessing
 import multiprocessing.managers
 import os
 import queue
-from typing import Callable
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
-SUPPORTED = "0.16"
+SUPPORTED = ("0.16", "0.19")
 # Read from the installed package's metadata: importing megatron.core itself takes seconds, and the patches
 # import their modules only when applied.
 MEGATRON_CORE_VERSION = importlib.metadata.version("megatron-core")
+RELEASE = tuple(int(part) for part in MEGATRON_CORE_VERSION.split(".")[:2])
 
-if MEGATRON_CORE_VERSION.split(".")[:2] != SUPPORTED.split("."):
-    raise ImportError(f"megatron_neobert needs megatron-core {SUPPORTED}.x (its patches in "
-                      f"megatron_neobert/megatron_core_compat.py are for that release), found {MEGATRON_CORE_VERSION}")
+if ".".join(map(str, RELEASE)) not in SUPPORTED:
+    raise ImportError(f"megatron_neobert supports megatron-core {' and '.join(v + '.x' for v in SUPPORTED)} "
+                      f"(megatron_neobert/megatron_core_compat.py holds what differs between them), "
+                      f"found {MEGATRON_CORE_VERSION}")
 
 
 # 1. ------------------------------------------------------------------------------------------------------
@@ -127,25 +131,41 @@ def keep_disk_full_in_writer_errors(is_disk_full: Callable[[BaseException], bool
     back to the rank pickled, which loses the context.
     Why: the trainer tells a full disk from other save failures (`is_disk_full`, its predicate) to say so in
     one line; wrapping `_write_item` raises the OSError itself in the writer.
-    On 0.17: check that the writers still call the module-level `_write_item` by name.
+    From 0.17 the writer that runs in the calling thread (`write_preloaded_data` without a results queue: the
+    only one for a save of one bucket, this package's) returns its error, and the caller asserts it is a list of
+    results, so the rank is told only the error's type ("error: <class 'OSError'>"). There the error is raised
+    instead, and upstream reports it with its text ("[Errno 28] No space left on device").
     """
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     write_item = filesystem_async._write_item
-    if getattr(write_item, "keeps_disk_full", False):
+    if not getattr(write_item, "keeps_disk_full", False):
+        @functools.wraps(write_item)
+        def keeping_disk_full(*args, **kwargs):
+            try:
+                return write_item(*args, **kwargs)
+            except RuntimeError as err:
+                if is_disk_full(err):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
+                raise
+
+        keeping_disk_full.keeps_disk_full = True
+        filesystem_async._write_item = keeping_disk_full
+
+    writer = filesystem_async.FileSystemWriterAsync
+    write_bucket = writer.write_preloaded_data
+    if RELEASE < (0, 17) or getattr(write_bucket, "raises_its_error", False):
         return
 
-    @functools.wraps(write_item)
-    def keeping_disk_full(*args, **kwargs):
-        try:
-            return write_item(*args, **kwargs)
-        except RuntimeError as err:
-            if is_disk_full(err):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
-            raise
+    @functools.wraps(write_bucket)
+    def raising_its_error(*args, **kwargs):
+        output = write_bucket(*args, **kwargs)
+        if kwargs.get("results_queue") is None and output is not None and isinstance(output[1], Exception):
+            raise output[1]
+        return output
 
-    keeping_disk_full.keeps_disk_full = True
-    filesystem_async._write_item = keeping_disk_full
+    raising_its_error.raises_its_error = True
+    writer.write_preloaded_data = staticmethod(raising_its_error)
 
 
 # 4. ------------------------------------------------------------------------------------------------------
@@ -158,10 +178,9 @@ def rank_zero_without_process_group():
     process group that call raises.
     Why: the data tools and the dataset checks build blends in a single process without a group; that
     process is the only one, so it is rank 0 and writes the cache.
-    On 0.17: check whether `_build_indices` still calls `torch.distributed.get_rank()` unguarded (upstream's
-    own `log_single_rank` checks `is_initialized` first); if it no longer does, drop this.
+    0.18 guards the call itself (`not torch.distributed.is_initialized() or ...`): the block changes nothing there.
     """
-    if torch.distributed.is_initialized():
+    if RELEASE >= (0, 18) or torch.distributed.is_initialized():
         yield
         return
     get_rank = torch.distributed.get_rank
@@ -268,3 +287,118 @@ def destroy_model_parallel_groups() -> None:
         if isinstance(value, torch.distributed.ProcessGroup):
             setattr(parallel_state, name, None)
     RotaryEmbedding.forward.cache_clear()
+
+
+# 8. ------------------------------------------------------------------------------------------------------
+def micro_batch_calculator(global_batch_size: int, rampup_batch_size: Optional[List[int]], micro_batch_size: int,
+                           data_parallel_size: int):
+    """megatron-core's micro-batch calculator for a fixed global batch, or for Megatron-LM's
+    `--rampup-batch-size START INCREMENT SAMPLES` (its own object, not megatron-core's process-wide one; rank -1:
+    megatron-core's lines about it are not printed).
+
+    0.16: `RampupBatchsizeNumMicroBatchesCalculator` takes the ramp as it is.
+    0.18 removed it for `StepBatchsizeNumMicroBatchesCalculator`, driven by a "SAMPLES:SIZE ..." schedule: the ramp
+    becomes the schedule of the sizes 0.16's calculator gives, sample for sample (`ramp_schedule`).
+    """
+    from megatron.core import num_microbatches_calculator as calculators
+
+    if rampup_batch_size is None:
+        return calculators.ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size,
+                                                             data_parallel_size, False, -1)
+    if RELEASE < (0, 18):
+        return calculators.RampupBatchsizeNumMicroBatchesCalculator(
+            global_batch_size, micro_batch_size, data_parallel_size, False, -1, *rampup_batch_size)
+    schedule = " ".join(f"{samples}:{size}" for samples, size in ramp_schedule(global_batch_size, *rampup_batch_size))
+    return calculators.StepBatchsizeNumMicroBatchesCalculator(micro_batch_size, data_parallel_size, False, -1,
+                                                              schedule)
+
+
+def ramp_schedule(global_batch_size: int, start: int, increment: int, samples: int) -> List[Tuple[int, int]]:
+    """(consumed samples from which it holds, global batch size) of each size of Megatron-LM's ramp, as 0.16's
+    calculator computes them: `start + int(consumed / (samples / steps)) * increment` while `consumed <= samples`,
+    then `global_batch_size` (a float division: each threshold is found with that very expression, not
+    re-derived). Sizes the ramp skips (more steps than samples) are left out."""
+    steps = (global_batch_size - start) // increment
+    per_step = samples / steps
+
+    def size_at(consumed: int) -> int:
+        return global_batch_size if consumed > samples else start + int(consumed / per_step) * increment
+
+    schedule = {0: start}
+    for step in range(1, steps + 1):
+        size = start + step * increment
+        threshold = math.ceil(step * per_step)
+        while threshold > 0 and size_at(threshold - 1) >= size:
+            threshold -= 1
+        while size_at(threshold) < size:
+            threshold += 1
+        schedule[threshold] = max(schedule.get(threshold, 0), size)
+    return sorted(schedule.items())
+
+
+# 9. ------------------------------------------------------------------------------------------------------
+def write_results_queue():
+    """The queue a distributed-checkpoint save's writers report through (filesystem_async's `_results_queue`,
+    created on first use): `_get_write_results_queue()` on 0.16, `get_write_results_queue()` from 0.17."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if RELEASE < (0, 17):
+        return filesystem_async._get_write_results_queue()
+    return filesystem_async.get_write_results_queue()
+
+
+# 10. -----------------------------------------------------------------------------------------------------
+def mlp_submodule(submodules):
+    """A TransformerLayer's `mlp` built as megatron-core's MLP with `submodules` (fc1, fc2).
+
+    0.16: `ModuleSpec(module=MLP, submodules=...)`. 0.18 made a layer's submodules typed builders: a ModuleSpec of
+    MLP is rewrapped (in place, with a warning) to `MLP.as_mlp_submodule`, which is given here directly.
+    """
+    from megatron.core.transformer.mlp import MLP
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if RELEASE < (0, 18):
+        return ModuleSpec(module=MLP, submodules=submodules)
+    return functools.partial(MLP.as_mlp_submodule, submodules=submodules)
+
+
+# 11. -----------------------------------------------------------------------------------------------------
+def whole_layer_cuda_graphs() -> dict:
+    """TransformerConfig's setting for CUDA graphs of whole layers (the only scope this package uses, when
+    --cuda-graph-impl turns graphs on): `cuda_graph_scope=[]` on 0.16, whose default "full" is the deprecated
+    spelling of it (and warns); 0.18 renamed the field `cuda_graph_modules` and deprecates the old name."""
+    return {"cuda_graph_scope": []} if RELEASE < (0, 18) else {"cuda_graph_modules": []}
+
+
+# 12. -----------------------------------------------------------------------------------------------------
+COMMON_STATE_FILE = "common.pt"  # where 0.16 to 0.18 save a checkpoint's common (non-sharded) state
+# From 0.19 the common state is a "common_state" sharded object in the .distcp files, and no common.pt is written.
+COMMON_STATE_IN_SHARDS = RELEASE >= (0, 19)
+
+
+def load_common_state(folder: str) -> dict:
+    """The common state of the distributed checkpoint in `folder`: the one reader of it for code, converters and
+    tests, whichever release saved it.
+
+    0.19 reads both layouts (common.pt when the folder has one). 0.16 reads common.pt alone; a folder saved by 0.19
+    (no common.pt, and a metadata.json without 0.16's "common_backend") is refused in one line that says why, where
+    0.16 itself fails with an AttributeError from its error path.
+    """
+    from megatron.core import dist_checkpointing
+
+    if not COMMON_STATE_IN_SHARDS and not os.path.exists(os.path.join(folder, COMMON_STATE_FILE)):
+        try:
+            with open(os.path.join(folder, "metadata.json")) as f:
+                saved_by_0_19 = "common_backend" not in json.load(f)
+        except (OSError, ValueError):
+            saved_by_0_19 = False
+        if saved_by_0_19:
+            raise CheckpointReleaseError(
+                f"saved by megatron-core 0.19 or later (its common state is in the .distcp files, there is no "
+                f"{COMMON_STATE_FILE}), which megatron-core {MEGATRON_CORE_VERSION} cannot read: load it with "
+                f"megatron-core 0.19 (CPython 3.12)")
+    return dist_checkpointing.load_common_state_dict(folder)
+
+
+class CheckpointReleaseError(ValueError):
+    """A checkpoint saved in a layout that the installed megatron-core cannot read."""

@@ -7,6 +7,7 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
@@ -52,7 +53,7 @@ def pipeline_logits(chunks: List[torch.nn.Module], micro_batches: List[Batch]) -
 def load_and_forward(ckpt: str, layout: Layout, micro_batches: List[Batch]) -> Optional[torch.Tensor]:
     """Load a converted checkpoint at `layout` from its args alone, as the trainer would; MLM logits."""
     ckpt_dir = resolve_checkpoint_dir(ckpt)
-    args = checkpoint_args(dist_checkpointing.load_common_state_dict(ckpt_dir))
+    args = checkpoint_args(load_common_state(ckpt_dir))
     arch = NeoBERTArch(**args["arch"])
     initialize_model_parallel(layout.tp, layout.pp, layout.vpp, seed=1)
     config = transformer_config(arch, tensor_model_parallel_size=layout.tp,

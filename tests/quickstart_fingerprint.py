@@ -25,6 +25,8 @@ from typing import Dict
 import numpy
 import torch
 
+from megatron_neobert.megatron_core_compat import load_common_state
+
 REPO = Path(__file__).resolve().parents[1]
 # The curves that show a change of numerics first; the others (learning rate, batch size, throughput) do not.
 CURVE_TAGS = ("lm loss", "grad-norm", "lm loss validation")
@@ -89,7 +91,7 @@ def checkpoint_digests(iteration_dir: Path) -> Dict[str, str]:
         dcp_to_torch_save(iteration_dir, os.path.join(tmp, "state.pt"))
         _tensor_digests(torch.load(os.path.join(tmp, "state.pt"), weights_only=False), "", out)
     # common.pt's args name this run's folders; its tensors (the optimizer's step) are the state that matters
-    _tensor_digests(torch.load(iteration_dir / "common.pt", weights_only=False), "/common.pt", out)
+    _tensor_digests(load_common_state(str(iteration_dir)), "/common.pt", out)
     return {f"checkpoint/{iteration_dir.name}{key}": digest for key, digest in out.items()}
 
 

@@ -5,6 +5,7 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_neobert.megatron_core_compat import whole_layer_cuda_graphs
 from megatron_neobert.model.attention import (PACKED_ATTENTION_ENV, BidirectionalAttention, PackedLayout,
                                               packed_attention_backend)
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
@@ -17,7 +18,7 @@ LENGTHS = (1, 200, 7, 37, 1, 64, 5, 130, 2, 90)
 
 def attention(heads, kv_groups):
     config = TransformerConfig(num_layers=1, hidden_size=heads * HEAD_DIM, num_attention_heads=heads,
-                               num_query_groups=kv_groups, attention_dropout=0.0)
+                               num_query_groups=kv_groups, attention_dropout=0.0, **whole_layer_cuda_graphs())
     return BidirectionalAttention(config, 1, AttnMaskType.no_mask, "self")
 
 

@@ -3,7 +3,9 @@ batch grows in steps as Megatron-LM's does, and the iterations, the data, the co
 samples), the log line's `global batch size` and the checkpoints follow it; a resume in the ramp is exact; batch
 sizes that micro-batch x data-parallel size does not divide are refused before training."""
 
+import json
 import logging
+import os
 import re
 
 import pytest
@@ -73,6 +75,23 @@ def test_the_modernbert_style_example_parses():
     assert 1660156250 // 4608 < training.train_iters < 1660156250 // 4608 + ramp_steps
 
 
+def test_the_ramp_gives_the_sizes_megatron_core_0_16_gave_sample_for_sample():
+    """megatron-core 0.18 replaced the ramp's calculator by a step schedule: the schedule the compat module derives
+    gives, on every release, the sizes 0.16.1's RampupBatchsizeNumMicroBatchesCalculator gave (recorded from it:
+    60 random ramps, 2,548 consumed-sample counts around each step, over ramps of 2 to 10^11 samples)."""
+    from megatron_neobert.megatron_core_compat import micro_batch_calculator
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "ramp_sizes_megatron_core_0.16.1.json")) as f:
+        cases = json.load(f)
+    for case in cases:
+        calculator = micro_batch_calculator(case["global_batch_size"], case["ramp"], 1, 1)
+        sizes = []
+        for consumed in case["consumed"]:
+            calculator.update(consumed, consistency_check=False)
+            sizes.append(calculator.get_current_global_batch_size())
+        assert sizes == case["sizes"], case["ramp"]
+
+
 def test_iterations_are_counted_as_megatron_lm_counts_a_ramp():
     settings = parse_settings(["--mock-data", "--micro-batch-size", "2", *RAMP])
     assert settings.training.train_iters == len(SIZES) == 14
@@ -88,7 +107,8 @@ def test_iterations_are_counted_as_megatron_lm_counts_a_ramp():
      "--rampup-batch-size 16 4 48: START must be below --global-batch-size 16"),
     (["--train-samples", "160", "--rampup-batch-size", "4", "5", "48"],
      "--global-batch-size 16 - START 4 must be a multiple of INCREMENT 5"),
-    (["--train-samples", "160", "--rampup-batch-size", "4", "0", "48"], "START and INCREMENT must be at least 1"),
+    (["--train-samples", "160", "--rampup-batch-size", "4", "0", "48"], "START, INCREMENT and SAMPLES must be at least 1"),
+    (["--train-samples", "160", "--rampup-batch-size", "4", "4", "0"], "START, INCREMENT and SAMPLES must be at least 1"),
 ])
 def test_ramps_that_cannot_be_are_refused_in_one_line(flags, message):
     with pytest.raises(ValueError) as err:

@@ -21,6 +21,7 @@ import torch
 from megatron.core import dist_checkpointing
 from safetensors.torch import load_file, save_file
 
+from checkpoint_files import rewrite_common_state
 from convert_cases import load_and_forward
 from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
 from megatron_neobert.conversion.convert import (ConversionError, build_single_rank_model,
@@ -28,6 +29,7 @@ from megatron_neobert.conversion.convert import (ConversionError, build_single_r
 from megatron_neobert.conversion.hf_format import AUTO_MAP, TOKENIZER_FILES, hf_config_dict, read_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
@@ -140,7 +142,7 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     ckpt = iteration_dir(str(root), 0)
     # torch_dist writes one __<rank>_<n>.distcp set per saving rank: 4 ranks wrote it
     assert {name.split("_")[2] for name in os.listdir(ckpt) if name.endswith(".distcp")} == {"0", "1", "2", "3"}
-    common = dist_checkpointing.load_common_state_dict(ckpt)
+    common = load_common_state(ckpt)
     assert isinstance(common["args"], argparse.Namespace)  # as Megatron-LM saves it, sizes at top level
     args = checkpoint_args(common)
     assert common["iteration"] == 0 and common["checkpoint_version"] == 3.0
@@ -347,15 +349,16 @@ def tampered_checkpoint(round_trip, tmp_path, **arg_changes):
     """A copy of the round-trip checkpoint whose common args are changed."""
     dst = tmp_path / "tampered"
     shutil.copytree(round_trip[0] / "mcore", dst)
-    common_file = dst / "iter_0000000" / "common.pt"
-    common = torch.load(common_file, weights_only=False)
-    args = checkpoint_args(common)
-    for key, value in arg_changes.items():
-        if key in args["arch"]:
-            args["arch"][key] = value
-        else:
-            args[key] = value
-    torch.save(common, common_file)
+
+    def change(common):
+        args = checkpoint_args(common)
+        for key, value in arg_changes.items():
+            if key in args["arch"]:
+                args["arch"][key] = value
+            else:
+                args[key] = value
+
+    rewrite_common_state(dst / "iter_0000000", change)
     return dst
 
 
@@ -398,14 +401,10 @@ def test_mcore_to_hf_bad_input(case, message, round_trip, tmp_path):
         src, preset = round_trip[0] / "mcore", "neobert-tiny"
     elif case == "interleaved rotary":  # as versions before the rotate-half rows wrote
         src = tampered_checkpoint(round_trip, tmp_path)
-        common = torch.load(src / "iter_0000000" / "common.pt", weights_only=False)
-        del checkpoint_args(common)["rotary_interleaved"]
-        torch.save(common, src / "iter_0000000" / "common.pt")
+        rewrite_common_state(src / "iter_0000000", lambda common: checkpoint_args(common).pop("rotary_interleaved"))
     elif case == "no args":
         src = tampered_checkpoint(round_trip, tmp_path)
-        common = torch.load(src / "iter_0000000" / "common.pt", weights_only=False)
-        del common["args"]
-        torch.save(common, src / "iter_0000000" / "common.pt")
+        rewrite_common_state(src / "iter_0000000", lambda common: common.pop("args"))
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(ConversionError, match=message):
         mcore_to_hf(src, tmp_path / "out", model_preset=preset)

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from checkpoint_files import rewrite_common_state
+from megatron_neobert.megatron_core_compat import COMMON_STATE_FILE, COMMON_STATE_IN_SHARDS
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.checkpoint.integrity import MANIFEST
@@ -76,7 +78,7 @@ def largest_shard(folder: str) -> str:
 
 def damage(folder: str, how: str) -> str:
     """Damage one file of an iteration folder as disks and copies do; returns its name."""
-    name = "common.pt" if how == "truncate common.pt" else largest_shard(folder)
+    name = COMMON_STATE_FILE if how == "truncate common.pt" else largest_shard(folder)
     path = os.path.join(folder, name)
     if how == "overwrite 4 KB":  # same size: only the checksum can tell
         with open(path, "r+b") as f:
@@ -93,6 +95,8 @@ def damage(folder: str, how: str) -> str:
 @pytest.mark.parametrize("how,problem", [("overwrite 4 KB", "is corrupted"), ("truncate shard", "is truncated"),
                                          ("truncate common.pt", "is truncated"), ("missing", "is missing")])
 def test_a_damaged_checkpoint_is_named_and_the_previous_one_offered(how, problem, one_rank_run, data, tmp_path):
+    if how == "truncate common.pt" and COMMON_STATE_IN_SHARDS:
+        pytest.skip("megatron-core 0.19 keeps the common state in the .distcp files ('truncate shard' covers them)")
     reference, root = one_rank_run
     root = copy_root(root, tmp_path / "ckpt")
     name = damage(iteration_dir(root, 8), how)
@@ -115,10 +119,7 @@ def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data
     from megatron_neobert.training.checkpoint.state import checkpoint_args
 
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
-    common_file = os.path.join(iteration_dir(root, 8), "common.pt")
-    common = torch.load(common_file, weights_only=False)
-    del checkpoint_args(common)["rotary_interleaved"]
-    torch.save(common, common_file)
+    rewrite_common_state(iteration_dir(root, 8), lambda common: checkpoint_args(common).pop("rotary_interleaved"))
     with pytest.raises(TrainingError, match=rf"^checkpoint {re.escape(iteration_dir(root, 8))}: its args do not "
                                             r"record rotary_interleaved=False: its Q/K rows are in the interleaved"):
         train_here(data, "--train-iters", "10", "--load", root, "--no-verify-checkpoint")

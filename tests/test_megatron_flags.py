@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_settings
 from pretrain_cases import run_train
@@ -236,9 +237,6 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
-
-    from megatron.core import dist_checkpointing
-
     from megatron_neobert.training.checkpoint.integrity import MANIFEST
     from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
 
@@ -254,7 +252,7 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
             "iter_0000004", "latest_checkpointed_iteration.txt"]  # iteration 2 pruned once 4 was complete
         assert os.path.isfile(os.path.join(iteration_dir(str(root), 4), MANIFEST))  # sealed; checked by the resume
     assert [r["loss"] for r in runs["sync"]["train"]] == [r["loss"] for r in runs["async"]["train"]]
-    states = [dist_checkpointing.load_common_state_dict(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
+    states = [load_common_state(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]
     assert states[0]["opt_param_scheduler"] == states[1]["opt_param_scheduler"]
     resumed = {}
     for mode in ("sync", "async"):

@@ -80,6 +80,8 @@ def transformer_config(arch: NeoBERTArch, **kwargs):
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
+    from megatron_neobert.megatron_core_compat import whole_layer_cuda_graphs
+
     on_gpu = torch.cuda.is_available()
     init = partial(_uniform_init, init_range=arch.init_range)
     swiglu = arch.activation == "swiglu"
@@ -115,7 +117,7 @@ def transformer_config(arch: NeoBERTArch, **kwargs):
         use_cpu_initialization=not on_gpu,
         # Loss is summed over masked tokens and divided once by their global count.
         calculate_per_token_loss=True,
-        cuda_graph_scope=[],  # megatron-core's default, "full", is its deprecated spelling of this (and warns)
+        **whole_layer_cuda_graphs(),
     )
     if kwargs.get("virtual_pipeline_model_parallel_size"):
         # As Megatron-LM: interleaved stages use unbatched p2p, which puts the two directions on

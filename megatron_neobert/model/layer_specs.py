@@ -13,12 +13,13 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
-from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from megatron_neobert.megatron_core_compat import mlp_submodule
 from megatron_neobert.model.attention import BidirectionalAttention
 from megatron_neobert.model.neobert_model import NeoBERTModel
 
@@ -76,8 +77,7 @@ def local_layer_spec(normalization: str = "RMSNorm") -> ModuleSpec:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=norm,
-            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
-                                                                 linear_fc2=RowParallelLinear)),
+            mlp=mlp_submodule(MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
             sharded_state_dict_keys_map=_LOCAL_TO_TE_CHECKPOINT_KEYS,
         ),
@@ -108,8 +108,8 @@ def transformer_engine_layer_spec() -> ModuleSpec:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=IdentityOp,
-            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(
-                linear_fc1=TELayerNormColumnParallelLinear, linear_fc2=TERowParallelLinear)),
+            mlp=mlp_submodule(MLPSubmodules(linear_fc1=TELayerNormColumnParallelLinear,
+                                            linear_fc2=TERowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
         ),
     )

@@ -62,6 +62,8 @@ def cpu_execution():
     # functions, where the function mode below is not active.
     cuda_calls = [(torch.cuda, "current_device", lambda: torch.device("cpu")),
                   (torch.cuda, "synchronize", lambda *args, **kwargs: None),
+                  # DDP's gradient sync waits on the current stream's events from megatron-core 0.19 on
+                  (torch.cuda, "current_stream", lambda device=None: torch.cpu.current_stream()),
                   (torch.cuda, "empty_cache", lambda: None),
                   (torch.cuda, "memory_allocated", lambda *args, **kwargs: 0),
                   (torch.cuda, "max_memory_allocated", lambda *args, **kwargs: 0)]

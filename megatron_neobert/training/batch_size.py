@@ -15,8 +15,8 @@ def rampup_train_iters(values: dict) -> int:
     gbs, samples = values["global_batch_size"], values["train_samples"]
     start, increment, ramp = values["rampup_batch_size"]
     flag = f"--rampup-batch-size {start} {increment} {ramp}"
-    if start < 1 or increment < 1 or ramp < 0:
-        raise InputError(f"{flag}: START and INCREMENT must be at least 1, SAMPLES at least 0")
+    if start < 1 or increment < 1 or ramp < 1:  # megatron-core divides by SAMPLES
+        raise InputError(f"{flag}: START, INCREMENT and SAMPLES must be at least 1")
     if start >= gbs:
         raise InputError(f"{flag}: START must be below --global-batch-size {gbs}, where the ramp ends")
     if (gbs - start) % increment:
@@ -28,28 +28,15 @@ def rampup_train_iters(values: dict) -> int:
         import_megatron_core()
     except TransformerEngineInstallError as err:
         raise InputError(str(err)) from err
-    sizes = global_batch_sizes(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
+    from megatron_neobert.megatron_core_compat import micro_batch_calculator
+
+    sizes = micro_batch_calculator(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
     iterations = consumed = 0
     while consumed <= ramp and consumed <= samples:
         sizes.update(consumed, consistency_check=False)
         consumed += sizes.get_current_global_batch_size()
         iterations += 1
     return iterations + max(0, samples - consumed) // gbs
-
-
-def global_batch_sizes(global_batch_size: int, rampup_batch_size: Optional[List[int]], micro_batch_size: int,
-                       data_parallel_size: int):
-    """megatron-core's micro-batch calculator (its own object, not megatron-core's process-wide one):
-    `update(consumed samples, consistency_check)`, then `get()` micro-batches on each data-parallel rank make the
-    step's `get_current_global_batch_size()` samples. rank -1: megatron-core's lines about it are not printed (the
-    trainer prints its own)."""
-    from megatron.core.num_microbatches_calculator import (ConstantNumMicroBatchesCalculator,
-                                                           RampupBatchsizeNumMicroBatchesCalculator)
-
-    if rampup_batch_size is None:
-        return ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False, -1)
-    return RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size, False,
-                                                    -1, *rampup_batch_size)
 
 
 def check_batch_sizes(training, data_parallel_size: int) -> None:

@@ -24,7 +24,7 @@ from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
-from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank
+from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank, micro_batch_calculator
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.training.checkpoint.layout import iteration_dir
 from megatron_neobert.training.checkpoint.lock import claim_save_dir
@@ -35,7 +35,7 @@ from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.training.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
 from megatron_neobert.training.resolve import recipe_defaults_applied
-from megatron_neobert.training.batch_size import check_batch_sizes, global_batch_sizes
+from megatron_neobert.training.batch_size import check_batch_sizes
 from megatron_neobert.training.schedule import checkpoint_schedule_note, describe_rampup, describe_schedule
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
@@ -351,7 +351,7 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
     evals_done = state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
     _, train_iter, valid_iter = build_data(
         settings, state.consumed_samples, evals_done * evaluation.eval_iters * training.global_batch_size, tokenizer)
-    batch_sizes = global_batch_sizes(training.global_batch_size, training.rampup_batch_size,
+    batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
                                      training.micro_batch_size, parallel_state.get_data_parallel_world_size())
     batch_sizes.update(state.consumed_samples, consistency_check=True)
     if evaluation.skip_train and valid_iter is None:

@@ -52,7 +52,8 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron_neobert.megatron_core_compat import prepare_torch_adam_for_state_load
+from megatron_neobert.megatron_core_compat import (CheckpointReleaseError, load_common_state,
+                                                     prepare_torch_adam_for_state_load)
 from megatron_neobert.training.checkpoint.integrity import (check_space, require_manifest, seal_folder,
                                                             verify_checkpoint, write_verified_folder)
 from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
@@ -321,8 +322,10 @@ def read_common_state(folder: str) -> dict:
     if backend != "torch_dist":
         raise InputError(f"checkpoint {folder}: sharded backend {backend!r} is not supported (torch_dist only)")
     try:
-        common = dist_checkpointing.load_common_state_dict(folder)
-    except Exception as err:  # a missing or unreadable common.pt
+        common = load_common_state(folder)
+    except CheckpointReleaseError as err:
+        raise InputError(f"checkpoint {folder}: {err}") from None
+    except Exception as err:  # a missing or unreadable common state
         raise InputError(f"checkpoint {folder}: cannot read the common state: {err}") from None
     args = (checkpoint_args(common) if isinstance(common, dict) and isinstance(common.get("args"), argparse.Namespace)
             else None)
@@ -340,7 +343,7 @@ def read_checkpoint(root: str, step: Optional[int] = None, verify: bool = True) 
     iteration `step`), checked against its manifest when `verify` (a trainer's checkpoint without one is refused);
     (None, None) when the root holds none.
     The common state is read before the model is built (its args decide the model's vocabulary size), and
-    after the check, so that a damaged common.pt is named too."""
+    after the check, so that a damaged common state is named too."""
     path = find_checkpoint(root, step)
     if path is None:
         return None, None
