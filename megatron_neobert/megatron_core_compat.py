@@ -98,20 +98,23 @@ _async_results_manager = None  # the server behind an asynchronous save's queue,
 def keep_write_results_with_the_rank(async_save: bool, server_initializer: Callable[[], None]) -> None:
     """The write results of a distributed-checkpoint save go through a queue that lives and dies with the rank.
 
-    Upstream (dist_checkpointing/strategies/filesystem_async.py): `_get_write_results_queue` creates the
-    module global `_results_queue` on first use as a queue of a spawned `multiprocessing.Manager` server.
+    Upstream (dist_checkpointing/strategies/filesystem_async.py, and nvidia-resiliency-ext's module of the same
+    name that 0.19's "nvrx" saves use): `get_write_results_queue` (`_get_write_results_queue` up to 0.16) creates
+    the module global `_results_queue` on first use as a queue of a spawned `multiprocessing.Manager` server, and
+    returns the global when it is set.
     Why: that server is a process outside the rank's reach: it dies of the scheduler's pre-emption signal in
     the middle of a save (BrokenPipeError), and survives a rank killed with -9 (~370 MB each).
-    - A synchronous save writes from the rank itself: an in-process queue is enough.
+    - A synchronous save writes from the rank itself (through megatron-core's module on every release): an
+      in-process queue is enough.
     - An asynchronous save's writer is a process the rank forks: the queue's server is forked from the rank
       too, so that the rank's fork hooks tie it to the rank (call this after registering them), and runs
       `server_initializer` first (the trainer's: ignore the exit signals, as the rank's other helpers do).
-    On 0.17: check that `_get_write_results_queue` still returns the global `_results_queue` when it is set.
     """
     global _async_results_manager
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if not async_save:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
         if not isinstance(filesystem_async._results_queue, queue.Queue):
             filesystem_async._results_queue = queue.Queue()
         return
@@ -119,7 +122,21 @@ def keep_write_results_with_the_rank(async_save: bool, server_initializer: Calla
         manager = multiprocessing.managers.SyncManager(ctx=multiprocessing.get_context("fork"))
         manager.start(initializer=server_initializer)
         _async_results_manager = manager
-        filesystem_async._results_queue = manager.Queue()
+        results = manager.Queue()
+        for module in _filesystem_async_modules():
+            module._results_queue = results
+
+
+def _filesystem_async_modules() -> list:
+    """The writer modules a save may go through: megatron-core's, and nvidia-resiliency-ext's where it imports."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    modules = [filesystem_async]
+    if async_save_strategy() == "nvrx":
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as nvrx_filesystem_async
+
+        modules.append(nvrx_filesystem_async)
+    return modules
 
 
 # 3. ------------------------------------------------------------------------------------------------------
@@ -136,11 +153,14 @@ def keep_disk_full_in_writer_errors(is_disk_full: Callable[[BaseException], bool
     results, so the rank is told only the error's type ("error: <class 'OSError'>"). There the error is raised
     instead, and upstream reports it with its text ("[Errno 28] No space left on device").
     """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    for module in _filesystem_async_modules():
+        _keep_disk_full(module, is_disk_full)
 
+
+def _keep_disk_full(filesystem_async, is_disk_full: Callable[[BaseException], bool]) -> None:
     write_item = filesystem_async._write_item
     if not getattr(write_item, "keeps_disk_full", False):
-        @functools.wraps(write_item)
+        @functools.wraps(write_item)  # upstream reads its signature
         def keeping_disk_full(*args, **kwargs):
             try:
                 return write_item(*args, **kwargs)
@@ -402,3 +422,40 @@ def load_common_state(folder: str) -> dict:
 
 class CheckpointReleaseError(ValueError):
     """A checkpoint saved in a layout that the installed megatron-core cannot read."""
+
+
+# 13. -----------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def async_save_strategy() -> str:
+    """How an asynchronous save writes: "mcore", megatron-core's own forked writer (0.16's only one), or, from
+    0.19 where nvidia-resiliency-ext imports (NGC's images from 26.06; its wheels need glibc 2.39), "nvrx", the
+    one 0.19 defaults to (its "mcore" path is deprecated there, and 0.19's default raises without the package)."""
+    if RELEASE < (0, 19):
+        return "mcore"
+    try:
+        from megatron.core.dist_checkpointing.strategies.nvrx import has_nvrx_async_support
+
+        return "nvrx" if has_nvrx_async_support() else "mcore"
+    except (ImportError, AssertionError):  # AssertionError: megatron-core's check of an nvidia-resiliency-ext < 0.6
+        return "mcore"
+
+
+def async_save_arguments() -> dict:
+    """`dist_checkpointing.save`'s arguments for an asynchronous save by `async_save_strategy()` (0.16's save has no
+    choice to make)."""
+    return {} if RELEASE < (0, 19) else {"async_strategy": async_save_strategy()}
+
+
+def async_calls_queue():
+    """The queue that runs asynchronous saves' requests: nvidia-resiliency-ext's for "nvrx" requests,
+    megatron-core's otherwise. Not persistent (nvidia-resiliency-ext's default): a persistent writer is a spawned
+    process that escapes the rank's fork hooks (it outlives a rank killed with -9, still writing) and the
+    write patches above, and does not run on CPU ranks; with one forked writer per save, both paths are the same
+    fork-per-save design as megatron-core's."""
+    if async_save_strategy() == "nvrx":
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+        return AsyncCallsQueue(persistent=False)
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+    return AsyncCallsQueue()

@@ -876,6 +876,55 @@ def test_a_data_file_truncated_under_the_job_is_named(workers, data, tmp_path, j
     assert "shared memory" not in job.output
 
 
+SLOW_WRITER_RANK = """import os, sys, time
+sys.path.insert(0, {tests!r})
+from megatron_neobert import megatron_core_compat
+from megatron_neobert.megatron_core_compat import _filesystem_async_modules
+
+
+def slow_open(path, *args, **kwargs):  # a shard write that takes seconds, announced in {announce!r}
+    stream = open(path, *args, **kwargs)
+    if str(path).endswith(".distcp"):
+        folder = os.path.basename(os.path.dirname(path))
+        open(os.path.join({announce!r}, f"{{folder}}-{{os.getpid()}}"), "w").close()
+        time.sleep(4)
+    return stream
+
+
+for module in _filesystem_async_modules():
+    module.open = slow_open
+from megatron_neobert.pretrain import cli
+cli()
+"""
+
+
+@pytest.mark.integration
+def test_kill_9_during_an_asynchronous_save_leaves_the_previous_checkpoint(data, tmp_path, job_factory):
+    """--async-save: a rank killed while the forked writers write leaves the marker on the last complete,
+    sealed checkpoint, no writer behind, and a job that resumes from it."""
+    root, announce, rank = str(tmp_path / "ckpt"), tmp_path / "writing", tmp_path / "slow_writer_rank.py"
+    announce.mkdir()
+    rank.write_text(SLOW_WRITER_RANK.format(tests=os.path.dirname(os.path.abspath(__file__)), announce=str(announce)))
+    job = job_factory(long_run(data, root, "--async-save", "--save-interval", "2", "--num-workers", "0"),
+                      entry=(str(rank),))
+    rank0, _ = job.ranks()
+    job.wait_for(r"asynchronous saves through .* \(async_strategy='(mcore|nvrx)'")
+    deadline = time.monotonic() + 600
+    while not (read_latest_iteration(root) and any(name.startswith(os.path.basename(
+            iteration_dir(root, read_latest_iteration(root) + 2))) for name in os.listdir(announce))):
+        assert time.monotonic() < deadline and job.proc.poll() is None, job.output[-3000:]
+        time.sleep(0.1)
+    latest = read_latest_iteration(root)  # complete; the next one is being written
+    os.kill(rank0, signal.SIGKILL)
+    assert job.proc.wait(timeout=300) != 0
+    job.wait_until_gone(120)  # the writers forked by the ranks went with them
+    assert read_latest_iteration(root) == latest
+    assert os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+    assert not os.path.isfile(os.path.join(iteration_dir(root, latest + 2), MANIFEST))
+    resumed = train_here(data, "--train-iters", str(latest + 2), "--load", root, "--save", str(tmp_path / "resumed"))
+    assert [r["iteration"] for r in resumed["train"]] == [latest + 1, latest + 2]
+
+
 FULL_DISK_RANK = """import sys
 sys.path.insert(0, {tests!r})
 from megatron.core.dist_checkpointing.strategies import filesystem_async

@@ -47,12 +47,12 @@ import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron_neobert.megatron_core_compat import (CheckpointReleaseError, load_common_state,
+from megatron_neobert.megatron_core_compat import (CheckpointReleaseError, async_calls_queue, async_save_arguments,
+                                                     async_save_strategy, load_common_state,
                                                      prepare_torch_adam_for_state_load)
 from megatron_neobert.training.checkpoint.integrity import (check_space, require_manifest, seal_folder,
                                                             verify_checkpoint, write_verified_folder)
@@ -199,7 +199,7 @@ def save_checkpoint(root: str, iteration: int, chunks, optimizer, scheduler, tra
         return path
     check_space(root, path, iteration)
     request = dist_checkpointing.save(state, path, sharded_strategy=strategy, async_sharded_save=True,
-                                      content_metadata=dict(OPTIMIZER_METADATA))
+                                      content_metadata=dict(OPTIMIZER_METADATA), **async_save_arguments())
 
     def seal_and_publish():  # on every rank, once every rank's writer is done
         seal_folder(None, root, path, iteration)
@@ -219,6 +219,9 @@ def _publish(root: str, iteration: int, keep_last_n: Optional[int]) -> None:
     torch.distributed.barrier()
 
 
+ASYNC_WRITERS = {"mcore": "megatron-core's own writer", "nvrx": "nvidia-resiliency-ext"}
+
+
 class AsyncSaves:
     """--async-save, megatron-core's asynchronous distributed-checkpoint save. A save stages the
     tensors in host memory and returns; a process forked by each rank writes them while training goes
@@ -227,7 +230,9 @@ class AsyncSaves:
     meanwhile resumes from the checkpoint before."""
 
     def __init__(self):
-        self.queue = AsyncCallsQueue()
+        self.queue = async_calls_queue()
+        logger.info("asynchronous saves through %s (async_strategy=%r: one writer process forked by each rank per "
+                    "save)", ASYNC_WRITERS[async_save_strategy()], async_save_strategy())
         self.pending: Optional[Tuple[str, str, int]] = None  # (root, folder, iteration) being written
 
     def schedule(self, request, root: str, folder: str, iteration: int) -> None:
