@@ -1,26 +1,45 @@
-"""Every megatron-core private internal this package patches or reads, in one file, for megatron-core 0.16.x only.
+"""Every difference between the megatron-core releases this package supports (0.16.x and 0.19.x), and every private
+internal it patches or reads, in one file: nothing else in the package tests the version.
 
-Importing it refuses any other megatron-core release in one line: each patch below leans on a private
-name or on the exact behaviour of 0.16, so moving to 0.17 means reviewing this file (and
-tests/test_megatron_core_compat.py, which fails when a patched name moved), not the whole package.
-Each patch says what upstream does, why we patch it, and what to check on 0.17.
+Importing it refuses any other release in one line (0.17 and 0.18 were not reviewed; 0.17 on need CPython 3.12).
+Each entry says what upstream does, why, and which release changed it; tests/test_megatron_core_compat.py fails
+when a patched name moved. A new release means reviewing this file, not the whole package.
 
+Patches and private reads, needed on both releases (checked against 0.19.2):
 1. `prepare_torch_adam_for_state_load`: the distributed optimizer's state load into torch's Adam.
-2. `keep_write_results_with_the_rank`: the write-results queue of a distributed-checkpoint save.
-3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers.
-4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group.
+2. `keep_write_results_with_the_rank`: the write-results queue of a distributed-checkpoint save (the queue is
+   `_get_write_results_queue()` on 0.16, `get_write_results_queue()` from 0.17: `write_results_queue`).
+3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers (from 0.17 the
+   in-thread writer's error is also raised, or the rank is told only its type).
+4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group (0.16
+   only: 0.18 guards the call itself).
 5. `cuda_rng_on_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU, for a block
-   (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks).
+   (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks, 0.19's
+   `torch.cuda.current_stream` in DDP's gradient sync among them).
 6. Private names read, not patched: the `.idx` header, RoPE's rotation, apex's wgrad fusion flag.
 7. `destroy_model_parallel_groups`: megatron-core's parallel groups destroyed, not only forgotten.
+
+What changed between the releases, one branch each:
+8. `micro_batch_calculator`: 0.18 removed `RampupBatchsizeNumMicroBatchesCalculator` (--rampup-batch-size) for a
+   step schedule; `ramp_schedule` gives it 0.16's sizes.
+9. `write_results_queue`: renamed in 0.17 (see 2).
+10. `mlp_submodule`: 0.18 builds a layer's MLP through `MLP.as_mlp_submodule` (a ModuleSpec is rewrapped, warning).
+11. `whole_layer_cuda_graphs`: 0.18 renamed `cuda_graph_scope` to `cuda_graph_modules`.
+12. `load_common_state`: 0.19 saves the common state inside the .distcp files, no common.pt; 0.16 refuses such a
+    checkpoint in one line.
+13. `async_save_strategy`, `async_save_arguments`, `async_calls_queue`: 0.19's asynchronous save defaults to
+    nvidia-resiliency-ext ("nvrx"); used where it imports, megatron-core's "mcore" writer named explicitly
+    otherwise.
+Transformer Engine's path (the TE layers' arguments, FP8 recipes, THD attention) reads the same on 0.16 with TE
+2.9-2.11 and on 0.19 with TE 2.17: nothing to branch on there.
 """
 
 import contextlib
 import errno
 import functools
+import importlib.metadata
 import json
 import math
-import importlib.metadata
 import multiprocessing
 import multiprocessing.managers
 import os
@@ -55,9 +74,8 @@ def prepare_torch_adam_for_state_load(optimizer) -> None:
     it), skip "step" in the copy and give each parameter its own step tensor: with one shared tensor torch's
     Adam would increment it once per parameter at every step. TE's and apex's FusedAdam keep the step in
     the param groups and need none of this (`HAVE_APEX_OR_TE`).
-    On 0.17: check that `_set_main_param_and_optimizer_states(self, model_param, tensors)`,
-    `model_param_group_index_map`, `init_state_fn` and `HAVE_APEX_OR_TE` still exist, and whether the load
-    now handles torch's per-parameter "step" itself (then drop this).
+    Still so on 0.19: `_set_main_param_and_optimizer_states(self, model_param, tensors)` copies every key,
+    with `model_param_group_index_map`, `init_state_fn` and `HAVE_APEX_OR_TE` unchanged.
     """
     from megatron.core.optimizer import distrib_optimizer
 
@@ -221,8 +239,8 @@ def cuda_rng_on_cpu():
     dropout and initialisation through the private `_get_cuda_rng_state` / `_set_cuda_rng_state`, and seeds
     with `torch.cuda.manual_seed`.
     Why: on CPU the kernels draw from the CPU generator, so the fork must swap that state.
-    On 0.17: check that the tracker still goes through `_get_cuda_rng_state` / `_set_cuda_rng_state`
-    (module functions, looked up at call time) and `torch.cuda.get_rng_state` / `set_rng_state`.
+    Still so on 0.19: the tracker goes through `_get_cuda_rng_state` / `_set_cuda_rng_state` (module functions,
+    looked up at call time) and `torch.cuda.get_rng_state` / `set_rng_state`.
     """
     from megatron.core.tensor_parallel import random as mcore_random
 
@@ -254,7 +272,7 @@ def patched(patches):
 
 # 6. ------------------------------------------------------------------------------------------------------
 # Private names this package reads (no patch): each is what upstream itself uses for the same thing.
-# On 0.17: check that each still exists with the same meaning (tests/test_megatron_core_compat.py imports them).
+# Each unchanged on 0.19 (tests/test_megatron_core_compat.py imports them).
 
 def index_header() -> bytes:
     """The magic bytes that open a Megatron `.idx` file (datasets/indexed_dataset.py's `_INDEX_HEADER`)."""
@@ -291,9 +309,8 @@ def destroy_model_parallel_groups() -> None:
     Why: torch keeps a group alive while anything refers to it, a gloo group with its threads and sockets, so a
     process that sets the parallel state up again and again (the test suite's workers, a tool called in a loop)
     gathered thousands of threads.
-    On 0.17: check that `_global_process_group_list` still lists the groups `create_group` made, whether
-    `destroy_model_parallel` now destroys them and resets every group global itself (then call it alone), and
-    whether RotaryEmbedding.forward is still cached that way.
+    Still so on 0.19: `destroy_model_parallel` leaves `_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP` set,
+    `_global_process_group_list` lists the groups, and RotaryEmbedding.forward is cached that way.
     """
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding

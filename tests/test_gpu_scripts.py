@@ -73,6 +73,9 @@ def test_the_gpu_suite_writes_to_out_alone_and_a_sigterm_leaves_its_summary(tmp_
     assert set(results_of(out)) == {"summary.txt", "environment.txt", "gpu-tests.log", "gpu-tests.xml"}
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[0].startswith("REQUIRE_GPU_KERNELS= started ")
+    from importlib.metadata import version
+    assert summary[0].endswith(f" | versions: torch {version('torch')} | megatron-core {version('megatron-core')} | "
+                               f"transformer-engine absent | nvidia-resiliency-ext absent"), summary[0]
     # A line per test as it finished, in ORDER's order (TE's layer spec first), then the one the limit stopped.
     assert summary[1].startswith("SKIPPED ") and "tests/gpu/test_te_spec.py::" in summary[1], summary
     assert sum(line.startswith("SKIPPED ") for line in summary) >= 20

@@ -54,7 +54,9 @@ _megatron_tokenizer = None
 def _megatron_init(model):
     global _megatron_tokenizer
     from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import HuggingFaceTokenizer
-    _megatron_tokenizer = HuggingFaceTokenizer(model)
+    # Given explicitly: megatron-core 0.17 changed both defaults (to True), and the baseline is the slow tokenizer
+    # without special tokens that the figures in docs/performance.md were measured with.
+    _megatron_tokenizer = HuggingFaceTokenizer(model, use_fast=False, include_special_tokens=False)
 
 
 def _megatron_encode(text):

@@ -1,7 +1,7 @@
 """The GPU suite's run: the most informative tests first, each test's result written as it finishes, and what was
 running when a time limit stopped the run.
 
-REQUIRE_GPU_KERNELS=te,fp8,flash,dali (a comma-separated subset, "gpu" implied) turns the skip of a test that needs
+REQUIRE_GPU_KERNELS=te,fp8,flash,dali,nvrx (a comma-separated subset, "gpu" implied) turns the skip of a test that needs
 one of those kernel paths into a failure: a run meant to prove a path fails where it is absent.
 
 GPU_TESTS_SUMMARY=FILE (tests/gpu/run.sh sets it) appends one line per test to FILE when it finishes: its outcome,
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-KERNELS = ("gpu", "te", "fp8", "flash", "dali")
+KERNELS = ("gpu", "te", "fp8", "flash", "dali", "nvrx")
 SUMMARY_ENV = "GPU_TESTS_SUMMARY"
 # What each file proves, most informative first: a run cut short by its time limit keeps the head of this list.
 ORDER = ("test_te_spec.py", "test_fp8_step.py", "test_sync_free_step.py", "test_attention_kernels.py",
