@@ -13,6 +13,9 @@
 set -euo pipefail
 
 WORK_DIR=${WORK_DIR:-neobert_quickstart}
+# The trainer refuses a CUDA build of torch that sees no GPU (a container started without GPUs, say); the quickstart
+# runs on CPU processes then, as said above: PyPI's torch for Linux is a CUDA build, the one CPython 3.12 gets.
+export NEOBERT_ALLOW_CPU=${NEOBERT_ALLOW_CPU:-1}
 NPROC=${NPROC:-2}
 TRAIN_ITERS=${TRAIN_ITERS:-300}
 if ! [[ "$TRAIN_ITERS" =~ ^[0-9]+$ ]] || (( TRAIN_ITERS < 2 )); then

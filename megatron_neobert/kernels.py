@@ -101,10 +101,13 @@ def import_megatron_core() -> None:
     problem = transformer_engine_install_problem()
     if problem:
         raise TransformerEngineInstallError(problem)
+    from megatron_neobert.megatron_core_compat import IMPORT_WARNINGS, QUIET_IMPORTS
+
     with warnings.catch_warnings():
-        for message in _IMPORT_WARNINGS:
+        for message in _IMPORT_WARNINGS + IMPORT_WARNINGS:
             warnings.filterwarnings("ignore", message=message)
-        importlib.import_module("megatron.core")
+        for module in ("megatron.core", *QUIET_IMPORTS):
+            importlib.import_module(module)
 
 
 def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:

@@ -30,6 +30,8 @@ What changed between the releases, one branch each:
 13. `async_save_strategy`, `async_save_arguments`, `async_calls_queue`: 0.19's asynchronous save defaults to
     nvidia-resiliency-ext ("nvrx"); used where it imports, megatron-core's "mcore" writer named explicitly
     otherwise.
+14. `IMPORT_WARNINGS`, `QUIET_IMPORTS`, `drop_the_sync_save_deprecation`: 0.19's warnings that say nothing to a
+    user of this package.
 Transformer Engine's path (the TE layers' arguments, FP8 recipes, THD attention) reads the same on 0.16 with TE
 2.9-2.11 and on 0.19 with TE 2.17: nothing to branch on there.
 """
@@ -39,11 +41,13 @@ import errno
 import functools
 import importlib.metadata
 import json
+import logging
 import math
 import multiprocessing
 import multiprocessing.managers
 import os
 import queue
+import warnings
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -434,7 +438,10 @@ def load_common_state(folder: str) -> dict:
                 f"saved by megatron-core 0.19 or later (its common state is in the .distcp files, there is no "
                 f"{COMMON_STATE_FILE}), which megatron-core {MEGATRON_CORE_VERSION} cannot read: load it with "
                 f"megatron-core 0.19 (CPython 3.12)")
-    return dist_checkpointing.load_common_state_dict(folder)
+    with warnings.catch_warnings():
+        for message in _NO_PROCESS_GROUP_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        return dist_checkpointing.load_common_state_dict(folder)
 
 
 class CheckpointReleaseError(ValueError):
@@ -476,3 +483,29 @@ def async_calls_queue():
     from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
     return AsyncCallsQueue()
+
+
+# 14. -----------------------------------------------------------------------------------------------------
+# Warnings of megatron-core's that say nothing to a user of this package, silenced where they are raised:
+# - 0.19's `get_megatron_optimizer` imports its experimental MiMo model at each call (to check the model's type),
+#   which warns "MimoModelConfig is experimental" once per process: imported quietly with megatron-core;
+# - 0.19's synchronous save goes through the asynchronous one, so every save logged "MCore's async save is
+#   deprecated" (the trainer itself says which writer an asynchronous save uses);
+# - 0.19 reads a checkpoint's common state with `torch.distributed.checkpoint.load(no_dist=True)`, which warns that
+#   there is no process group, the case it was asked for (`load_common_state`).
+IMPORT_WARNINGS = (".*MimoModelConfig is experimental.*",)
+QUIET_IMPORTS = () if RELEASE < (0, 19) else ("megatron.core.models.mimo.model.base",)
+_NO_PROCESS_GROUP_WARNINGS = (".*torch.distributed is disabled, unavailable or uninitialized.*",
+                              ".*The argument order of load has been changed.*")
+
+
+class _SyncSaveDeprecation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "MCore's async save is deprecated" not in record.getMessage()
+
+
+def drop_the_sync_save_deprecation() -> None:
+    """From 0.19: megatron-core's log of every save no longer says its async writer is deprecated."""
+    logger = logging.getLogger("megatron.core.dist_checkpointing.strategies.torch")
+    if RELEASE >= (0, 19) and not any(isinstance(f, _SyncSaveDeprecation) for f in logger.filters):
+        logger.addFilter(_SyncSaveDeprecation())

@@ -24,7 +24,8 @@ from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, build_tokenizer
 from megatron_neobert.kernels import format_report, kernel_report
-from megatron_neobert.megatron_core_compat import keep_write_results_with_the_rank, micro_batch_calculator
+from megatron_neobert.megatron_core_compat import (drop_the_sync_save_deprecation, keep_write_results_with_the_rank,
+                                                     micro_batch_calculator)
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.training.checkpoint.layout import iteration_dir
 from megatron_neobert.training.checkpoint.lock import claim_save_dir
@@ -299,6 +300,7 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         guards.enter_context(bus_errors_named(data_files.describe_changes))
         forked_children_die_with_rank()
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
+        drop_the_sync_save_deprecation()
         watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
         lock = claim_save_dir(settings.checkpoint)
         if lock:
