@@ -1,7 +1,7 @@
 """What a step really executed, read from the running model and from torch.profiler's events rather than from the
-settings: which of the transformer layers' linears ran their forward in FP8, and which calls of a step made the host
-wait for the GPU. The GPU tests (tests/gpu/) assert with them; tests/test_execution_checks.py shows each one failing
-on a CPU.
+settings: which of the transformer layers' linears ran their forward in FP8, which packed-attention kernel each
+attention module ran, and which calls of a step made the host wait for the GPU. The GPU tests (tests/gpu/) assert
+with them; tests/test_execution_checks.py shows each one failing on a CPU.
 """
 
 import contextlib
@@ -16,6 +16,7 @@ from megatron.core.utils import get_model_config
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from megatron_neobert.model.attention import BidirectionalAttention
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
 # The four GEMMs of every transformer layer, the ones FP8 applies to (attention itself, the norms and the MLM head
@@ -66,6 +67,36 @@ def assert_linears_ran(ran: Dict[str, dict], fp8: bool) -> None:
             wrong.append(f"{name} ({record['module']}) ran {did}")
     assert not wrong, (f"{len(wrong)} of the {len(ran)} transformer-layer linears did not run "
                        f"{'in' if fp8 else 'without'} FP8: " + "; ".join(wrong))
+
+
+@contextlib.contextmanager
+def packed_kernels(chunks):
+    """Yields {attention module: the packed-attention kernels its forwards ran}, filled as `chunks` (the local spec)
+    run packed input: the `packed_backend` each `BidirectionalAttention` dispatches on, fixed when the module was
+    built (so NEOBERT_PACKED_ATTENTION set afterwards changes nothing), read as each packed forward starts."""
+    ran: Dict[str, set] = {}
+
+    def record(name, module, args, kwargs):
+        if kwargs.get("packed_seq_params") is not None:
+            ran.setdefault(name, set()).add(module.packed_backend)
+
+    handles = [module.register_forward_pre_hook(partial(record, name), with_kwargs=True)
+               for chunk in chunks for name, module in chunk.named_modules()
+               if isinstance(module, BidirectionalAttention)]
+    if not handles:
+        raise ValueError("no BidirectionalAttention (the local spec's attention) in the model")
+    try:
+        yield ran
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def assert_packed_kernel_ran(ran: Dict[str, set], kernel: str, modules: int) -> None:
+    """Each of `modules` attention modules ran packed input, with `kernel` alone (`ran`: from packed_kernels)."""
+    wrong = [f"{name} ran {', '.join(sorted(kernels))}" for name, kernels in ran.items() if kernels != {kernel}]
+    assert len(ran) == modules and not wrong, (
+        f"{len(ran)} of {modules} attention modules ran packed input, expected all with {kernel}: " + "; ".join(wrong))
 
 
 # Where the sync check looks: from the first forward of a step to the end of its last backward (before

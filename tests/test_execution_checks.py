@@ -1,15 +1,17 @@
 """The checks the GPU tests assert with (tests/execution_checks.py), shown failing on a CPU where a GPU run would
-fail: the FP8 check on a model whose linears ran without FP8, the sync check on a step with an `.item()` planted
-in its forward. On a CPU the profiler records no CUDA runtime call, so the sync check finds the operators that read
+fail: the FP8 check on a model whose linears ran without FP8, the packed-kernel check on a model that ran another
+kernel than the one compared, the sync check on a step with an `.item()` planted in its forward. On a CPU the profiler records no CUDA runtime call, so the sync check finds the operators that read
 a device value on the host (where a GPU would sync) rather than the runtime calls; its reading of the runtime calls'
 names is checked on the names CUPTI gives them."""
 
 import pytest
 import torch
 
-from execution_checks import (LAYER_LINEARS, LinearPrecisions, assert_linears_ran, profiled_step, runtime_call)
+from execution_checks import (LAYER_LINEARS, LinearPrecisions, assert_linears_ran, assert_packed_kernel_ran,
+                              packed_kernels, profiled_step, runtime_call)
 from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import get_arch
+from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
@@ -53,6 +55,30 @@ def test_the_fp8_check_trips_on_linears_that_never_ran():
         assert_linears_ran(ran, fp8=False)
     with pytest.raises(ValueError, match="no transformer-layer linear"):
         LinearPrecisions([torch.nn.Linear(4, 4)])
+
+
+def kernels_run(chunks, packed: bool = True) -> dict:
+    with packed_kernels(chunks) as ran, torch.no_grad():  # FlexAttention has no backward on a CPU
+        run_micro_batches(chunks, micro_batches(packed), forward_only=True)
+    return ran
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # CPU: uncompiled
+def test_the_packed_kernel_check_trips_on_a_model_that_ran_another_kernel(monkeypatch):
+    # tests/gpu/test_attention_kernels.py once built its model and then set the variable: both sides ran one kernel.
+    monkeypatch.setenv(PACKED_ATTENTION_ENV, "sdpa")
+    chunks = trainer_chunks()
+    monkeypatch.setenv(PACKED_ATTENTION_ENV, "flex")
+    ran = kernels_run(chunks)
+    with pytest.raises(AssertionError) as err:
+        assert_packed_kernel_ran(ran, "flex", ARCH.num_layers)
+    assert str(err.value).startswith("2 of 2 attention modules ran packed input, expected all with flex: "
+                                     "module.decoder.layers.0.self_attention.core_attention ran sdpa; "), err.value
+    assert_packed_kernel_ran(ran, "sdpa", ARCH.num_layers)
+    # A model built under the variable runs its kernel; padded input runs none (no packed forward).
+    assert_packed_kernel_ran(kernels_run(trainer_chunks()), "flex", ARCH.num_layers)
+    with pytest.raises(AssertionError, match="^0 of 2 attention modules ran packed input"):
+        assert_packed_kernel_ran(kernels_run(chunks, packed=False), "sdpa", ARCH.num_layers)
 
 
 @pytest.mark.parametrize("packed", [False, True])
