@@ -7,8 +7,8 @@ names is checked on the names CUPTI gives them."""
 import pytest
 import torch
 
-from execution_checks import (LAYER_LINEARS, LinearPrecisions, assert_linears_ran, assert_packed_kernel_ran,
-                              packed_kernels, profiled_step, runtime_call)
+from execution_checks import (LAYER_LINEARS, PLANTED_ITEM, PLANTED_TOLIST, LinearPrecisions, assert_linears_ran,
+                              assert_packed_kernel_ran, packed_kernels, planted_host_reads, profiled_step, runtime_call)
 from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import get_arch
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
@@ -88,25 +88,22 @@ def test_the_sync_check_finds_an_item_planted_in_the_forward(packed):
     clean = profiled_step(chunks, batches)
     assert clean.runtime_calls == 0 and clean.syncs == []  # a CPU profile; the step itself reads no value
 
-    def read_a_value(module, args, output):
-        output[0].float().sum().item()
-
     layer = dict(chunks[0].named_modules())["module.decoder.layers.0"]
-    planted = layer.register_forward_hook(read_a_value)
-    try:
+    with planted_host_reads(layer):
         report = profiled_step(chunks, batches)
-    finally:
-        planted.remove()
     assert len(report.syncs) == len(batches), report.syncs  # one per micro-batch's forward
     for sync in report.syncs:
-        assert sync.startswith("aten::_local_scalar_dense < aten::item < module: module.decoder.layers.0 < "
-                               "module: module.decoder < module: module < module: DistributedDataParallel"), sync
+        assert sync.startswith(f"aten::_local_scalar_dense < aten::item < {PLANTED_ITEM} < module: "
+                               "module.decoder.layers.0 < module: module.decoder < module: module < "
+                               "module: DistributedDataParallel"), sync
+    # The .tolist() reads a host tensor here: only a GPU profile shows it (tests/gpu/test_sync_free_step.py).
+    assert not any(PLANTED_TOLIST in sync for sync in report.syncs)
 
 
 @pytest.mark.parametrize("name, call", [
     ("cudaStreamSynchronize", "cudaStreamSynchronize"), ("cudaStreamSynchronize_ptsz", "cudaStreamSynchronize"),
     ("cudaDeviceSynchronize_v3020", "cudaDeviceSynchronize"), ("cudaMemcpy_ptds", "cudaMemcpy"),
-    ("cuMemcpyDtoH_v2", "cuMemcpyDtoH"), ("cuLaunchKernel", "cuLaunchKernel"),
+    ("cuLaunchKernelEx", "cuLaunchKernelEx"), ("cuLaunchKernel", "cuLaunchKernel"),
     ("cudaMemcpyAsync", "cudaMemcpyAsync"), ("aten::item", None), ("cutlass::Kernel2", None), ("cudnn", None),
 ])
 def test_runtime_calls_are_read_from_cuptis_names(name, call):
