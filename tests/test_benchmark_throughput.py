@@ -4,6 +4,7 @@ it judges the project's targets from its measurements."""
 import dataclasses
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -71,29 +72,65 @@ def test_quick_mode_sets_the_target_lengths_few_steps_and_no_compile_and_explici
 
 
 @pytest.mark.integration
-def test_quick_run_of_a_tiny_preset_writes_its_figures_before_the_plot(tmp_path, monkeypatch):
+def test_quick_run_attempts_every_row_writes_each_as_it_finishes_and_skips_a_plot_without_matplotlib(
+        tmp_path, monkeypatch, capsys):
     import megatron_neobert.evaluation.throughput as throughput
 
-    def failing_plot(results, path):
-        raise RuntimeError("no display")
+    measure_inference, measure_training = throughput._measure_inference, throughput._measure_training
 
-    monkeypatch.setattr(throughput, "plot", failing_plot)
-    out_json, out_md = tmp_path / "q.json", tmp_path / "q.md"
-    # CPU-sized lengths, batches and step counts; the rest as --quick sets it.
-    argv = ["--quick", "--model-preset", "neobert-tiny", "--no-baselines", "--inference-seq-lengths", "128", "256",
-            "--inference-max-batch", "2", "--inference-steps", "1", "--train-seq-lengths", "128", "256",
-            "--train-tokens-per-micro-batch", "512", "--train-steps", "1",
-            "--output-json", str(out_json), "--output-png", str(tmp_path / "q.png"), "--markdown", str(out_md)]
-    with pytest.raises(RuntimeError, match="no display"):
+    def inference(row, *args):
+        if (row.model, row.seq_length) == ("neobert-megatron", 128):
+            raise RuntimeError("TE's first call under inference_mode")
+        return measure_inference(row, *args)
+
+    def training(row, *args):
+        if (row.model, row.seq_length) == ("megatron-padded", 128):
+            raise ValueError("a failing eager row")
+        if (row.model, row.seq_length) == ("megatron-packed", 256):
+            raise KeyboardInterrupt  # the time limit's SIGTERM, as conftest.py and pytest turn it
+        return measure_training(row, *args)
+
+    monkeypatch.setattr(throughput, "_measure_inference", inference)
+    monkeypatch.setattr(throughput, "_measure_training", training)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    out_json, out_png, out_md = tmp_path / "q.json", tmp_path / "q.png", tmp_path / "q.md"
+    # As examples/benchmark_gpu.sh runs it, with CPU-sized lengths, batches and step counts.
+    argv = ["--quick", "--fp8", "--model-preset", "neobert-tiny", "--no-baselines",
+            "--inference-seq-lengths", "128", "256", "--inference-max-batch", "2", "--inference-steps", "1",
+            "--train-seq-lengths", "128", "256", "--train-tokens-per-micro-batch", "512", "--train-steps", "1",
+            "--output-json", str(out_json), "--output-png", str(out_png), "--markdown", str(out_md)]
+    with pytest.raises(KeyboardInterrupt):
         benchmark_throughput.main(argv)
-    rows = json.loads(out_json.read_text())["results"]
-    assert "| training | megatron-packed | 256 | 2 |" in out_md.read_text()
-    assert not any(r["compiled"] for r in rows) and all(r["error"] is None for r in rows)
+    # Every row up to the one the limit stopped, written as each finished; the failing ones with their errors.
+    rows = {(r["benchmark"], r["label"], r["seq_length"]): r for r in json.loads(out_json.read_text())["results"]}
+    assert list(rows) == [("inference", "neobert-hf", 128), ("inference", "neobert-megatron", 128),
+                          ("inference", "neobert-hf", 256), ("inference", "neobert-megatron", 256),
+                          ("training", "reference-hf-padded", 128), ("training", "megatron-padded", 128),
+                          ("training", "megatron-packed", 128), ("training", "megatron-packed-fp8", 128),
+                          ("training", "reference-hf-padded", 256), ("training", "megatron-padded", 256)]
+    errors = {key: row["error"] for key, row in rows.items() if row["error"]}
+    assert errors == {("inference", "neobert-megatron", 128):
+                      "failed: RuntimeError: TE's first call under inference_mode",
+                      ("training", "megatron-padded", 128): "failed: ValueError: a failing eager row",
+                      ("training", "megatron-packed-fp8", 128): "not run: no GPU"}
+    assert "| training | megatron-padded | 256 | 2 |" in out_md.read_text()
     # The same tokens per micro-batch at each length.
-    assert {(r["seq_length"], r["batch_size"]) for r in rows if r["benchmark"] == "training"} == {(128, 4), (256, 2)}
+    assert {(r["seq_length"], r["batch_size"]) for r in rows.values() if r["benchmark"] == "training"} == {
+        (128, 4), (256, 2)}
+
+    monkeypatch.setattr(throughput, "_measure_training", measure_training)
+    benchmark_throughput.main(argv + ["--skip-inference"])
+    assert f"no plot ({out_png}): matplotlib is not installed" in capsys.readouterr().out
+    assert not out_png.exists() and len(json.loads(out_json.read_text())["results"]) == 8
+
+    # A plot that fails for another reason fails the run, after the figures.
+    monkeypatch.delitem(sys.modules, "matplotlib")
     monkeypatch.setattr(throughput, "plot", lambda results, path: pytest.fail("plotted with --no-plot"))
     benchmark_throughput.main(argv + ["--no-plot", "--skip-inference", "--skip-training"])
-    assert not (tmp_path / "q.png").exists()
+    monkeypatch.setattr(throughput, "plot", lambda results, path: (_ for _ in ()).throw(RuntimeError("no display")))
+    with pytest.raises(RuntimeError, match="no display"):
+        benchmark_throughput.main(argv + ["--skip-inference", "--skip-training"])
+    assert json.loads(out_json.read_text())["results"] == [] and not out_png.exists()
 
 
 def test_training_runs_put_each_compiled_variant_after_its_eager_model():

@@ -1,8 +1,9 @@
 """The checks the GPU tests assert with (tests/execution_checks.py), shown failing on a CPU where a GPU run would
 fail: the FP8 check on a model whose linears ran without FP8, the packed-kernel check on a model that ran another
-kernel than the one compared, the sync check on a step with an `.item()` planted in its forward. On a CPU the profiler records no CUDA runtime call, so the sync check finds the operators that read
-a device value on the host (where a GPU would sync) rather than the runtime calls; its reading of the runtime calls'
-names is checked on the names CUPTI gives them."""
+kernel than the one compared, the sync check on a step with an `.item()` planted in its forward. On a CPU the
+profiler records no CUDA runtime call, so the sync check finds the operators that read a device value on the host
+(where a GPU would sync) rather than the runtime calls; its reading of the runtime calls' names is checked on the
+names CUPTI gives them."""
 
 import pytest
 import torch

@@ -19,9 +19,10 @@ from typing import List, Optional
 from megatron_neobert.flags import ArgumentParser
 
 
-# --quick: the first look on a GPU, within one 10-minute command (about 3 minutes for neobert-250m on an
-# H100, estimated): the two target lengths, the same 32k tokens per micro-batch at each, a few timed steps,
-# no compile (each compiled variant costs minutes). Flags given with it still win.
+# --quick: the first look on a GPU within 180 s (neobert-250m on an H100: about 105 s estimated, docs/gpu.md gives
+# the arithmetic): the two target lengths, the same 32k tokens per micro-batch at each, 2 warm-up and 5 timed steps
+# per row, no compile (each compiled variant costs minutes). Every row is attempted: one that fails is recorded
+# with its error. Flags given with it still win.
 QUICK = dict(inference_seq_lengths=[1024, 4096], inference_max_batch=32, inference_steps=5,
              train_seq_lengths=[1024, 4096], train_tokens_per_micro_batch=32 * 1024, train_steps=5, compile=False)
 
@@ -178,8 +179,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--skip-inference", action="store_true", help="time training only")
     p.add_argument("--skip-training", action="store_true", help="time inference only")
     p.add_argument("--quick", action="store_true",
-                   help="lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile: minutes on a "
-                        "GPU (flags given beside it win)")
+                   help="lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile, every row "
+                        "attempted (a failing one recorded with its error): under 3 minutes on an H100 (flags given "
+                        "beside it win)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny preset and shapes so that the script runs in CI; figures mean nothing")
     p.add_argument("--output-json", default="throughput.json", help="every measurement, the targets and the settings")
@@ -210,26 +212,30 @@ def smoke_arch():
     return get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96)
 
 
-def measure(args, arch) -> list:
-    """The inference and training rows the flags ask for."""
+def measure(args, arch, on_row) -> list:
+    """The inference and training rows the flags ask for, each passed to on_row(row) as it is measured. Under
+    --quick a row that fails is recorded with its error and the rest still run."""
     from megatron_neobert.evaluation.throughput import benchmark_inference, benchmark_training
 
     results = []
     if not args.skip_inference:
         results += benchmark_inference(arch, args.inference_seq_lengths, args.inference_steps,
                                        args.inference_max_batch, baselines=not args.no_baselines,
-                                       small=args.cpu_smoke, compile=args.compile)
+                                       small=args.cpu_smoke, compile=args.compile, keep_going=args.quick,
+                                       on_row=on_row)
     if not args.skip_training:
         for seq in args.train_seq_lengths:
             micro_batch = (max(1, args.train_tokens_per_micro_batch // seq) if args.train_tokens_per_micro_batch
                            else args.train_micro_batch)
-            results += benchmark_training(arch, seq, micro_batch, args.train_steps,
-                                          args.train_micro_batches, fp8=args.fp8, compile=args.compile)
+            results += benchmark_training(arch, seq, micro_batch, args.train_steps, args.train_micro_batches,
+                                          fp8=args.fp8, compile=args.compile, keep_going=args.quick, on_row=on_row)
     return results
 
 
 def main(argv=None):
     args = parse_args(argv)
+    import importlib.util
+
     import torch
 
     from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
@@ -239,22 +245,34 @@ def main(argv=None):
     from megatron_neobert.model import get_arch
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with megatron_runtime():
-        results = measure(args, smoke_arch() if args.cpu_smoke else get_arch(args.model_preset))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    checks = check_targets(results, device, args.model_preset)
-    print(format_table(results))
-    print(format_targets(checks))
     command = shlex.join(["python", "tools/benchmark_throughput.py"] + (sys.argv[1:] if argv is None else argv))
     meta = dict(vars(args), command=command, device=device, torch=torch.__version__, kernels=kernel_report(),
                 baseline_attention=baseline_attention())
+    measured = []
+
+    def write(results: list) -> List[TargetCheck]:
+        """The JSON (and Markdown) of `results`: after every row, so that a run stopped by a time limit keeps them."""
+        checks = check_targets(results, device, args.model_preset)
+        write_json_atomic(args.output_json, as_json(results, checks, meta))
+        if args.markdown:
+            write_text_atomic(args.markdown, format_markdown(results, checks, meta))
+        return checks
+
+    def on_row(row):
+        measured.append(row)
+        write(measured)
+
+    with megatron_runtime():
+        results = measure(args, smoke_arch() if args.cpu_smoke else get_arch(args.model_preset), on_row)
+    checks = write(results)  # with the ratios, known once each part is done
+    print(format_table(results))
+    print(format_targets(checks))
+    written = [args.output_json] + ([args.markdown] if args.markdown else [])
     # The figures first: a plot that fails (or a run cut off while plotting) must not cost them.
-    write_json_atomic(args.output_json, as_json(results, checks, meta))
-    written = [args.output_json]
-    if args.markdown:
-        write_text_atomic(args.markdown, format_markdown(results, checks, meta))
-        written.append(args.markdown)
-    if not args.no_plot:
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        print(f"no plot ({args.output_png}): matplotlib is not installed")
+    elif not args.no_plot:
         plot(results, args.output_png)
         written.append(args.output_png)
     print("wrote " + ", ".join(written))
