@@ -32,7 +32,7 @@ TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
 TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
 MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.50, 3.0, 1.5
 # FP8 must pay for itself and train as bf16 does: its losses, step by step from the same weights on the same
-# micro-batches, within this fraction of bf16's.
+# micro-batches, within this fraction of bf16's from the step its scales are set (fp8_loss_gap).
 MIN_FP8_SPEEDUP, MAX_FP8_LOSS_GAP = 1.25, 0.02
 
 
@@ -57,17 +57,11 @@ def _failures(rows: list) -> str:
     return "; ".join(f"{r.label} {r.error}" for r in rows if r.error)
 
 
-def loss_gap(row, baseline) -> Optional[float]:
-    """The largest relative difference between two training rows' losses, step by step; None unless both
-    recorded the same number of steps."""
-    if not row.losses or not baseline.losses or len(row.losses) != len(baseline.losses):
-        return None
-    return max(abs(a - b) / abs(b) for a, b in zip(row.losses, baseline.losses))
-
-
 def check_targets(results: list, device: str, preset: str) -> List[TargetCheck]:
     """The project's targets against a run's measurements (evaluation.throughput.Measurement rows).
     `device`: the GPU's name (or "cpu")."""
+    from megatron_neobert.evaluation.throughput import FP8_COMPARED_FROM_STEP, fp8_loss_gap
+
     scope = None
     if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
         scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"
@@ -93,9 +87,9 @@ def check_targets(results: list, device: str, preset: str) -> List[TargetCheck]:
     if pairs:
         f8, b = max(pairs, key=lambda p: p[0].tokens_per_s)
         ratio = f8.tokens_per_s / b.tokens_per_s
-        gap = loss_gap(f8, b)
-        losses = (f"losses within {gap:.1%} over {len(b.losses)} steps" if gap is not None else
-                  "losses not recorded")
+        gap = fp8_loss_gap(f8.losses, b.losses)
+        losses = (f"losses within {gap:.1%} over steps {FP8_COMPARED_FROM_STEP}-{len(b.losses)}" if gap is not None
+                  else "losses not recorded")
         checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({f8.label} / {b.label}), {losses}",
                                ratio >= MIN_FP8_SPEEDUP and gap is not None and gap <= MAX_FP8_LOSS_GAP, scope))
     else:

@@ -61,6 +61,25 @@ class Measurement:
         return self.model + ("-fp8" if self.precision == "fp8" else "") + ("+compile" if self.compiled else "")
 
 
+# FP8 is compared with bf16 from this step (1-based) on. Transformer Engine's delayed scaling, as megatron-core sets it
+# up (TEDelayedScaling with TransformerConfig's fp8_amax_history_len 1, fp8_amax_compute_algo "most_recent"), starts
+# every scale at 1 (DelayedScalingRecipeState: torch.ones) with a zero amax history, and sets the forward scales from
+# the amaxes when the first forward's outermost fp8_autocast exits (FP8GlobalStateManager.autocast_exit), the backward
+# ones when the first backward's last FP8 GEMM is done (reduce_and_update_fp8_tensors(forward=False)). So step 1's first
+# micro-batch casts at scale 1 (E4M3 then flushes |x| < 2^-9 to zero: the smallest weights of a std-0.02 init; E5M2
+# gradients below 2^-16), and step 2's loss comes from the update those casts made.
+FP8_COMPARED_FROM_STEP = 3
+
+
+def fp8_loss_gap(fp8: List[float], bf16: List[float]) -> Optional[float]:
+    """The largest relative difference between an FP8 run's losses and bf16's, step by step from
+    FP8_COMPARED_FROM_STEP; None unless both recorded the same number of steps, that one included."""
+    if not fp8 or not bf16 or len(fp8) != len(bf16) or len(fp8) < FP8_COMPARED_FROM_STEP:
+        return None
+    start = FP8_COMPARED_FROM_STEP - 1
+    return max(abs(a - b) / abs(b) for a, b in zip(fp8[start:], bf16[start:]))
+
+
 def document_lengths(seq_length: int, count: int, seed: int = 0) -> List[int]:
     """Web-like document lengths (log-normal, median about seq/3), clipped to [8, seq]."""
     g = torch.Generator().manual_seed(seed)
