@@ -19,8 +19,8 @@ from typing import List, Optional
 from megatron_neobert.flags import ArgumentParser
 
 
-# --quick: the first look on a GPU within 180 s (neobert-250m on an H100: about 105 s estimated, docs/gpu.md gives
-# the arithmetic): the two target lengths, the same 32k tokens per micro-batch at each, 2 warm-up and 5 timed steps
+# --quick: the first look on a GPU within 180 s (neobert-250m on an H100: about 2 minutes estimated, docs/gpu.md
+# gives the arithmetic): the two target lengths, the same 32k tokens per micro-batch at each, 2 warm-up and 5 timed steps
 # per row, no compile (each compiled variant costs minutes). Every row is attempted: one that fails is recorded
 # with its error. Flags given with it still win.
 QUICK = dict(inference_seq_lengths=[1024, 4096], inference_max_batch=32, inference_steps=5,
