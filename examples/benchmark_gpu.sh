@@ -5,13 +5,14 @@
 #   docker run --gpus all --ipc=host --ulimit memlock=-1 --rm -v "$PWD/results:/results" \
 #       -e OUT=/results megatron-neobert bash examples/benchmark_gpu.sh
 #
-# Each run writes OUT/NAME.json (every figure, the targets, the kernels used), NAME.png, NAME.md (the table and
-# the targets, to paste into README) and NAME.log (the GPU, then the tool's output: every figure as it is
-# measured, so a run stopped by a time limit keeps those it had); nothing else, nowhere else: at most 8 files,
-# each cut to its last 16 MiB. Settings through the environment: OUT (folder; RESULTS is its older name; default
-# results), PYTHON (default python3), PRESET (default neobert-250m, the targets' model), EXTRA_ARGS (more flags
-# for every run), QUICK=1 (one run, OUT/quick.*: lengths 1024 and 4096, 5 timed steps, no compile; about
-# 3 minutes on an H100, estimated, where the full runs take 20-40).
+# Each run writes OUT/NAME.json (every figure, the targets, the kernels used) and NAME.md (the table and the
+# targets, to paste into README), both rewritten as each row finishes, so that a run stopped by a time limit keeps
+# the rows it had; NAME.png (not without matplotlib: one line says so) and NAME.log (the GPU, then the tool's
+# output); nothing else, nowhere else: at most 8 files, each cut to its last 16 MiB. Settings through the
+# environment: OUT (folder; RESULTS is its older name; default results), PYTHON (default python3), PRESET (default
+# neobert-250m, the targets' model), EXTRA_ARGS (more flags for every run), QUICK=1 (one run, OUT/quick.*: lengths
+# 1024 and 4096, 5 timed steps, no compile, a failing row recorded and the rest run; under 180 s on an H100,
+# estimated in docs/gpu.md, where the full runs take 20-40 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,7 +1,7 @@
 """What a step really executed, read from the running model and from torch.profiler's events rather than from the
-settings: which of the transformer layers' linears ran their forward in FP8, and which calls of a step made the host
-wait for the GPU. The GPU tests (tests/gpu/) assert with them; tests/test_execution_checks.py shows each one failing
-on a CPU.
+settings: which of the transformer layers' linears ran their forward in FP8, which packed-attention kernel each
+attention module ran, and which calls of a step made the host wait for the GPU. The GPU tests (tests/gpu/) assert
+with them; tests/test_execution_checks.py shows each one failing on a CPU.
 """
 
 import contextlib
@@ -16,6 +16,7 @@ from megatron.core.utils import get_model_config
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from megatron_neobert.model.attention import BidirectionalAttention
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
 # The four GEMMs of every transformer layer, the ones FP8 applies to (attention itself, the norms and the MLM head
@@ -68,24 +69,57 @@ def assert_linears_ran(ran: Dict[str, dict], fp8: bool) -> None:
                        f"{'in' if fp8 else 'without'} FP8: " + "; ".join(wrong))
 
 
+@contextlib.contextmanager
+def packed_kernels(chunks):
+    """Yields {attention module: the packed-attention kernels its forwards ran}, filled as `chunks` (the local spec)
+    run packed input: the `packed_backend` each `BidirectionalAttention` dispatches on, fixed when the module was
+    built (so NEOBERT_PACKED_ATTENTION set afterwards changes nothing), read as each packed forward starts."""
+    ran: Dict[str, set] = {}
+
+    def record(name, module, args, kwargs):
+        if kwargs.get("packed_seq_params") is not None:
+            ran.setdefault(name, set()).add(module.packed_backend)
+
+    handles = [module.register_forward_pre_hook(partial(record, name), with_kwargs=True)
+               for chunk in chunks for name, module in chunk.named_modules()
+               if isinstance(module, BidirectionalAttention)]
+    if not handles:
+        raise ValueError("no BidirectionalAttention (the local spec's attention) in the model")
+    try:
+        yield ran
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def assert_packed_kernel_ran(ran: Dict[str, set], kernel: str, modules: int) -> None:
+    """Each of `modules` attention modules ran packed input, with `kernel` alone (`ran`: from packed_kernels)."""
+    wrong = [f"{name} ran {', '.join(sorted(kernels))}" for name, kernels in ran.items() if kernels != {kernel}]
+    assert len(ran) == modules and not wrong, (
+        f"{len(ran)} of {modules} attention modules ran packed input, expected all with {kernel}: " + "; ".join(wrong))
+
+
 # Where the sync check looks: from the first forward of a step to the end of its last backward (before
 # megatron-core's finalize_model_grads, whose `if num_tokens > 0` reads a device value once per step).
 FIRST_FORWARD, BACKWARD_DONE = "sync check: first forward", "sync check: last backward done"
 
-# CUDA runtime and driver calls that block the calling host thread until the device (or a stream) is done: the
-# synchronize calls, the copies without Async (they wait for the stream, and a copy from the device for the
-# copy), and the frees (cudaFree synchronizes the device).
+# CUDA runtime calls that block the calling host thread until the device (or a stream) is done: the synchronize
+# calls, the copies without Async (they wait for the stream, and a copy from the device for the copy), and the frees
+# (cudaFree synchronizes the device). Runtime calls alone: Kineto (torch.profiler's CUDA activity) records every
+# runtime call but a few noisy ones (cudaGetDevice, cudaSetDevice, cudaGetLastError, cudaEventCreate*, cudaEventDestroy;
+# cudaEventSynchronize only since kineto 4df86b0, September 2023), and of the driver calls only the kernel launches
+# and the cuMem* mapping calls (CuptiActivityProfiler::handleDriverActivity, CuptiCbidRegistry.cpp): a blocking
+# driver call (cuStreamSynchronize, cuMemcpyDtoH, ...) never appears in a profile. PyTorch's own reads of a device
+# value (`.item()`, `.tolist()`, a copy to the host) go through at::cuda::memcpy_and_sync: cudaMemcpyAsync, then
+# cudaStreamSynchronize.
 HOST_BLOCKING_CALLS = frozenset({
     "cudaDeviceSynchronize", "cudaThreadSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
     "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyPeer", "cudaMemcpy3DPeer", "cudaMemcpyToSymbol",
     "cudaMemcpyFromSymbol", "cudaMemcpyToArray", "cudaMemcpyFromArray", "cudaMemcpy2DToArray",
     "cudaMemcpy2DFromArray", "cudaFree", "cudaFreeHost",
-    "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD",
-    "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy3D", "cuMemcpyPeer", "cuMemcpyAtoH", "cuMemcpyHtoA", "cuMemFree",
-    "cuMemFreeHost",
 })
 # A CUDA runtime or driver call as the profiler names it (CUPTI's name, perhaps with a version or per-thread
-# default-stream suffix: cudaStreamSynchronize_v3020, cudaMemcpy_ptds, cuMemcpyDtoH_v2).
+# default-stream suffix: cudaStreamSynchronize_v3020, cudaMemcpy_ptds; a driver call: cuLaunchKernel, Triton's).
 _RUNTIME_CALL = re.compile(r"(cu(?:da)?[A-Z][A-Za-z0-9]*?)((?:_v\d+|_ptsz|_ptds)*)")
 # Operators whose CUDA kernels read device values on the host: `item()`, `bool()`, `int()`, `float()`, `if t:`
 # and torch.equal go through _local_scalar_dense; nonzero (boolean indexing) must learn its output's size.
@@ -93,6 +127,29 @@ _RUNTIME_CALL = re.compile(r"(cu(?:da)?[A-Z][A-Za-z0-9]*?)((?:_v\d+|_ptsz|_ptds)
 # scalar that `t[mask] = value` reads: index_put_ takes its masked_fill_ path only for a value on the host.
 HOST_READ_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero"})
 HOST_VALUE_READERS = frozenset({"aten::_index_put_impl_"})
+
+
+# The sync check's positive control: profiler ranges around the host reads `planted_host_reads` makes.
+PLANTED_ITEM, PLANTED_TOLIST = "planted .item()", "planted .tolist()"
+
+
+@contextlib.contextmanager
+def planted_host_reads(module):
+    """An `.item()` and a `.tolist()` of `module`'s output in its forward (a forward hook, inside the module's
+    profiler range), each in a range named PLANTED_ITEM or PLANTED_TOLIST: two syncs per forward on a GPU. On a CPU
+    only the `.item()` shows (aten::_local_scalar_dense); `.tolist()` of a host tensor calls no operator."""
+    def read(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        with record_function(PLANTED_ITEM):
+            hidden.float().sum().item()
+        with record_function(PLANTED_TOLIST):
+            hidden.flatten()[:4].tolist()
+
+    handle = module.register_forward_hook(read)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def runtime_call(name: str):
@@ -109,7 +166,8 @@ class HostSyncReport:
 
 def _describe(event) -> str:
     chain, parent = [event.name], event.cpu_parent
-    while parent is not None and len(chain) < 8:
+    # Deep enough to name the layer under a copy's operators, DDP and megatron-core's Float16Module.
+    while parent is not None and len(chain) < 12:
         chain.append(parent.name)
         parent = parent.cpu_parent
     return " < ".join(chain) + f" (thread {event.thread})"
@@ -126,8 +184,8 @@ def _reads_a_host_value(event) -> bool:
 
 def host_syncs(events) -> HostSyncReport:
     """The host syncs among torch.profiler `events` between the FIRST_FORWARD and BACKWARD_DONE markers: the
-    host-blocking CUDA runtime and driver calls (CUPTI records them from every library: PyTorch, Transformer
-    Engine, cuDNN, Triton, NCCL), or on a profile without any runtime call (a CPU) the HOST_READ_OPS."""
+    host-blocking CUDA runtime calls (CUPTI records them from every library: PyTorch, Transformer Engine, cuDNN,
+    Triton, NCCL), or on a profile without any runtime call (a CPU) the HOST_READ_OPS."""
     starts = {name: [e.time_range.start for e in events if e.name == name] for name in (FIRST_FORWARD, BACKWARD_DONE)}
     missing = [name for name, times in starts.items() if not times]
     if missing:

@@ -19,9 +19,10 @@ from typing import List, Optional
 from megatron_neobert.flags import ArgumentParser
 
 
-# --quick: the first look on a GPU, within one 10-minute command (about 3 minutes for neobert-250m on an
-# H100, estimated): the two target lengths, the same 32k tokens per micro-batch at each, a few timed steps,
-# no compile (each compiled variant costs minutes). Flags given with it still win.
+# --quick: the first look on a GPU within 180 s (neobert-250m on an H100: about 2 minutes estimated, docs/gpu.md
+# gives the arithmetic): the two target lengths, the same 32k tokens per micro-batch at each, 2 warm-up and 5 timed steps
+# per row, no compile (each compiled variant costs minutes). Every row is attempted: one that fails is recorded
+# with its error. Flags given with it still win.
 QUICK = dict(inference_seq_lengths=[1024, 4096], inference_max_batch=32, inference_steps=5,
              train_seq_lengths=[1024, 4096], train_tokens_per_micro_batch=32 * 1024, train_steps=5, compile=False)
 
@@ -31,7 +32,7 @@ TARGET_PRESET, TARGET_GPUS = "neobert-250m", ("H100", "H200")
 TRAIN_TARGET_LENGTH, INFERENCE_TARGET_LENGTH = 1024, 4096
 MIN_MFU, MIN_TRAINING_SPEEDUP, MIN_INFERENCE_SPEEDUP = 0.50, 3.0, 1.5
 # FP8 must pay for itself and train as bf16 does: its losses, step by step from the same weights on the same
-# micro-batches, within this fraction of bf16's.
+# micro-batches, within this fraction of bf16's from the step its scales are set (fp8_loss_gap).
 MIN_FP8_SPEEDUP, MAX_FP8_LOSS_GAP = 1.25, 0.02
 
 
@@ -56,17 +57,11 @@ def _failures(rows: list) -> str:
     return "; ".join(f"{r.label} {r.error}" for r in rows if r.error)
 
 
-def loss_gap(row, baseline) -> Optional[float]:
-    """The largest relative difference between two training rows' losses, step by step; None unless both
-    recorded the same number of steps."""
-    if not row.losses or not baseline.losses or len(row.losses) != len(baseline.losses):
-        return None
-    return max(abs(a - b) / abs(b) for a, b in zip(row.losses, baseline.losses))
-
-
 def check_targets(results: list, device: str, preset: str) -> List[TargetCheck]:
     """The project's targets against a run's measurements (evaluation.throughput.Measurement rows).
     `device`: the GPU's name (or "cpu")."""
+    from megatron_neobert.evaluation.throughput import FP8_COMPARED_FROM_STEP, fp8_loss_gap
+
     scope = None
     if preset != TARGET_PRESET or not any(gpu in device for gpu in TARGET_GPUS):
         scope = f"targets are for {TARGET_PRESET} on one H100/H200; this run: {preset} on {device}"
@@ -92,9 +87,9 @@ def check_targets(results: list, device: str, preset: str) -> List[TargetCheck]:
     if pairs:
         f8, b = max(pairs, key=lambda p: p[0].tokens_per_s)
         ratio = f8.tokens_per_s / b.tokens_per_s
-        gap = loss_gap(f8, b)
-        losses = (f"losses within {gap:.1%} over {len(b.losses)} steps" if gap is not None else
-                  "losses not recorded")
+        gap = fp8_loss_gap(f8.losses, b.losses)
+        losses = (f"losses within {gap:.1%} over steps {FP8_COMPARED_FROM_STEP}-{len(b.losses)}" if gap is not None
+                  else "losses not recorded")
         checks.append(_verdict(target, threshold, f"{ratio:.2f}x ({f8.label} / {b.label}), {losses}",
                                ratio >= MIN_FP8_SPEEDUP and gap is not None and gap <= MAX_FP8_LOSS_GAP, scope))
     else:
@@ -178,8 +173,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--skip-inference", action="store_true", help="time training only")
     p.add_argument("--skip-training", action="store_true", help="time inference only")
     p.add_argument("--quick", action="store_true",
-                   help="lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile: minutes on a "
-                        "GPU (flags given beside it win)")
+                   help="lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile, every row "
+                        "attempted (a failing one recorded with its error): under 3 minutes on an H100 (flags given "
+                        "beside it win)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny preset and shapes so that the script runs in CI; figures mean nothing")
     p.add_argument("--output-json", default="throughput.json", help="every measurement, the targets and the settings")
@@ -210,26 +206,30 @@ def smoke_arch():
     return get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=96)
 
 
-def measure(args, arch) -> list:
-    """The inference and training rows the flags ask for."""
+def measure(args, arch, on_row) -> list:
+    """The inference and training rows the flags ask for, each passed to on_row(row) as it is measured. Under
+    --quick a row that fails is recorded with its error and the rest still run."""
     from megatron_neobert.evaluation.throughput import benchmark_inference, benchmark_training
 
     results = []
     if not args.skip_inference:
         results += benchmark_inference(arch, args.inference_seq_lengths, args.inference_steps,
                                        args.inference_max_batch, baselines=not args.no_baselines,
-                                       small=args.cpu_smoke, compile=args.compile)
+                                       small=args.cpu_smoke, compile=args.compile, keep_going=args.quick,
+                                       on_row=on_row)
     if not args.skip_training:
         for seq in args.train_seq_lengths:
             micro_batch = (max(1, args.train_tokens_per_micro_batch // seq) if args.train_tokens_per_micro_batch
                            else args.train_micro_batch)
-            results += benchmark_training(arch, seq, micro_batch, args.train_steps,
-                                          args.train_micro_batches, fp8=args.fp8, compile=args.compile)
+            results += benchmark_training(arch, seq, micro_batch, args.train_steps, args.train_micro_batches,
+                                          fp8=args.fp8, compile=args.compile, keep_going=args.quick, on_row=on_row)
     return results
 
 
 def main(argv=None):
     args = parse_args(argv)
+    import importlib.util
+
     import torch
 
     from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
@@ -239,22 +239,34 @@ def main(argv=None):
     from megatron_neobert.model import get_arch
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with megatron_runtime():
-        results = measure(args, smoke_arch() if args.cpu_smoke else get_arch(args.model_preset))
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    checks = check_targets(results, device, args.model_preset)
-    print(format_table(results))
-    print(format_targets(checks))
     command = shlex.join(["python", "tools/benchmark_throughput.py"] + (sys.argv[1:] if argv is None else argv))
     meta = dict(vars(args), command=command, device=device, torch=torch.__version__, kernels=kernel_report(),
                 baseline_attention=baseline_attention())
+    measured = []
+
+    def write(results: list) -> List[TargetCheck]:
+        """The JSON (and Markdown) of `results`: after every row, so that a run stopped by a time limit keeps them."""
+        checks = check_targets(results, device, args.model_preset)
+        write_json_atomic(args.output_json, as_json(results, checks, meta))
+        if args.markdown:
+            write_text_atomic(args.markdown, format_markdown(results, checks, meta))
+        return checks
+
+    def on_row(row):
+        measured.append(row)
+        write(measured)
+
+    with megatron_runtime():
+        results = measure(args, smoke_arch() if args.cpu_smoke else get_arch(args.model_preset), on_row)
+    checks = write(results)  # with the ratios, known once each part is done
+    print(format_table(results))
+    print(format_targets(checks))
+    written = [args.output_json] + ([args.markdown] if args.markdown else [])
     # The figures first: a plot that fails (or a run cut off while plotting) must not cost them.
-    write_json_atomic(args.output_json, as_json(results, checks, meta))
-    written = [args.output_json]
-    if args.markdown:
-        write_text_atomic(args.markdown, format_markdown(results, checks, meta))
-        written.append(args.markdown)
-    if not args.no_plot:
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        print(f"no plot ({args.output_png}): matplotlib is not installed")
+    elif not args.no_plot:
         plot(results, args.output_png)
         written.append(args.output_png)
     print("wrote " + ", ".join(written))

@@ -61,6 +61,25 @@ class Measurement:
         return self.model + ("-fp8" if self.precision == "fp8" else "") + ("+compile" if self.compiled else "")
 
 
+# FP8 is compared with bf16 from this step (1-based) on. Transformer Engine's delayed scaling, as megatron-core sets it
+# up (TEDelayedScaling with TransformerConfig's fp8_amax_history_len 1, fp8_amax_compute_algo "most_recent"), starts
+# every scale at 1 (DelayedScalingRecipeState: torch.ones) with a zero amax history, and sets the forward scales from
+# the amaxes when the first forward's outermost fp8_autocast exits (FP8GlobalStateManager.autocast_exit), the backward
+# ones when the first backward's last FP8 GEMM is done (reduce_and_update_fp8_tensors(forward=False)). So step 1's first
+# micro-batch casts at scale 1 (E4M3 then flushes |x| < 2^-9 to zero: the smallest weights of a std-0.02 init; E5M2
+# gradients below 2^-16), and step 2's loss comes from the update those casts made.
+FP8_COMPARED_FROM_STEP = 3
+
+
+def fp8_loss_gap(fp8: List[float], bf16: List[float]) -> Optional[float]:
+    """The largest relative difference between an FP8 run's losses and bf16's, step by step from
+    FP8_COMPARED_FROM_STEP; None unless both recorded the same number of steps, that one included."""
+    if not fp8 or not bf16 or len(fp8) != len(bf16) or len(fp8) < FP8_COMPARED_FROM_STEP:
+        return None
+    start = FP8_COMPARED_FROM_STEP - 1
+    return max(abs(a - b) / abs(b) for a, b in zip(fp8[start:], bf16[start:]))
+
+
 def document_lengths(seq_length: int, count: int, seed: int = 0) -> List[int]:
     """Web-like document lengths (log-normal, median about seq/3), clipped to [8, seq]."""
     g = torch.Generator().manual_seed(seed)
@@ -137,9 +156,9 @@ def _release_memory(compiled: bool) -> None:
 
 
 def _attempt(run: Callable[[], Measurement], failed: Measurement, optional: bool) -> Measurement:
-    """run(), or `failed` with the reason when it runs out of memory or, for an optional variant
-    (compiled, FP8), fails in any way: one such failure must not cost the rest of a long GPU run. Each row is
-    logged as it is measured: a run stopped by a time limit keeps those figures in its log."""
+    """run(), or `failed` with the reason when it runs out of memory or, for an optional row (a compiled or FP8
+    variant; every row with `keep_going`), fails in any way: one such failure must not cost the rest of a long GPU
+    run. Each row is logged as it is measured: a run stopped by a time limit keeps those figures in its log."""
     _release_memory(failed.compiled)
     try:
         row = run()
@@ -197,8 +216,9 @@ class _HiddenStates(torch.nn.Module):
         return self.model(input_ids, attention_mask=attention_mask, return_hidden_states=True)
 
 
-def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dtype) -> Dict[str, torch.nn.Module]:
-    """name -> model(input_ids=..., attention_mask=...) for each model compared."""
+def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dtype) -> Dict[str, Callable]:
+    """name -> a function building the model, called as model(input_ids=..., attention_mask=...), for each model
+    compared (built on its first row, so that a model that fails to build fails its rows alone)."""
     import transformers
 
     from megatron_neobert.conversion.shape_bridge import hf_config_for_arch
@@ -209,17 +229,17 @@ def inference_models(arch: NeoBERTArch, baselines: bool, small: bool, device, dt
     cfg = hf_config_for_arch(arch)
     initialize_model_parallel(1, 1)
     config = transformer_config(arch, bf16=dtype == torch.bfloat16, params_dtype=dtype)
-    models = {"neobert-hf": NeoBERT(cfg), "neobert-megatron": _HiddenStates(build_model(arch, config))}
+    makers = {"neobert-hf": lambda: NeoBERT(cfg), "neobert-megatron": lambda: _HiddenStates(build_model(arch, config))}
     if baselines:
         shrink = (dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
                   if small else {})
         attention = baseline_attention()
-        models["modernbert-base"] = transformers.AutoModel.from_config(
+        makers["modernbert-base"] = lambda: transformers.AutoModel.from_config(
             transformers.ModernBertConfig(**shrink), attn_implementation=attention, dtype=dtype)
-        models["bert-base"] = transformers.AutoModel.from_config(
+        makers["bert-base"] = lambda: transformers.AutoModel.from_config(
             transformers.BertConfig(max_position_embeddings=8192, **shrink), attn_implementation=attention,
             dtype=dtype)
-    return {name: model.to(device=device, dtype=dtype).eval() for name, model in models.items()}
+    return {name: (lambda make=make: make().to(device=device, dtype=dtype).eval()) for name, make in makers.items()}
 
 
 def _measure_inference(row: Measurement, module: torch.nn.Module, steps: int, device) -> Measurement:
@@ -236,20 +256,33 @@ def _measure_inference(row: Measurement, module: torch.nn.Module, steps: int, de
 
 
 def benchmark_inference(arch: NeoBERTArch, seq_lengths: List[int], steps: int, max_batch: int,
-                        baselines: bool = True, small: bool = False, compile: bool = False) -> List[Measurement]:
+                        baselines: bool = True, small: bool = False, compile: bool = False, keep_going: bool = False,
+                        on_row: Callable[[Measurement], None] = lambda row: None) -> List[Measurement]:
+    """The inference rows, each passed to `on_row` as it is measured; with `keep_going` a row that fails in any way
+    is recorded with its error and the next one runs."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     precision = "bf16" if device == "cuda" else "fp32"
-    models = inference_models(arch, baselines, small, device, dtype)
-    compiled_models = {name: torch.compile(model) for name, model in models.items()} if compile else {}
+    makers = inference_models(arch, baselines, small, device, dtype)
+    built = {}
+
+    def model(name: str, compiled: bool) -> torch.nn.Module:
+        if (name, False) not in built:
+            built[name, False] = makers[name]()
+        if compiled and (name, True) not in built:
+            built[name, True] = torch.compile(built[name, False])
+        return built[name, compiled]
+
     results = []
     for seq in seq_lengths:
-        for name, model in models.items():
+        for name in makers:
             batch_limit = max_batch
-            for compiled, module in [(False, model)] + ([(True, compiled_models[name])] if compile else []):
+            for compiled in [False] + ([True] if compile else []):
                 row = Measurement("inference", name, seq, batch_limit, 0.0, precision, compiled)
-                row = _attempt(lambda: _measure_inference(row, module, steps, device), row, optional=compiled)
+                row = _attempt(lambda: _measure_inference(row, model(name, compiled), steps, device), row,
+                               optional=compiled or keep_going)
                 results.append(row)
+                on_row(row)
                 if row.error is None:  # the compiled variant starts at (and is compared at) eager's batch
                     batch_limit = row.batch_size
     _ratios(results, baseline="modernbert-base" if baselines else "neobert-hf")
@@ -365,7 +398,10 @@ def training_runs(fp8: bool, compile: bool) -> List[Tuple[str, str, bool]]:
 
 
 def benchmark_training(arch: NeoBERTArch, seq_length: int, micro_batch: int, steps: int, micro_batches: int = 1,
-                       mask_rate: float = 0.2, fp8: bool = False, compile: bool = False) -> List[Measurement]:
+                       mask_rate: float = 0.2, fp8: bool = False, compile: bool = False, keep_going: bool = False,
+                       on_row: Callable[[Measurement], None] = lambda row: None) -> List[Measurement]:
+    """The training rows at `seq_length`, each passed to `on_row` as it is measured; `keep_going` as in
+    benchmark_inference."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = {packed: mlm_micro_batches(seq_length, micro_batch, micro_batches, arch.vocab_size, packed, mask_rate,
                                       device) for packed in (False, True)}
@@ -380,8 +416,9 @@ def benchmark_training(arch: NeoBERTArch, seq_length: int, micro_batch: int, ste
             row.error = f"not run: {no_fp8}"
         else:
             row = _attempt(lambda: _measure_training(row, arch, batches, steps, device), row,
-                           optional=compiled or precision == "fp8")
+                           optional=compiled or precision == "fp8" or keep_going)
         results.append(row)
+        on_row(row)
     _ratios(results, baseline="reference-hf-padded")
     return results
 

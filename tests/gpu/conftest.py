@@ -18,9 +18,11 @@ import pytest
 
 KERNELS = ("gpu", "te", "fp8", "flash", "dali", "nvrx")
 SUMMARY_ENV = "GPU_TESTS_SUMMARY"
-# What each file proves, most informative first: a run cut short by its time limit keeps the head of this list.
-ORDER = ("test_te_spec.py", "test_fp8_step.py", "test_sync_free_step.py", "test_attention_kernels.py",
-         "test_quickstart_gpu.py", "test_trainer_options_gpu.py")
+# What each file proves, most informative first: a run cut short by its time limit keeps the head of this list. TE's
+# numerics, then FP8 running and training, then the local spec's packed kernels (their FlexAttention compile is then
+# reused by the sync test's FlexAttention case), the sync check and its positive control, the trainer end to end.
+ORDER = ("test_te_spec.py", "test_fp8_step.py", "test_attention_kernels.py", "test_sync_free_step.py",
+         "test_quickstart_gpu.py", "test_trainer_options_gpu.py", "test_async_save_gpu.py")
 
 
 def required_kernels():

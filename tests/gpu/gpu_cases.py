@@ -7,6 +7,7 @@ from megatron.core import tensor_parallel
 
 from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import build_model, get_arch, transformer_config
+from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.kernels import transformer_engine_available
 from megatron_neobert.model.layer_specs import _LOCAL_TO_TE_CHECKPOINT_KEYS
 
@@ -28,12 +29,24 @@ ARCH = get_arch("neobert-tiny", num_layers=2, hidden_size=128, num_attention_hea
 SEQ, MICRO_BATCH = 128, 4
 
 
-def build(impl: str, dtype=torch.bfloat16, seed: int = 0):
-    """A NeoBERTModel on the GPU with `impl`'s layer spec, initialised from `seed`."""
+def build(impl: str, dtype=torch.bfloat16, seed: int = 0, packed_kernel: str = None):
+    """A NeoBERTModel on the GPU with `impl`'s layer spec, initialised from `seed`; on the local spec, running
+    `packed_kernel` (flash, flex or sdpa; by default the best available) for packed input: each attention module
+    reads NEOBERT_PACKED_ATTENTION once, when it is built."""
     config = transformer_config(ARCH, bf16=dtype == torch.bfloat16, params_dtype=dtype, pipeline_dtype=dtype)
     torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    return build_model(ARCH, config, transformer_impl=impl).cuda()
+    with pytest.MonkeyPatch.context() as env:
+        if packed_kernel:
+            env.setenv(PACKED_ATTENTION_ENV, packed_kernel)
+        return build_model(ARCH, config, transformer_impl=impl).cuda()
+
+
+def loss_and_grads(model, inputs):
+    model.zero_grad()
+    loss, _ = model(**inputs)
+    loss.sum().backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def te_key(local_key: str) -> str:

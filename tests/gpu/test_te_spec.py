@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_neobert.training.step import model_inputs
-from gpu_cases import batch, build, copy_local_to_te, needs_te, relative_error, te_key
+from gpu_cases import batch, build, copy_local_to_te, loss_and_grads, needs_te, relative_error, te_key
 
 pytestmark = needs_te
 
@@ -15,13 +15,6 @@ def models(single_rank):
     te = build("transformer_engine", seed=1)
     copy_local_to_te(local, te)
     return local, te
-
-
-def loss_and_grads(model, inputs):
-    model.zero_grad()
-    loss, _ = model(**inputs)
-    loss.sum().backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("packed", [False, True])
