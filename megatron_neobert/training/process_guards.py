@@ -181,7 +181,7 @@ def kill_stopped_local_ranks() -> None:
             continue
 
 
-_launcher_watch = {"started": False}
+_launcher_watch = {"started": False, "launcher": None}
 
 
 def exit_with_launcher(poll_s: float = 1.0) -> None:
@@ -194,18 +194,35 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or _launcher_watch["started"]:
         return
-    _launcher_watch["started"] = True
-    launcher = os.getppid()
+    _launcher_watch.update(started=True, launcher=os.getppid())
 
     def watch():
         while True:
             time.sleep(poll_s)
-            if os.getppid() != launcher:
-                logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
-                               f"without saving (the latest complete checkpoint stays the one to resume from)")
-                exit_now(1)
+            _exit_if_reparented()
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def exit_if_launcher_gone(wait_s: float = 2.0) -> None:
+    """After a failure to reach torchrun's store: end the rank as the launcher watch would, when torchrun is gone
+    (a rank that writes to the store every step meets the broken pipe before the watch's next look). The pipe breaks
+    as torchrun's files close, a moment before the kernel hands its children to another parent: waits up to
+    `wait_s` for that. Returns when torchrun is still there (the failure is another one)."""
+    if _launcher_watch["launcher"] is None:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        _exit_if_reparented()
+        time.sleep(0.05)
+
+
+def _exit_if_reparented() -> None:
+    launcher = _launcher_watch["launcher"]
+    if os.getppid() != launcher:
+        logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {launcher}) is gone; exiting "
+                       f"without saving (the latest complete checkpoint stays the one to resume from)")
+        exit_now(1)
 
 
 class ExitSignalHandler:

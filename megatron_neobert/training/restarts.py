@@ -20,6 +20,7 @@ import torch
 
 from megatron_neobert.parallel.rendezvous import JOB_PREFIX, agent_store, uses_agent_store
 from megatron_neobert.training.checkpoint.state import checkpoint_args
+from megatron_neobert.training.process_guards import exit_if_launcher_gone
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,11 @@ class RestartReport:
                 logger.info(f"restarted after failure: resumed at iteration {self.resumed_at} (the failed attempt's "
                             f"progress is unknown: torchrun's store did not keep it)")
         if self.store is not None:
-            self.store.set(PROGRESS_KEY, f"{iteration} {now}")
+            try:
+                self.store.set(PROGRESS_KEY, f"{iteration} {now}")
+            except torch.distributed.DistNetworkError:  # torchrun hosts the store: gone with it, say so
+                exit_if_launcher_gone()
+                raise
 
 
 def world_size_change(common: dict, num_micro_batches: int) -> Optional[str]:
