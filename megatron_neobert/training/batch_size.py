@@ -2,8 +2,6 @@
 on megatron-core's micro-batch calculator (the loop's, and the count of a ramped run's iterations), with every size
 checked against micro-batch x data-parallel size before training."""
 
-from typing import List, Optional
-
 from megatron_neobert.training.errors import InputError
 
 

@@ -181,7 +181,7 @@ def kill_stopped_local_ranks() -> None:
             continue
 
 
-_launcher_watch = {"started": False, "launcher": None}
+_launcher_watch = {"launcher": None}  # torchrun's pid, once the watch started
 
 
 def exit_with_launcher(poll_s: float = 1.0) -> None:
@@ -192,9 +192,9 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
     process group (a second call does nothing). Outside torchrun nothing is watched (a `nohup` run must survive its
     shell).
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or _launcher_watch["started"]:
+    if "TORCHELASTIC_RUN_ID" not in os.environ or _launcher_watch["launcher"] is not None:
         return
-    _launcher_watch.update(started=True, launcher=os.getppid())
+    _launcher_watch["launcher"] = os.getppid()
 
     def watch():
         while True:
