@@ -36,6 +36,11 @@ def setting(default: Any = None, help: str = "", *, flag: Optional[str] = None, 
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def closest(word: str, known) -> List[str]:
+    """The one name of `known` that `word` was most likely meant to be, as a list (empty when none is close)."""
+    return difflib.get_close_matches(word, known, n=1)
+
+
 def redeclare(cls, name: str, default: Any) -> Any:
     """`cls`'s setting `name` with another default, for a subclass: the same help and flag."""
     field = next(f for f in dataclasses.fields(cls) if f.name == name)
@@ -128,9 +133,8 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         if self.error_class is None:
             super().error(message)
-        guesses = [difflib.get_close_matches(word.split("=")[0], self._option_string_actions, n=1)
-                   for word in message.split() if word.startswith("--")]
-        meant = sorted({g[0] for g in guesses if g})
+        meant = sorted({guess for word in message.split() if word.startswith("--")
+                        for guess in closest(word.split("=")[0], self._option_string_actions)})
         hint = f" (did you mean {' / '.join(meant)}?)" if meant and "unrecognized" in message else ""
         raise self.error_class(f"{message}{hint}; {self.prog} --help lists the flags")
 

@@ -15,7 +15,7 @@ from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.loop import NonFiniteLossError, train
-from megatron_neobert.training.model_setup import build_model_chunks, model_arch
+from megatron_neobert.training.model_setup import build_model_chunks, run_model_shape
 from megatron_neobert.training.step import mlm_forward_step
 from megatron_neobert.training.train_log import configure_logging
 
@@ -135,7 +135,7 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
 
     settings = parse_settings(argv)
     initialize_model_parallel(1, 1)
-    arch = model_arch(settings.model)
+    arch = run_model_shape(settings).arch
     chunks = build_model_chunks(arch, transformer_config(arch), "local")
     weights = []
     for path in checkpoint_dirs:

@@ -86,14 +86,57 @@ def checkpoint(data, tmp_path_factory):
     return root
 
 
-def test_a_checkpoint_of_another_shape_is_named_before_the_model_is_built(data, checkpoint, capsys):
+def test_a_checkpoint_of_another_shape_is_named_before_the_model_is_built(data, checkpoint, capsys, tmp_path):
     root = checkpoint
     capsys.readouterr()
+    save = tmp_path / "new" / "ckpt"  # made by the run's start, removed with its refusal
     line = fails_in_one_line(capsys, short_run(data, "--train-iters", "2", "--load", root, "--hidden-size", "128",
-                                               "--num-layers", "3"))
+                                               "--num-layers", "3", "--save", str(save)))
+    assert not (tmp_path / "new").exists()
     assert line == (f"error: checkpoint {root}/iter_0000001 holds a model of another shape (num_layers 2 there, 3 "
                     f"here; hidden_size 64 there, 128 here; this run: --model-preset neobert-tiny and its overrides): give "
                     f"the checkpoint's sizes, or --use-checkpoint-args to take them from it")
+
+
+def refusals(tmp_path):
+    """(extra flags, the error line's start) of the last inputs that ended in a traceback, and left an empty --save
+    folder behind: each now refused before any rank starts work."""
+    from hf_fixtures import make_tokenizer
+
+    config = tmp_path / "run.yaml"
+    config.write_text("train-iter: 2\n")
+    return {
+        "a negative learning rate": (["--lr", "-1"], "error: --lr -1.0 must be at least 0"),
+        "a tokenizer smaller than the data's ids": (
+            ["--tokenizer-model", str(make_tokenizer(tmp_path / "small_tokenizer"))],
+            "error: dataset {prefix} was tokenized with HuggingFaceTokenizer"),
+        "an unwritable --save": (["--save", "/sys/neobert/ckpt"],
+                                 "error: --save /sys/neobert/ckpt: cannot write in /sys (Permission denied)"),
+        "a --load that does not exist": (
+            ["--load", str(tmp_path / "typo")],
+            f"error: --load {tmp_path / 'typo'}: no checkpoint in {tmp_path / 'typo'} (the folder does not exist)"),
+        "an unknown key in --config": (["--config", str(config)],
+                                       f"error: {config}: unknown setting 'train-iter' (did you mean train-iters?)"),
+    }
+
+
+@pytest.mark.parametrize("case", ["a negative learning rate", "a tokenizer smaller than the data's ids",
+                                  "an unwritable --save", "a --load that does not exist", "an unknown key in --config"])
+def test_the_last_tracebacks_are_one_line_and_leave_nothing_on_disk(data, capsys, tmp_path, case):
+    extra, expected = refusals(tmp_path)[case]
+    save = tmp_path / "runs" / "ckpt"
+    started = time.monotonic()
+    line = fails_in_one_line(capsys, short_run(data, "--train-iters", "2", "--save", str(save), *extra))
+    assert line.startswith(expected.format(prefix=data[0])), line
+    assert not (tmp_path / "runs").exists()
+    assert time.monotonic() - started < 30
+
+
+def test_the_resume_idiom_starts_from_scratch_in_a_new_folder(data, capsys, tmp_path):
+    """--save X --load X with no X yet: Megatron-LM's idiom for a run that resumes itself."""
+    folder = str(tmp_path / "new")
+    assert main(short_run(data, "--train-iters", "1", "--save", folder, "--load", folder)) == 0
+    assert f"no checkpoint in {folder} (the folder does not exist): starting from scratch" in capsys.readouterr().out
 
 
 def run_cli(command, env=None, timeout=120):

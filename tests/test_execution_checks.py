@@ -14,7 +14,7 @@ from megatron_neobert.evaluation.throughput import mlm_batch
 from megatron_neobert.model import get_arch
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
+from megatron_neobert.training.model_setup import setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "cpu_execution")
@@ -28,7 +28,7 @@ def trainer_chunks(*flags):
     """This process's model chunks as the trainer sets them up (DDP, optimizer hooks), on the local spec."""
     settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
                                "--lr-warmup-iters", "0", "--transformer-impl", "local", *flags])
-    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
+    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH)
     return chunks
 
 

@@ -265,13 +265,13 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
     from megatron_neobert.data.tokenizer import build_tokenizer
     from megatron_neobert.data.trainer_datasets import build_trainer_datasets
     from megatron_neobert.training.loop import startup_notes
-    from megatron_neobert.training.model_setup import model_arch
+    from megatron_neobert.training.model_setup import run_model_shape
 
     given, plain = (parse_settings(_mock_argv("--train-iters", "10", "--lr-warmup-iters", "1", *split))
                     for split in (["--split", "949,50,1"], []))
-    notes = startup_notes(given, model_arch(given.model))
+    notes = startup_notes(given, run_model_shape(given))
     assert "--split 949,50,1 does not apply to --mock-data: megatron-core splits mock data 1,1,1" in notes
-    assert not any("--split" in note for note in startup_notes(plain, model_arch(plain.model)))
+    assert not any("--split" in note for note in startup_notes(plain, run_model_shape(plain)))
     tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
     datasets = [build_trainer_datasets(settings, tokenizer) for settings in (given, plain)]
     for split in range(2):  # train, valid: the same documents with and without --split
@@ -283,11 +283,11 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     from megatron_neobert.training.loop import startup_notes
-    from megatron_neobert.training.model_setup import model_arch
+    from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
     assert settings.model.recompute_granularity == "selective"
-    notes = startup_notes(settings, model_arch(settings.model))
+    notes = startup_notes(settings, run_model_shape(settings))
     assert notes[0].startswith("NeoBERT where Megatron-LM's BERT differs: no binary (next-sentence) head")
     assert "--weight-decay 0.1 (Megatron-LM's default: 0.01)" in notes[1]
     assert "--lr-decay-style cosine" in notes[1] and "--adam-beta2" not in notes[1]
@@ -297,7 +297,7 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     assert "neobert-tiny overridden" in notes[3] and "num_layers 4 -> 2" in notes[3]
     assert "hidden_size 128 -> 64" in notes[3]
     plain = parse_settings(["--data-path", "x", "--model-preset", "neobert-tiny"])
-    assert len(startup_notes(plain, model_arch(plain.model))) == 4  # with the schedule's and the precision's
+    assert len(startup_notes(plain, run_model_shape(plain))) == 4  # with the schedule's and the precision's
     from megatron_neobert.training.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())
@@ -311,13 +311,13 @@ def _step_with(optimizer_name, argv_extra=()):
     from megatron_neobert.training.data_setup import build_data
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
+    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
                                          "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
                                          "--adam-beta2", "0.999", *argv_extra))
-    arch = model_arch(settings.model)
+    arch = run_model_shape(settings).arch
     _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch, 8192)
     _, batches, _ = build_data(settings, 0, 0)
     model = unwrap_model(chunks[0])
@@ -348,16 +348,17 @@ def test_bf16_on_a_cpu_computes_in_bf16_and_the_start_up_says_so(single_rank):
 
     from megatron_neobert.training.data_setup import build_data
     from megatron_neobert.training.loop import startup_notes
-    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
+    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--bf16", "--lr-warmup-iters", "0", "--train-iters", "10"))
-    arch = model_arch(settings.model)
-    assert startup_notes(settings, arch)[-1] == (
+    shape = run_model_shape(settings)
+    arch = shape.arch
+    assert startup_notes(settings, shape)[-1] == (
         "precision: bf16 weights and activations (linear layers, attention and norms compute in bf16, on the CPU as "
         "on a GPU); fp32 main weights, gradient reduction and optimizer state (--bf16)")
     plain = parse_settings(_mock_argv())
-    assert startup_notes(plain, arch)[-1] == ("precision: fp32 weights, activations, gradients and optimizer state "
+    assert startup_notes(plain, shape)[-1] == ("precision: fp32 weights, activations, gradients and optimizer state "
                                               "(the default without a GPU; --bf16 runs bf16 here too)")
     _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch, 8192)
     layers = ("ColumnParallelLinear", "RowParallelLinear", "RMSNorm", "BidirectionalAttention")

@@ -14,6 +14,7 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_settings
+from checkpoint_files import args_only_checkpoint
 from pretrain_cases import run_train
 from test_train_log import ITERATION, MEGATRON_FIELDS, VALIDATION
 
@@ -118,7 +119,6 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--attention-dropout", "0.1"], ("attention_dropout", 0.1)),
     (["--init-method-std", "0.02"], ("init_method_std", 0.02)),
     (["--no-save-rng"], ("no_save_rng", True)),
-    (["--pretrained-checkpoint", "pre"], ("pretrained_checkpoint", "pre")),
     (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
     (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
     (["--async-save"], ("async_save", True)),
@@ -152,37 +152,39 @@ def test_swiglu_is_refused_for_a_gelu_preset():
 
 def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers():
     from megatron_neobert.training.loop import startup_notes
-    from megatron_neobert.training.model_setup import model_arch
+    from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64",
                                "--vocab-file", VOCAB])
     assert settings.data.tokenizer_type == "BertWordPieceLowerCase"  # Megatron-LM's pretrain_bert.py default
-    arch = model_arch(settings.model, tokenizer_vocab_size=5000)
+    shape = run_model_shape(settings, tokenizer_vocab_size=5000)
+    arch = shape.arch
     assert (arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size) == (64, 176, 5000)
-    overridden = startup_notes(settings, arch)[-2]  # the last: the precision's
+    overridden = startup_notes(settings, shape)[-2]  # the last: the precision's
     assert "ffn_hidden_size 344 -> 176 (derived from --hidden-size)" in overridden
     assert "vocab_size 8192 -> 5000 (the tokenizer's)" in overridden
-    given = parse_settings(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100", "--vocab-size", "9000"]).model
-    assert (model_arch(given, 5000).ffn_hidden_size, model_arch(given, 5000).vocab_size) == (100, 9000)
+    given = run_model_shape(parse_settings(BASE + ["--hidden-size", "64", "--ffn-hidden-size", "100",
+                                                   "--vocab-size", "9000"]), 5000).arch
+    assert (given.ffn_hidden_size, given.vocab_size) == (100, 9000)
 
 
 def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
     from megatron_neobert.training.loop import startup_notes
-    from megatron_neobert.training.model_setup import model_arch
+    from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(BASE + ["--sequence-parallel"])
     assert not settings.parallel.sequence_parallel
     assert "disabling sequence parallelism because tensor model parallelism is disabled" in startup_notes(
-        settings, model_arch(settings.model))[-2]
+        settings, run_model_shape(settings))[-2]
 
 
 def _model(argv):
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.model_setup import model_arch, setup_model_and_optimizer
+    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
 
     settings = parse_settings(BASE + argv)
-    _, chunks, _, _ = setup_model_and_optimizer(settings, model_arch(settings.model), 8192)
+    _, chunks, _, _ = setup_model_and_optimizer(settings, run_model_shape(settings).arch, 8192)
     return unwrap_model(chunks[0])
 
 
@@ -263,9 +265,17 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
     assert [r["iteration"] for r in resumed["async"]["train"]] == [5, 6]
 
 
-def test_use_checkpoint_args_does_not_claim_the_recipes_length():
+def test_pretrained_checkpoint_is_taken(tmp_path):
+    pre = args_only_checkpoint(tmp_path / "pre")
+    assert parse_settings(BASE + ["--pretrained-checkpoint", pre]).checkpoint.pretrained_checkpoint == pre
+
+
+def test_use_checkpoint_args_does_not_claim_the_recipes_length(tmp_path):
     from megatron_neobert.training.resolve import recipe_defaults_applied
 
-    applied = recipe_defaults_applied(parse_settings(BASE + ["--load", "ckpt", "--use-checkpoint-args"]))
+    ckpt = args_only_checkpoint(tmp_path / "ckpt", seq_length=128)
+    settings = parse_settings(BASE + ["--load", ckpt, "--use-checkpoint-args"])
+    applied = recipe_defaults_applied(settings)
+    assert settings.data.seq_length == 128 and settings.from_checkpoint == {"seq_length"}
     assert applied and not any(item.startswith("--seq-length") for item in applied)
     assert any(item.startswith("--seq-length 1024") for item in recipe_defaults_applied(parse_settings(BASE)))

@@ -11,7 +11,7 @@ from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.model_setup import model_arch
+from megatron_neobert.training.model_setup import run_model_shape
 
 NULL = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"]
 SHORT = ["--model-preset", "neobert-tiny", "--seq-length", "64", "--train-iters", "10", "--lr-warmup-iters", "1",
@@ -36,7 +36,7 @@ def test_special_ids_are_the_flags_or_follow_the_datas(flags, ids):
     assert found == ids
     assert tokenizer.special_ids == {ids[role] for role in ("eod", "pad", "cls", "sep", "mask")}
     # --vocab-size is the tokenizer's, as Megatron-LM's: the model's vocabulary is the tokenizer's whole one.
-    assert settings.model.vocab_size is None and model_arch(settings.model, tokenizer.vocab_size).vocab_size == ids[
+    assert settings.model.vocab_size is None and run_model_shape(settings, tokenizer.vocab_size).arch.vocab_size == ids[
         "vocab"]
 
 

@@ -2,6 +2,7 @@
 folder a resume may load, throughput figures, the kernel report."""
 
 import argparse
+import dataclasses
 import glob
 import os
 import types
@@ -9,7 +10,8 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.training.model_setup import model_arch, resolve_padded_vocab_size
+from megatron_neobert.training.model_setup import run_model_shape
+from megatron_neobert.training.run_checks import check_vocabulary_rows
 from megatron_neobert.training.schedule import build_scheduler
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
@@ -43,7 +45,7 @@ def test_ablation_configs_parse():
     archs = {}
     for path in sorted(glob.glob(os.path.join(EXAMPLES, "ablations", "m*.yaml"))):
         s = parse_settings(["--config", path])
-        archs[os.path.basename(path)] = (model_arch(s.model), s)
+        archs[os.path.basename(path)] = (run_model_shape(s).arch, s)
     assert len(archs) == 10
     m0, m0_settings = archs["m0.yaml"]
     assert (m0.normalization, m0.activation, m0_settings.data.mask_scheme, m0_settings.data.mask_rate) == (
@@ -58,16 +60,19 @@ def test_ablation_configs_parse():
 def test_padded_vocabulary_is_the_checkpoints():
     argv = ["--data-path", "d", "--model-preset", "neobert-tiny", "--vocab-size", "8200"]
     settings = parse_settings(argv + ["--tensor-model-parallel-size", "2"])
-    arch = model_arch(settings.model)
-    assert resolve_padded_vocab_size(settings, arch, None, None) == 8448  # a multiple of 128 x TP 2
-    tp1_checkpoint = {"args": argparse.Namespace(padded_vocab_size=8320)}  # 8200 padded at TP 1
-    assert resolve_padded_vocab_size(settings, arch, "ckpt", tp1_checkpoint) == 8320
+    assert run_model_shape(settings).padded_vocab_size == 8448  # a multiple of 128 x TP 2
+    arch = dict(dataclasses.asdict(get_arch("neobert-tiny")), vocab_size=8200)
+    tp1_checkpoint = {"args": argparse.Namespace(padded_vocab_size=8320, arch=arch)}  # 8200 padded at TP 1
+    shape = run_model_shape(settings, common=tp1_checkpoint)
+    assert shape.padded_vocab_size == 8320
+    check_vocabulary_rows(settings, shape, "ckpt")
     tp3 = parse_settings(argv + ["--tensor-model-parallel-size", "3"])
     with pytest.raises(ValueError, match="checkpoint ckpt has its vocabulary padded to 8320 rows, which "
                                          "--tensor-model-parallel-size 3 does not divide"):
-        resolve_padded_vocab_size(tp3, arch, "ckpt", tp1_checkpoint)
+        check_vocabulary_rows(tp3, run_model_shape(tp3, common=tp1_checkpoint), "ckpt")
+    too_few = {"args": argparse.Namespace(padded_vocab_size=8192, arch=arch)}
     with pytest.raises(ValueError, match=r"8192 vocabulary rows, fewer than the model's vocabulary \(8200"):
-        resolve_padded_vocab_size(settings, arch, "ckpt", {"args": argparse.Namespace(padded_vocab_size=8192)})
+        check_vocabulary_rows(settings, run_model_shape(settings, common=too_few), "ckpt")
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -3,7 +3,6 @@ them end to end are in test_bad_input.py and test_faults.py)."""
 
 import argparse
 import dataclasses
-import logging
 import re
 
 import pytest
@@ -13,9 +12,10 @@ from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.model.config import PRESETS, get_arch
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.training.model_setup import run_model_shape
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_tensor_parallel_shapes, check_vocabulary,
-                                                  tensor_parallel_shape_error, trained_length)
+                                                  check_positions, check_tensor_parallel_shapes, check_vocabulary,
+                                                  tensor_parallel_shape_error)
 
 TINY = get_arch("neobert-tiny")
 
@@ -79,24 +79,25 @@ def test_learned_positions_are_part_of_the_shape():
         check_model_shape(settings, dataclasses.replace(m0, max_sequence_length=64), "ckpt", saved(m0))
 
 
-def test_rope_records_the_longest_length_trained_at(single_rank, caplog):
-    caplog.set_level(logging.INFO, logger="megatron_neobert")
-    short = dataclasses.replace(TINY, max_sequence_length=32)
-    assert trained_length(settings_of("--seq-length", "16"), short, None).max_sequence_length == 32
-    assert caplog.text == ""
-    assert trained_length(settings_of("--seq-length", "64"), short, None).max_sequence_length == 64
-    assert "--seq-length 64 is above the preset's 32 positions: allowed with RoPE" in caplog.text
-    # A checkpoint trained longer keeps its length.
-    assert trained_length(settings_of("--seq-length", "16"), short, saved(dataclasses.replace(
-        TINY, max_sequence_length=128))).max_sequence_length == 128
+def test_rope_records_the_longest_length_trained_at():
+    def length(*flags, common=None):
+        settings = settings_of("--model-preset", "neobert-tiny", *flags)
+        return run_model_shape(settings, common=common).arch.max_sequence_length
+
+    assert length("--max-position-embeddings", "32", "--seq-length", "16") == 32
+    assert length("--max-position-embeddings", "32", "--seq-length", "64") == 64
+    # A checkpoint trained longer keeps its length; the preset's (1024), never trained at, does not replace it.
+    assert length("--seq-length", "16", common=saved(dataclasses.replace(TINY, max_sequence_length=128))) == 128
+    assert length("--seq-length", "16", common=saved(dataclasses.replace(TINY, max_sequence_length=512))) == 512
+    assert length("--seq-length", "16") == 1024
 
 
 def test_learned_positions_bound_the_sequence_length():
     m0 = dataclasses.replace(get_arch("ablation-m0"), max_sequence_length=32)
-    assert trained_length(settings_of("--seq-length", "32"), m0, None) == m0
-    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of "
-                                            "--model-preset ablation-m0 \\(learned_absolute\\)"):
-        trained_length(settings_of("--model-preset", "ablation-m0", "--seq-length", "64"), m0, None)
+    check_positions(settings_of("--seq-length", "32"), m0)
+    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of the model "
+                                            "\\(learned_absolute\\)"):
+        check_positions(settings_of("--model-preset", "ablation-m0", "--seq-length", "64"), m0)
 
 
 def test_an_optimizer_state_of_another_setup_names_each_setting_and_the_way_out():

@@ -87,12 +87,12 @@ def reference_run(argv, before: dict) -> dict:
     use, and the weights after the last step."""
     from megatron_neobert.model import padded_vocab_size, transformer_config
     from megatron_neobert.training.data_setup import build_data
-    from megatron_neobert.training.model_setup import build_model_chunks, model_arch
+    from megatron_neobert.training.model_setup import build_model_chunks, run_model_shape
 
     settings = parse_settings(argv)
     training = settings.training
     tokenizer, batches, _ = build_data(settings, 0, 0)
-    arch = model_arch(settings.model, tokenizer.vocab_size)
+    arch = run_model_shape(settings, tokenizer.vocab_size).arch
     model = build_model_chunks(arch, transformer_config(arch), "local",
                                padded_vocab=padded_vocab_size(arch.vocab_size, 1))[0]
     with torch.no_grad():

@@ -37,7 +37,7 @@ from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, write_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
-from megatron_neobert.model import PRESETS, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.model import PRESETS, VOCAB_PADDING_MULTIPLE, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
@@ -316,7 +316,7 @@ def mcore_to_hf(load: PathLike, save: PathLike, dtype: str = "fp32", tokenizer: 
     if save.exists() and not overwrite:
         raise FileExistsError(f"{save} already exists; pass --overwrite to replace it")
     arch, args, mcore_sd, _, _ = load_mcore_checkpoint(load, model_preset)
-    config = shape_bridge_call(shape_bridge.hf_config_for_arch, arch)
+    config = shape_bridge_call(shape_bridge.hf_config_for_arch, arch, args.get("hf_intermediate_size"))
     hf_sd = _cast(hf_state_dict_from_mcore(mcore_sd, config), DTYPES[dtype], progress, "mcore -> HF")
     with tempfile.TemporaryDirectory() as workdir:
         tok = _resolve_tokenizer(tokenizer, args, Path(workdir), no_tokenizer)
@@ -359,7 +359,7 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     arch = NeoBERTArch(**arch_fields)
     initialize_model_parallel(tp, pp)
     config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default 128 x TP.
+    # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default's.
     chunks = build_model_chunks(arch, config, "local", padded_vocab=checkpoint_args(common)["padded_vocab_size"])
     with _megatron_deprecations_hidden():
         state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
@@ -374,7 +374,7 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
 def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int = 1,
                 pipeline_model_parallel_size: int = 1, dtype: str = "fp32", tokenizer: Optional[str] = None,
                 model_preset: Optional[str] = None, overwrite: bool = False, progress: bool = True,
-                make_vocab_size_divisible_by: int = 128) -> ConversionSummary:
+                make_vocab_size_divisible_by: int = VOCAB_PADDING_MULTIPLE) -> ConversionSummary:
     """An HF NeoBERT folder or hub name -> a distributed checkpoint root in the trainer's layout
     (`iter_0000000/`, marker, common args), written by TP x PP ranks."""
     from megatron.core import dist_checkpointing
@@ -406,7 +406,8 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                             tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
                             model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
                             pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
-                            params_dtype=dtype, converted_from=str(load))
+                            params_dtype=dtype, converted_from=str(load),
+                            hf_intermediate_size=config.intermediate_size)
 
     with atomic_path(save) as tmp:
         stage = tmp / "stage-tp1"

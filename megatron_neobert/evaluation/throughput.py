@@ -320,7 +320,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.arguments import parse_settings
-    from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
+    from megatron_neobert.training.model_setup import setup_model_and_optimizer
     from megatron_neobert.training.step import grads_are_finite, run_micro_batches
 
     # No data is read: the batches are synthetic. No warmup: the steps learn at the peak rate from the first, so
@@ -329,8 +329,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     settings = parse_settings(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch,
-                                                        resolve_padded_vocab_size(settings, arch, None, None))
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch)
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.

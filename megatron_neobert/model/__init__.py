@@ -3,13 +3,8 @@
 from typing import Optional
 
 from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch, swiglu_width, transformer_config
-
-
-def padded_vocab_size(vocab_size: int, tensor_model_parallel_size: int = 1,
-                      make_vocab_size_divisible_by: int = 128) -> int:
-    """Megatron-LM's rule: pad the vocabulary to a multiple of divisible_by x TP."""
-    multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
-    return -(-vocab_size // multiple) * multiple
+from megatron_neobert.model.shape import (VOCAB_PADDING_MULTIPLE, ModelShape, padded_vocab_size,
+                                          resolve_model_shape)
 
 
 def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_process: bool = True,
@@ -27,5 +22,5 @@ def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_proces
                         rotary_base=arch.rotary_base, vp_stage=vp_stage)
 
 
-__all__ = ["PRESETS", "NeoBERTArch", "build_model", "get_arch", "padded_vocab_size", "swiglu_width",
-           "transformer_config"]
+__all__ = ["PRESETS", "VOCAB_PADDING_MULTIPLE", "ModelShape", "NeoBERTArch", "build_model", "get_arch",
+           "padded_vocab_size", "resolve_model_shape", "swiglu_width", "transformer_config"]

@@ -6,7 +6,8 @@ warmup steps to 6e-4, cosine decay to 10% of the peak over 90% of the steps then
 by [MASK], 1024 tokens, 2M tokens per step. A `--config` YAML file holds the same settings (keys are flag names,
 with - or _); flags given on the command line override it.
 
-argv -> the values given (command line over --config) -> the Megatron-LM adapter (`MegatronLMFlags`: aliases map
+argv -> the values given (command line over --config) -> the args of the checkpoint the run starts from
+(`starting_checkpoint`: its tokenizer, and with --use-checkpoint-args its shape and length) -> the Megatron-LM adapter (`MegatronLMFlags`: aliases map
 onto settings, flags that choose nothing are checked and dropped) -> `resolve.resolve_settings` -> `Settings`.
 """
 
@@ -16,11 +17,12 @@ from typing import ClassVar, Dict, Optional, Sequence, Set, Tuple
 
 import yaml
 
-from megatron_neobert.flags import ArgumentParser, add_flags, convert_value, parse_given, setting
-from megatron_neobert.model.config import PRESETS, get_arch
+from megatron_neobert.flags import ArgumentParser, add_flags, closest, convert_value, parse_given, setting
+from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch
 from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.resolve import resolve_settings
 from megatron_neobert.training.settings import SECTIONS, Settings
+from megatron_neobert.training.starting_checkpoint import apply_checkpoint_args, starting_checkpoint
 
 CKPT_FORMATS = ("torch_dist", "torch", "torch_dcp", "zarr", "fsdp_dtensor")
 
@@ -97,7 +99,9 @@ def _config_file_values(parser: argparse.ArgumentParser, path: str) -> Dict[str,
     for key, value in loaded.items():
         dest = str(key).replace("-", "_")
         if dest not in known:
-            raise InputError(f"{path}: unknown setting {key!r}")
+            meant = closest(dest, known)
+            hint = f" (did you mean {meant[0].replace('_', '-')}?)" if meant else ""
+            raise InputError(f"{path}: unknown setting {key!r}{hint}")
         try:
             values[dest] = convert_value(parser, dest, value)
         except ValueError as err:
@@ -119,9 +123,10 @@ def _refuse(condition: bool, message: str) -> None:
         raise InputError(message)
 
 
-def adapt(given: Dict[str, object]) -> Tuple[Dict[str, object], Set[str]]:
+def adapt(given: Dict[str, object], checkpoint_arch: Optional[dict] = None) -> Tuple[Dict[str, object], Set[str]]:
     """(the settings' values the user gave, Megatron-LM's aliases mapped onto them; their names): the adapter's
-    own flags are checked here and go no further."""
+    own flags are checked here, against the preset's architecture or with --use-checkpoint-args `checkpoint_arch`,
+    and go no further."""
     flags = MegatronLMFlags(**{k: v for k, v in given.items() if k in ADAPTER_FLAGS})
     values = {k: v for k, v in given.items() if k not in ADAPTER_FLAGS}
     _refuse(flags.ckpt_format != "torch_dist",
@@ -143,14 +148,15 @@ def adapt(given: Dict[str, object]) -> Tuple[Dict[str, object], Set[str]]:
         _refuse(values.get("recompute_granularity") == "full",
                 "--recompute-activations means --recompute-granularity selective; not with full")
         values["recompute_granularity"] = "selective"
-    _check_architecture_flags(flags, values.get("model_preset", SECTIONS["model"]().model_preset))
+    _check_architecture_flags(flags, values.get("model_preset", SECTIONS["model"]().model_preset), checkpoint_arch)
     return values, set(values)
 
 
-def _check_architecture_flags(flags: MegatronLMFlags, preset_name: str) -> None:
-    """Megatron-LM's architecture flags choose no architecture here (the preset does): each one given must agree
-    with the preset, or the error names the presets that have what it asks for."""
-    arch = get_arch(preset_name)
+def _check_architecture_flags(flags: MegatronLMFlags, preset_name: str, checkpoint_arch: Optional[dict]) -> None:
+    """Megatron-LM's architecture flags choose no architecture here (the preset does, or the checkpoint's record):
+    each one given must agree with it, or the error names the presets that have what it asks for."""
+    arch = NeoBERTArch(**checkpoint_arch) if checkpoint_arch else get_arch(preset_name)
+    source = "the checkpoint's model (--use-checkpoint-args)" if checkpoint_arch else f"the {preset_name} preset"
     asked = {"position_embedding_type": flags.position_embedding_type, "normalization": flags.normalization,
              "activation": "swiglu" if flags.swiglu else None}
     for field, value in asked.items():
@@ -158,7 +164,7 @@ def _check_architecture_flags(flags: MegatronLMFlags, preset_name: str) -> None:
             continue
         flag = {"activation": "--swiglu"}.get(field, f"--{field.replace('_', '-')} {value}")
         having = [name for name, preset in PRESETS.items() if getattr(preset, field) == value]
-        raise InputError(f"{flag}: the {preset_name} preset has {field} {getattr(arch, field)}; "
+        raise InputError(f"{flag}: {source} has {field} {getattr(arch, field)}; "
                          f"--model-preset {' or '.join(having)} has {value}")
 
 
@@ -168,7 +174,10 @@ def parse_settings(argv: Optional[Sequence[str]] = None, gpu_capability=None, te
     ((major, minor) of this rank's GPU, False without one) and `te_available` describe the machine; None: look them
     up."""
     given = given_values(argv, parser)
-    values, explicit = adapt(given)
+    found = starting_checkpoint(given)  # before any check, as Megatron-LM's load_args_from_checkpoint
+    use_arch = given.get("use_checkpoint_args") and found is not None
+    values, explicit = adapt(given, found[1]["arch"] if use_arch else None)
+    from_checkpoint = apply_checkpoint_args(values, explicit, found)
     return resolve_settings(values, explicit, gpu_capability=gpu_capability, te_available=te_available,
-                            distributed_backend=given.get("distributed_backend"))
+                            distributed_backend=given.get("distributed_backend"), from_checkpoint=from_checkpoint)
 

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import os
 import time
 from typing import List, Optional
 
@@ -39,17 +40,18 @@ from megatron_neobert.training.resolve import recipe_defaults_applied
 from megatron_neobert.training.batch_size import check_batch_sizes
 from megatron_neobert.training.schedule import checkpoint_schedule_note, describe_rampup, describe_schedule
 from megatron_neobert.training.metrics import step_flops
-from megatron_neobert.training.model_setup import (finish_param_sync, model_arch, preset_overrides,
-                                                   resolve_padded_vocab_size, resume_param_sync,
-                                                   setup_model_and_optimizer, use_checkpoint_args)
+from megatron_neobert.model import ModelShape
+from megatron_neobert.training.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
+                                                   setup_model_and_optimizer)
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                       exit_with_launcher, forked_children_die_with_rank,
                                                       ignore_exit_signals, stop_requested)
 from megatron_neobert.training.restarts import RestartReport, world_size_change
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_tensor_parallel_shapes, check_vocabulary, data_prefixes,
-                                                  trained_length)
+                                                  check_positions, check_tensor_parallel_shapes,
+                                                  check_tokenizer_matches_checkpoint, check_vocabulary,
+                                                  check_vocabulary_rows, data_prefixes)
 from megatron_neobert.training.settings import RECIPE_DIFFERENCES, Settings
 from megatron_neobert.training.step import (ForwardStep, StepStats, grads_are_finite, mlm_forward_step,
                                             params_are_finite, params_norm, run_micro_batches)
@@ -96,17 +98,18 @@ def num_micro_batches(settings: Settings) -> int:
     return settings.training.global_batch_size // (settings.training.micro_batch_size * dp)
 
 
-def describe_layout(settings: Settings, arch, padded_vocab: int, num_chunks: int, num_micro: int) -> str:
+def describe_layout(settings: Settings, shape: ModelShape, num_chunks: int, num_micro: int) -> str:
     parallel = settings.parallel
     tp, pp = parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size
     dp = parallel_state.get_data_parallel_world_size()
+    arch = shape.arch
     on_off = lambda flag: "on" if flag else "off"
     return (f"layout: {torch.distributed.get_world_size()} ranks = TP {tp} x PP {pp} x DP {dp}"
             f" (virtual stages per rank {num_chunks}, sequence parallel {on_off(parallel.sequence_parallel)}, "
             f"distributed optimizer {on_off(parallel.use_distributed_optimizer)}); global batch "
             f"{settings.training.global_batch_size} = micro-batch {settings.training.micro_batch_size} x "
-            f"{num_micro} accumulation x DP {dp}; model {settings.model.model_preset} {arch.num_layers} x "
-            f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {padded_vocab})")
+            f"{num_micro} accumulation x DP {dp}; model {shape.preset or 'of the checkpoint'} {arch.num_layers} x "
+            f"{arch.hidden_size}, vocab {arch.vocab_size} (padded {shape.padded_vocab_size})")
 
 
 def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer, scheduler,
@@ -140,6 +143,13 @@ def resume(settings: Settings, checkpoint: str, common: dict, chunks, optimizer,
     return state
 
 
+def describe_folder(folder: Optional[str]) -> str:
+    """What a --load folder holds, in words, for the line that says the run starts from scratch."""
+    if not folder or not os.path.isdir(folder):
+        return "the folder does not exist"
+    return "empty" if not os.listdir(folder) else "no checkpoint marker in it"
+
+
 def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSignalHandler],
                 started: float) -> Optional[str]:
     faults = settings.faults
@@ -164,7 +174,7 @@ def should_save(settings: Settings, state: TrainState, stop: Optional[str]) -> b
     return bool(save_interval and state.iteration % save_interval == 0 and not state.skipped_in_a_row)
 
 
-def startup_notes(settings: Settings, arch) -> List[str]:
+def startup_notes(settings: Settings, shape: ModelShape) -> List[str]:
     """What the run took from the recipe rather than from the user, and how the model differs from
     its preset: printed at start-up, so that neither happens silently."""
     notes = [f"NeoBERT where Megatron-LM's BERT differs: {'; '.join(RECIPE_DIFFERENCES)}"]
@@ -180,10 +190,16 @@ def startup_notes(settings: Settings, arch) -> List[str]:
     if settings.data.mock_data and "split" in settings.explicit:
         notes.append(f"--split {settings.data.split} does not apply to --mock-data: megatron-core splits mock data "
                      f"1,1,1")
-    changed = preset_overrides(settings.model, arch)
-    if changed:
-        notes.append(f"model preset {settings.model.model_preset} overridden by the flags: {', '.join(changed)} "
-                     f"(the model is not the preset's)")
+    if settings.from_checkpoint:
+        values = settings.as_dict()
+        notes.append("from the args of the checkpoint the run starts from: " + ", ".join(
+            f"--{name.replace('_', '-')} {values[name]}" for name in sorted(settings.from_checkpoint)
+            if values[name] is not None))
+    if settings.checkpoint.use_checkpoint_args:
+        notes.append(f"model shape from the checkpoint's args (--use-checkpoint-args): {shape.arch}")
+    if shape.changes:
+        notes.append(f"{shape.base} overridden: {', '.join(shape.changes)} (the model is not the "
+                     f"{'checkpoint' if settings.checkpoint.use_checkpoint_args else 'preset'}'s)")
     if "sequence_parallel" in settings.explicit and settings.parallel.tensor_model_parallel_size == 1:
         notes.append("warning: disabling sequence parallelism because tensor model parallelism is disabled "
                      "(--tensor-model-parallel-size 1)")
@@ -302,14 +318,15 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         drop_the_sync_save_deprecation()
         watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
+        load_folder = describe_folder(settings.checkpoint.load)  # before the lock: it may make the folder
         lock = claim_save_dir(settings.checkpoint)
         if lock:
             guards.callback(lock.release)
-        return _train(settings, tokenizer, data_files, forward_step, handler, watchdog, started)
+        return _train(settings, tokenizer, data_files, forward_step, handler, watchdog, started, load_folder)
 
 
 def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
-           handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float) -> dict:
+           handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str) -> dict:
     options = settings.checkpoint
     verify = not options.no_verify_checkpoint
     checkpoint, common = (read_checkpoint(options.load, options.ckpt_step, verify)
@@ -320,24 +337,24 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
         if checkpoint is None:
             raise TrainingError(f"--pretrained-checkpoint {options.pretrained_checkpoint} holds no checkpoint")
         logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint {checkpoint}")
-    checkpoint_arch = None
-    if options.use_checkpoint_args:
-        settings, checkpoint_arch = use_checkpoint_args(settings, checkpoint, common)
-    arch = trained_length(settings, model_arch(settings.model, tokenizer.vocab_size, checkpoint_arch), common)
+    shape = run_model_shape(settings, tokenizer.vocab_size, common)  # the one place the shape is decided
+    arch, padded_vocab = shape.arch, shape.padded_vocab_size
     check_vocabulary(tokenizer, arch)
+    check_positions(settings, arch)
     check_tensor_parallel_shapes(settings, arch)
+    check_vocabulary_rows(settings, shape, checkpoint)
     if checkpoint:
+        check_tokenizer_matches_checkpoint(tokenizer, checkpoint, common)
         check_model_shape(settings, arch, checkpoint, common)
     finetune = options.finetune or pretrained
     if checkpoint and not finetune and not holds_training_state(common):
         logger.info(f"{checkpoint} holds model weights only: starting from iteration 0 as with --finetune")
         finetune = True
-    padded_vocab = resolve_padded_vocab_size(settings, arch, checkpoint, common)
     _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, arch, padded_vocab)
     num_micro = num_micro_batches(settings)
     logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
-    logger.info(describe_layout(settings, arch, padded_vocab, len(chunks), num_micro))
-    for note in startup_notes(settings, arch):
+    logger.info(describe_layout(settings, shape, len(chunks), num_micro))
+    for note in startup_notes(settings, shape):
         logger.info(note)
 
     training, evaluation = settings.training, settings.evaluation
@@ -348,7 +365,7 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
         if change:
             logger.info(change)
     elif options.load:
-        logger.info(f"no checkpoint in {options.load}: starting from scratch")
+        logger.info(f"no checkpoint in {options.load} ({load_folder}): starting from scratch")
     restarts = RestartReport(state.iteration, datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
     evals_done = state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
     _, train_iter, valid_iter = build_data(
@@ -381,7 +398,8 @@ def _train(settings: Settings, tokenizer, data_files: DataFiles, forward_step: F
                                 f"them; the checkpoint to resume from stays {state.last_checkpoint or 'none'}")
         data_files.check_unchanged(state.iteration)
         saved_args = megatron_lm_args(
-            arch, padded_vocab, **settings.as_dict(), data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            arch, padded_vocab, **{**settings.as_dict(), "model_preset": shape.preset},
+            hf_intermediate_size=shape.hf_intermediate_size, data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,

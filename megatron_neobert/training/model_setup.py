@@ -1,9 +1,8 @@
 """The trainer's set-up: this rank's model chunks (pipeline stages, virtual stages) wrapped for
 training, their optimizer and learning-rate schedule, from the run's settings."""
 
-import dataclasses
 import random
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy
 import torch
@@ -14,13 +13,12 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
-from megatron_neobert.model import (NeoBERTArch, build_model, get_arch, padded_vocab_size, swiglu_width,
+from megatron_neobert.model import (ModelShape, NeoBERTArch, build_model, padded_vocab_size, resolve_model_shape,
                                     transformer_config)
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.training.checkpoint.state import checkpoint_args
-from megatron_neobert.training.errors import InputError
 from megatron_neobert.training.schedule import build_scheduler
-from megatron_neobert.training.settings import ModelSettings, Settings
+from megatron_neobert.training.settings import Settings
 
 
 def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
@@ -68,74 +66,17 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
     return chunks
 
 
-def model_arch(model: ModelSettings, tokenizer_vocab_size: Optional[int] = None,
-               checkpoint_arch: Optional[dict] = None) -> NeoBERTArch:
-    """The preset's shape with the architecture flags that were given applied to it (with
-    --use-checkpoint-args, `checkpoint_arch`: the checkpoint's shape, from `use_checkpoint_args`).
-
-    As Megatron-LM: the vocabulary is the tokenizer's (`tokenizer_vocab_size`; the preset's when None) unless
-    --vocab-size is given, and --hidden-size
-    without --ffn-hidden-size derives the MLP width, by the presets' own rule (SwiGLU: 2/3 x 4h rounded
-    up to 8, as NeoBERT; Megatron-LM rounds down to 64; GELU: 4h)."""
-    overrides = model.arch_overrides()
-    base = NeoBERTArch(**checkpoint_arch) if checkpoint_arch is not None else get_arch(model.model_preset)
-    if tokenizer_vocab_size is not None:
-        overrides.setdefault("vocab_size", tokenizer_vocab_size)
-    if model.hidden_size is not None and model.ffn_hidden_size is None:
-        overrides["ffn_hidden_size"] = derived_ffn_hidden_size(base, model.hidden_size)
-    return dataclasses.replace(base, **overrides)
-
-
-def derived_ffn_hidden_size(arch: NeoBERTArch, hidden_size: int) -> int:
-    return swiglu_width(4 * hidden_size) if arch.activation == "swiglu" else 4 * hidden_size
-
-
-def preset_overrides(model: ModelSettings, arch: NeoBERTArch) -> List[str]:
-    """'field preset -> this run (why)' for each size where the model is not the preset's."""
-    preset = get_arch(model.model_preset)
-    why = {"vocab_size": "the tokenizer's" if model.vocab_size is None else None,
-           "ffn_hidden_size": "derived from --hidden-size" if model.ffn_hidden_size is None else None}
-    changed = []
-    for f in dataclasses.fields(arch):
-        before, after = getattr(preset, f.name), getattr(arch, f.name)
-        if before != after:
-            changed.append(f"{f.name} {before} -> {after}" + (f" ({why[f.name]})" if why.get(f.name) else ""))
-    return changed
-
-
-def use_checkpoint_args(settings: Settings, checkpoint: Optional[str],
-                        common: Optional[dict]) -> Tuple[Settings, dict]:
-    """--use-checkpoint-args: (the settings with the checkpoint's preset and, unless given, its sequence
-    length; the checkpoint's NeoBERTArch fields for `model_arch`), from the checkpoint's args (as
-    Megatron-LM's load_args_from_checkpoint: sizes given on the command line win)."""
-    if checkpoint is None:
-        raise InputError(f"--use-checkpoint-args: no checkpoint in --load {settings.checkpoint.load}")
-    saved = checkpoint_args(common)
-    settings = dataclasses.replace(settings, model=dataclasses.replace(settings.model,
-                                                                       model_preset=saved["model_preset"]))
-    if "seq_length" not in settings.explicit and saved.get("seq_length"):  # a converter's has none
-        settings = dataclasses.replace(settings, data=dataclasses.replace(settings.data,
-                                                                          seq_length=saved["seq_length"]))
-    return settings, saved["arch"]
-
-
-def resolve_padded_vocab_size(settings: Settings, arch: NeoBERTArch, checkpoint: Optional[str],
-                              common: Optional[dict]) -> int:
-    """Rows of the embedding and output layer: the vocabulary padded to a multiple of
-    --make-vocab-size-divisible-by x TP, as Megatron-LM, or a loaded checkpoint's. 30522 pads to 30592
-    at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
-    word: it cuts them, or fills zeros (extra zero logits in the softmax: other losses)."""
-    tp = settings.parallel.tensor_model_parallel_size
-    saved = checkpoint_args(common).get("padded_vocab_size") if common else None
-    if saved is None:
-        return padded_vocab_size(arch.vocab_size, tp, settings.model.make_vocab_size_divisible_by)
-    if saved < arch.vocab_size:
-        raise InputError(f"checkpoint {checkpoint} has {saved} vocabulary rows, fewer than the model's "
-                         f"vocabulary ({arch.vocab_size}, --vocab-size or the preset's)")
-    if saved % tp:
-        raise InputError(f"checkpoint {checkpoint} has its vocabulary padded to {saved} rows, which "
-                         f"--tensor-model-parallel-size {tp} does not divide")
-    return saved
+def run_model_shape(settings: Settings, tokenizer_vocab_size: Optional[int] = None,
+                    common: Optional[dict] = None) -> ModelShape:
+    """The run's model shape (`model.resolve_model_shape`) from its settings, its tokenizer's size and the common
+    state of the checkpoint it loads (None: from scratch)."""
+    model = settings.model
+    return resolve_model_shape(
+        model.model_preset, model.arch_overrides(), tokenizer_vocab_size=tokenizer_vocab_size,
+        seq_length=settings.data.seq_length, tensor_model_parallel_size=settings.parallel.tensor_model_parallel_size,
+        make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        checkpoint_args=checkpoint_args(common) if common else None,
+        use_checkpoint_args=settings.checkpoint.use_checkpoint_args)
 
 
 def set_random_seed(seed: int) -> None:
@@ -148,9 +89,10 @@ def set_random_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: int):
+def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: Optional[int] = None):
     """(transformer config, model chunks, optimizer, scheduler) of this rank, after initialising
-    megatron-core's parallel state for the layout the settings ask for."""
+    megatron-core's parallel state for the layout the settings ask for. `padded_vocab`: the embedding rows (a
+    loaded checkpoint's); default: the vocabulary padded as --make-vocab-size-divisible-by says."""
     model, precision, parallel, training = settings.model, settings.precision, settings.parallel, settings.training
     vpp = None
     if parallel.num_layers_per_virtual_pipeline_stage:
@@ -181,6 +123,8 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
         grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
         overlap_param_gather=parallel.overlap_param_gather, bucket_size=parallel.ddp_bucket_size,
         use_distributed_optimizer=parallel.use_distributed_optimizer)
+    padded_vocab = padded_vocab or padded_vocab_size(arch.vocab_size, parallel.tensor_model_parallel_size,
+                                                     model.make_vocab_size_divisible_by)
     chunks = build_model_chunks(arch, config, model.transformer_impl, ddp_config, padded_vocab)
     if parallel.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
         config.param_sync_func = [c.start_param_sync for c in chunks]

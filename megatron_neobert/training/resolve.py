@@ -5,6 +5,7 @@ combination that cannot run refused in one line, before anything is built."""
 import dataclasses
 import importlib.util
 import os
+import tempfile
 from typing import Dict, List, Optional, Set, Tuple, Union
 
 from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLES, null_tokenizer_model,
@@ -28,11 +29,13 @@ def _refuse(condition: bool, message: str) -> None:
 
 def resolve_settings(given: Dict[str, object], explicit: Set[str] = frozenset(),
                      gpu_capability: Optional[Union[Tuple[int, int], bool]] = None,
-                     te_available: Optional[bool] = None, distributed_backend: Optional[str] = None) -> Settings:
+                     te_available: Optional[bool] = None, distributed_backend: Optional[str] = None,
+                     from_checkpoint: Set[str] = frozenset()) -> Settings:
     """The run's settings: the declared defaults under `given` (settings by name), derived defaults resolved and
     checked. `explicit`: the settings the user gave (the others are reported as recipe defaults where they are).
     `gpu_capability` ((major, minor) of this rank's GPU, False without one) and `te_available` describe the
-    machine (None: look them up); `distributed_backend`: Megatron-LM's flag, checked against it."""
+    machine (None: look them up); `distributed_backend`: Megatron-LM's flag, checked against it; `from_checkpoint`: the
+    settings in `given` taken from the starting checkpoint's args (`starting_checkpoint.apply_checkpoint_args`)."""
     values = {name: value for section in SECTIONS.values() for name, value in defaults(section).items()}
     unknown = set(given) - set(values)
     if unknown:
@@ -47,16 +50,16 @@ def resolve_settings(given: Dict[str, object], explicit: Set[str] = frozenset(),
     _refuse(values["fp16"] and values["fp8_format"] is not None, "--fp8-format runs with --bf16, not --fp16")
     _refuse(values["tensorboard_log_interval"] < 1, "--tensorboard-log-interval must be at least 1")
     resolve_schedule(values, explicit)
-    _resolve_data(values, explicit)
+    _check_optimizer(values)
+    _resolve_data(values, explicit | from_checkpoint)
     _check_logging(values)
-    _refuse(values["use_checkpoint_args"] and not values["load"],
-            "--use-checkpoint-args reads the --load checkpoint: give --load")
     _resolve_parallelism(values)
     _check_profiling(values)
+    _check_save_folder(values["save"])
     _resolve_precision(values, capability, te)
     sections = {name: section(**{f.name: values[f.name] for f in dataclasses.fields(section)})
                 for name, section in SECTIONS.items()}
-    return Settings(**sections, explicit=frozenset(explicit))
+    return Settings(**sections, explicit=frozenset(explicit), from_checkpoint=frozenset(from_checkpoint))
 
 
 def _detect_capability() -> Union[Tuple[int, int], bool]:
@@ -117,6 +120,31 @@ def _resolve_null_tokenizer(values: dict, explicit: Set[str]) -> None:
     values["tokenizer_model"] = null_tokenizer_model(
         values["vocab_size"], {role: values[name] for role, name in zip(NULL_TOKENIZER_ROLES, id_flags)})
     values["vocab_size"] = None
+
+
+def _check_optimizer(values: dict) -> None:
+    """The ranges torch's Adam checks when the optimizer is built, on every rank, in a traceback."""
+    for name in ("lr", "min_lr", "weight_decay", "adam_eps"):
+        _refuse(values[name] < 0, f"--{name.replace('_', '-')} {values[name]} must be at least 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        _refuse(not 0 <= values[name] < 1, f"--{name.replace('_', '-')} {values[name]} must be in [0, 1)")
+
+
+def _check_save_folder(save: Optional[str]) -> None:
+    """--save can be written: a file made and removed in it, or in the nearest folder above it that exists (it is
+    made at the start), so that a run refused here leaves nothing behind. Each rank's probe has its own name."""
+    if not save:
+        return
+    existing = os.path.abspath(save)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    _refuse(not os.path.isdir(existing), f"--save {save}: {existing} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".neobert-write-check-")
+    except OSError as err:
+        raise InputError(f"--save {save}: cannot write in {existing} ({err.strerror}); save elsewhere") from None
+    os.close(fd)
+    os.remove(probe)
 
 
 def _check_logging(values: dict) -> None:
@@ -202,8 +230,7 @@ def recipe_defaults_applied(settings: Settings) -> List[str]:
         skip |= {"lr_decay_iters", "lr_decay_samples"}
     if data.mock_data or data.train_data_path:
         skip.add("split")
-    if settings.checkpoint.use_checkpoint_args:  # the checkpoint's length, unless given
-        skip.add("seq_length")
+    skip |= settings.from_checkpoint
     values = settings.as_dict()
     return [f"--{f.name.replace('_', '-')} {values[f.name]} (Megatron-LM's default: {f.metadata['megatron_default']})"
             for f in declared_fields() if f.metadata.get("megatron_default") is not None

@@ -1,23 +1,22 @@
 """Checks at the start of a run that would otherwise fail deep inside a step or a load."""
 
-import dataclasses
-import logging
 import math
 import os
 import re
 from typing import List, Optional
 
+from megatron_neobert.data import checks as data_checks
 from megatron_neobert.data.indexed import IndexedDataError, check_sizes
 from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
-from megatron_neobert.model import NeoBERTArch
+from megatron_neobert.model import ModelShape, NeoBERTArch
 from megatron_neobert.training.checkpoint.state import checkpoint_args
 from megatron_neobert.training.errors import InputError, TrainingError
 from megatron_neobert.training.settings import DataSettings, Settings
 
-# What decides the model's tensors (besides the vocabulary rows, see resolve_padded_vocab_size).
-SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
+# What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).
+TENSOR_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
                 "position_embedding_type", "add_bias_linear")
 # Transformer Engine's FP8 GEMMs take operands whose last dimension is a multiple of 16 (transformer_engine.pytorch.
 # utils.assert_dim_for_fp8_exec; cuBLASLt's FP8 kernels need 16-byte rows): every width of a layer's linears on a
@@ -27,17 +26,20 @@ TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes suggested: within one 8-GPU
 # Settings that decide the layout of the optimizer state in a checkpoint: (section, name).
 OPTIMIZER_SETUP = (("precision", "bf16"), ("parallel", "use_distributed_optimizer"))
 
-logger = logging.getLogger(__name__)
-
 
 def check_inputs(data: DataSettings) -> MLMTokenizer:
-    """The run's tokenizer, once every dataset the data flags name exists and the tokenizer loads. Needs no
-    process group: every rank checks before the group exists, so bad input ends the run at once. The datasets
-    first: a few bytes of each file, where a tokenizer by name may look for the Hub first."""
+    """The run's tokenizer, once every dataset the data flags name exists, the tokenizer loads and covers the ids
+    each dataset's record names. Needs no process group: every rank checks before the group exists, so bad input
+    ends the run at once. The datasets first: a few bytes of each file, where a tokenizer by name may look for the
+    Hub first."""
     try:
-        for prefix in data_prefixes(data):
+        prefixes = data_prefixes(data)
+        for prefix in prefixes:
             check_dataset(prefix, data.tokenizer_model)
-        return build_tokenizer(data.tokenizer_type, data.tokenizer_model)
+        tokenizer = build_tokenizer(data.tokenizer_type, data.tokenizer_model)
+        for prefix in prefixes:
+            data_checks.check_vocabulary(prefix, tokenizer)
+        return tokenizer
     except (ValueError, OSError) as err:  # a tokenizer that does not load, an unreadable or bad data-args file
         raise InputError(str(err)) from err
 
@@ -94,7 +96,7 @@ def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, co
     saved = checkpoint_args(common).get("arch")
     if saved is None:  # a checkpoint without our args: megatron-core's own check applies
         return
-    fields = SHAPE_FIELDS + (("max_sequence_length",) if arch.position_embedding_type == "learned_absolute" else ())
+    fields = TENSOR_SHAPE_FIELDS + (("max_sequence_length",) if arch.position_embedding_type == "learned_absolute" else ())
     differs = [f"{name} {saved.get(name)} there, {getattr(arch, name)} here" for name in fields
                if saved.get(name) != getattr(arch, name)]
     if differs:
@@ -103,24 +105,42 @@ def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, co
                          f"checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 
-def trained_length(settings: Settings, arch: NeoBERTArch, common: Optional[dict]) -> NeoBERTArch:
-    """The architecture the run records: with RoPE, `max_sequence_length` becomes the longest
-    length the model was trained at (this run's --seq-length, or a loaded checkpoint's record),
-    so that the export announces it; learned positions cannot go beyond their table."""
+def check_positions(settings: Settings, arch: NeoBERTArch) -> None:
+    """Learned positions cannot go beyond their table (RoPE can: the shape records the longest trained length)."""
     seq_length = settings.data.seq_length
-    if arch.position_embedding_type != "rope":
-        if seq_length > arch.max_sequence_length:
-            raise TrainingError(f"--seq-length {seq_length} is longer than the {arch.max_sequence_length} "
-                                f"learned positions of --model-preset {settings.model.model_preset} "
-                                f"({arch.position_embedding_type}); lower --seq-length or raise "
-                                f"--max-position-embeddings (a new position table)")
-        return arch
-    loaded = checkpoint_args(common).get("arch", {}).get("max_sequence_length", 0) if common else 0
-    longest = max(arch.max_sequence_length, seq_length, loaded)
-    if seq_length > arch.max_sequence_length:
-        logger.info(f"--seq-length {seq_length} is above the preset's {arch.max_sequence_length} positions: "
-                     f"allowed with RoPE; the checkpoint records {longest} as the model's length")
-    return dataclasses.replace(arch, max_sequence_length=longest)
+    if arch.position_embedding_type != "rope" and seq_length > arch.max_sequence_length:
+        raise InputError(f"--seq-length {seq_length} is longer than the {arch.max_sequence_length} learned positions "
+                         f"of the model ({arch.position_embedding_type}); lower --seq-length or raise "
+                         f"--max-position-embeddings (a new position table)")
+
+
+def check_vocabulary_rows(settings: Settings, shape: ModelShape, checkpoint: Optional[str]) -> None:
+    """A loaded checkpoint's vocabulary rows are fixed: they must hold the vocabulary and split over TP. (30522
+    pads to 30592 at TP 1 but to 30720 at TP 2, and megatron-core loads saved rows into another count without a
+    word: it cuts them, or fills zeros, extra zero logits in the softmax: other losses.)"""
+    if checkpoint is None:
+        return
+    rows, tp = shape.padded_vocab_size, settings.parallel.tensor_model_parallel_size
+    if rows < shape.arch.vocab_size:
+        raise InputError(f"checkpoint {checkpoint} has {rows} vocabulary rows, fewer than the model's vocabulary "
+                         f"({shape.arch.vocab_size}, --vocab-size or the tokenizer's)")
+    if rows % tp:
+        raise InputError(f"checkpoint {checkpoint} has its vocabulary padded to {rows} rows, which "
+                         f"--tensor-model-parallel-size {tp} does not divide")
+
+
+def check_tokenizer_matches_checkpoint(tokenizer: MLMTokenizer, checkpoint: Optional[str],
+                                       common: Optional[dict]) -> None:
+    """A loaded model's embedding rows mean the tokens of the tokenizer it was trained with: another vocabulary
+    would train every id as some other token."""
+    saved = checkpoint_args(common).get("arch", {}).get("vocab_size") if common else None
+    if saved is None or saved == tokenizer.vocab_size:
+        return
+    recorded = checkpoint_args(common).get("tokenizer_model")
+    raise InputError(f"tokenizer {tokenizer.tokenizer_model} has {tokenizer.vocab_size:,} entries, the model of "
+                     f"checkpoint {checkpoint} {saved:,}" + (f" (its args name {recorded})" if recorded else "")
+                     + ": give the checkpoint's tokenizer (--tokenizer-model), or drop the tokenizer flags to take "
+                       "the one its args name")
 
 
 def check_optimizer_setup(settings: Settings, checkpoint: str, common: dict) -> None:

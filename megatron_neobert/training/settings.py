@@ -15,6 +15,7 @@ from typing import ClassVar, Dict, FrozenSet, Iterator, List, Optional
 from megatron_neobert.data.tokenizer import TokenizerSettings
 from megatron_neobert.flags import setting
 from megatron_neobert.model.config import PRESETS
+from megatron_neobert.model.shape import VOCAB_PADDING_MULTIPLE
 from megatron_neobert.training.process_guards import EXIT_SIGNALS
 
 # What NeoBERT's architecture and recipe fix where Megatron-LM's BERT has another default (printed at start-up).
@@ -41,7 +42,7 @@ class ModelSettings:
     max_position_embeddings: Optional[int] = _override("max_sequence_length")
     vocab_size: Optional[int] = _override("vocab_size")
     make_vocab_size_divisible_by: int = setting(
-        128, "pad the vocabulary to a multiple of this x TP (a loaded checkpoint's padding wins)")
+        VOCAB_PADDING_MULTIPLE, "pad the vocabulary to a multiple of this x TP (a loaded checkpoint's padding wins)")
     hidden_dropout: float = setting(0.0, "dropout after attention and MLP", megatron_default="0.1")
     attention_dropout: float = setting(0.0, "dropout of the attention probabilities", megatron_default="0.1")
     init_method_std: Optional[float] = setting(
@@ -212,7 +213,9 @@ class CheckpointSettings:
         None, "delete all but the newest N iteration folders after each save")
     ckpt_step: Optional[int] = setting(None, "load this iteration of --load instead of the one its marker names")
     use_checkpoint_args: bool = setting(
-        False, "take the model's shape (preset, sizes, sequence length) from the --load checkpoint")
+        False, "take the model's shape (its whole architecture record: no preset needed) and, unless given, "
+               "--seq-length from the checkpoint the run starts from (--load's, else --pretrained-checkpoint's); size "
+               "flags given win")
     finetune: bool = setting(
         False, "load the model only; iteration, data position, optimizer and schedule start at 0")
     pretrained_checkpoint: Optional[str] = setting(
@@ -311,8 +314,10 @@ class ProfilingSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The run's settings by concern; `explicit`: the settings the user gave (on the command line or in --config),
-    the others took their defaults (the recipe's are reported at start-up)."""
+    """The run's settings by concern; `explicit`: the settings the user gave (on the command line or in --config);
+    `from_checkpoint`: those taken from the args of the checkpoint the run starts from (its tokenizer; with
+    --use-checkpoint-args its sequence length); the others took their defaults (the recipe's are reported at
+    start-up)."""
 
     model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     precision: PrecisionSettings = dataclasses.field(default_factory=PrecisionSettings)
@@ -325,6 +330,7 @@ class Settings:
     logging: LoggingSettings = dataclasses.field(default_factory=LoggingSettings)
     profiling: ProfilingSettings = dataclasses.field(default_factory=ProfilingSettings)
     explicit: FrozenSet[str] = frozenset()
+    from_checkpoint: FrozenSet[str] = frozenset()
 
     def sections(self) -> list:
         return [getattr(self, name) for name in SECTIONS]
@@ -334,7 +340,8 @@ class Settings:
         return {f.name: getattr(section, f.name) for section in self.sections() for f in dataclasses.fields(section)}
 
 
-SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Settings) if f.name != "explicit"}
+SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Settings)
+            if f.name not in ("explicit", "from_checkpoint")}
 
 
 def declared_fields() -> Iterator[dataclasses.Field]:

@@ -23,7 +23,7 @@ def losses_over_steps(fp8: bool, packed: bool):
     ran in) through the trainer's set-up: a constant learning rate from the first step (no warmup, which would
     start it at 0) and the scheduler stepped as the loop does."""
     from megatron_neobert.training.arguments import parse_settings
-    from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
+    from megatron_neobert.training.model_setup import setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 
     flags = ["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
@@ -31,8 +31,7 @@ def losses_over_steps(fp8: bool, packed: bool):
              "--lr-decay-style", "constant"]
     flags += ["--fp8-format", "hybrid"] if fp8 else []
     settings = parse_settings(flags)
-    _, chunks, optimizer, scheduler = setup_model_and_optimizer(
-        settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, ARCH)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     batches = mlm_micro_batches(SEQ, MICRO_BATCH, 2, ARCH.vocab_size, packed, 0.2, device)
     precisions = LinearPrecisions(chunks)

@@ -13,7 +13,7 @@ import torch
 from execution_checks import PLANTED_ITEM, PLANTED_TOLIST, planted_host_reads, profiled_step, runtime_call
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_varlen
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.model_setup import resolve_padded_vocab_size, setup_model_and_optimizer
+from megatron_neobert.training.model_setup import setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
 from gpu_cases import ARCH, MICRO_BATCH, SEQ, batch, needs, needs_fp8, needs_gpu, needs_te
 
@@ -27,7 +27,7 @@ def warm_trainer_step(monkeypatch, impl: str, packed: bool, kernel=None, flags=(
         monkeypatch.setenv(PACKED_ATTENTION_ENV, kernel)  # before the build, which fixes the kernel
     settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
                                "--bf16", "--transformer-impl", impl, "--lr-warmup-iters", "0", *flags])
-    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH, resolve_padded_vocab_size(settings, ARCH, None, None))
+    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH)
     batches = [batch(packed, seed=i, pinned=True) for i in range(2)]
     run_micro_batches(chunks, batches, forward_only=False)
     torch.cuda.synchronize()

@@ -61,11 +61,22 @@ def _describe(owner: dict) -> str:
     return f"pid {owner.get('pid')} on host {owner.get('host')} (started {owner.get('started')})"
 
 
+def _missing_folders(path: str) -> list:
+    """The folders of `path` that do not exist yet, deepest first."""
+    missing, path = [], os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
 class SaveLock:
-    """Held by rank 0 for the whole run; `release()` removes the lock if it is still ours."""
+    """Held by rank 0 for the whole run; `release()` removes the lock if it is still ours, and the folders the lock
+    made if the run left nothing in them (a run refused after its start leaves no empty --save behind)."""
 
     def __init__(self, save: str, break_lock: bool = False):
         self.path = os.path.join(save, LOCK_NAME)
+        self.made = _missing_folders(save)
         os.makedirs(save, exist_ok=True)
         self.record = _owner_record()
         for _ in range(2):
@@ -120,6 +131,11 @@ class SaveLock:
     def release(self) -> None:
         if self._read() == self.record:
             os.remove(self.path)
+        for folder in self.made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # the run wrote something there (or another run did): it stays
+                break
 
 
 def holds_checkpoints(save: str) -> bool:
