@@ -14,6 +14,7 @@ says what is wrong in one line. Kept free of a top-level torch import: the tools
 
 import importlib
 import importlib.util
+import logging
 import sys
 import warnings
 from functools import lru_cache
@@ -103,11 +104,18 @@ def import_megatron_core() -> None:
         raise TransformerEngineInstallError(problem)
     from megatron_neobert.megatron_core_compat import IMPORT_WARNINGS, QUIET_IMPORTS
 
-    with warnings.catch_warnings():
-        for message in _IMPORT_WARNINGS + IMPORT_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        for module in ("megatron.core", *QUIET_IMPORTS):
-            importlib.import_module(module)
+    # The import also logs at INFO which Megatron-FSDP flavour it would use without TE: not what a run uses.
+    disabled = logging.root.manager.disable
+    logging.disable(max(disabled, logging.INFO))
+    try:
+        with warnings.catch_warnings():
+            for message in _IMPORT_WARNINGS + IMPORT_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            # backends: the layer specs' norms, warning at import when apex is absent
+            for module in ("megatron.core", "megatron.core.models.backends", *QUIET_IMPORTS):
+                importlib.import_module(module)
+    finally:
+        logging.disable(disabled)
 
 
 def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:

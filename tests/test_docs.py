@@ -57,3 +57,4 @@ def test_doc_example_runs(doc, model_dir, tmp_path, monkeypatch, capsys):
     if doc == "mteb.md":
         summary = (tmp_path / "mteb_local" / "summary.md").read_text()
         assert "| NFCorpus | Retrieval |" in summary and "| MySTS | STS |" in summary
+        assert summary.startswith(f"## MTEB results: {model_dir} @ "), summary.splitlines()[0]  # the --model given

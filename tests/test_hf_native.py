@@ -2,6 +2,7 @@
 tensor value on the host, and fine-tuning in reduced precision stays finite (padded and packed, random and
 converted weights)."""
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,25 @@ def test_generated_files_are_the_modular_converters_output():
     for name, code in files.items():
         assert (hf_modular.HF_DIR / name).read_text(encoding="utf-8") == code, (
             f"{name} is not the converter's output: run `python tests/hf_modular.py --write`")
+
+
+def test_generated_files_record_the_current_modular_file():
+    """Without the converter (CI has none): each generated file records the SHA-256 of the modular file it was
+    generated from, which must be the current one's."""
+    assert hf_modular.drift() == []
+
+
+def test_an_edited_modular_file_is_drift(tmp_path):
+    """The check above fails once the modular file changes without its generated files."""
+    for name in (hf_modular.MODULAR.name, *hf_modular.GENERATED):
+        shutil.copyfile(hf_modular.HF_DIR / name, tmp_path / name)
+    assert hf_modular.drift(tmp_path) == []
+    with open(tmp_path / hf_modular.MODULAR.name, "a", encoding="utf-8") as modular:
+        modular.write("\n# an edit\n")
+    stale = hf_modular.drift(tmp_path)
+    print("\n".join(stale))
+    assert [line.split()[0] for line in stale] == list(hf_modular.GENERATED)
+    assert all(hf_modular.modular_hash(tmp_path / hf_modular.MODULAR.name) in line for line in stale)
 
 
 # ------------------------------------------------------------------------------------------------

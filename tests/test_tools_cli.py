@@ -116,6 +116,25 @@ def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
     assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]
 
 
+@pytest.mark.integration
+def test_data_tools_say_which_kernels_run_instead_of_megatron_cores_import_warnings(tmp_path):
+    """megatron-core's import warns about each GPU extension it lacks (8 lines of "Transformer Engine and Apex are not
+    installed" on a CPU) and logs its FSDP flavour: a tool that imports it says once which kernel paths run instead."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} " + "the cat sat on the mat " * 40}) + "\n"
+                              for i in range(8)))
+    data = str(tmp_path / "d")
+    preprocess = run_tool("preprocess_data.py", "--input", str(corpus), "--json-keys", "text", "--output-prefix", data,
+                          "--tokenizer-model", str(REPO / "megatron_neobert" / "assets" / "tokenizer"),
+                          "--workers", "1", "--no-progress")
+    subset = run_tool("make_length_subset.py", "--input-prefix", data + "_text_document", "--min-tokens", "8",
+                      "--output-prefix", str(tmp_path / "long"))
+    for out in (preprocess, subset):
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "Warning" not in out.stderr and "Megatron-FSDP" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.count("INFO kernels: device: ") == 1, out.stderr[-2000:]
+
+
 def console_scripts() -> dict:
     """name -> (module, function) of setup.py's console scripts."""
     setup = next(node for node in ast.walk(ast.parse((REPO / "setup.py").read_text()))

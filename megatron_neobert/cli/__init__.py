@@ -6,16 +6,25 @@ Kept free of heavy imports (torch, transformers, megatron-core) so that `--help`
 """
 
 import contextlib
+import logging
+
+
+def import_megatron_core_quietly() -> None:
+    """megatron-core imported by a command before the modules that import it, as the trainer imports it
+    (`kernels.import_megatron_core`: a half-installed Transformer Engine named in one line, the warnings about each
+    missing GPU extension silenced), and the one log line of the kernel paths that run said in their place."""
+    from megatron_neobert.kernels import format_report, import_megatron_core, kernel_report
+
+    import_megatron_core()
+    logging.getLogger(__name__).info(format_report(kernel_report()))
 
 
 @contextlib.contextmanager
 def megatron_runtime():
-    """What a command that runs megatron-core sets up for its run: megatron-core imported with a half-installed
-    Transformer Engine named in one line (`kernels.import_megatron_core`), and its CUDA calls on the CPU where there
-    is no GPU (`parallel.cpu.cpu_execution`)."""
-    from megatron_neobert.kernels import import_megatron_core
-
-    import_megatron_core()
+    """What a command that runs megatron-core sets up for its run: megatron-core imported quietly
+    (`import_megatron_core_quietly`), and its CUDA calls on the CPU where there is no GPU
+    (`parallel.cpu.cpu_execution`)."""
+    import_megatron_core_quietly()
     from megatron_neobert.parallel.cpu import cpu_execution
 
     with cpu_execution():

@@ -9,6 +9,7 @@ Reads lengths from the .idx and copies token bytes; no tokenizer needed.
 import logging
 import sys
 
+from megatron_neobert.cli import import_megatron_core_quietly
 from megatron_neobert.flags import ArgumentParser
 
 
@@ -23,9 +24,10 @@ def build_parser() -> ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.length_subset import make_length_subset
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         stats = make_length_subset(args.input_prefix, args.output_prefix, args.min_tokens)
     except ValueError as err:

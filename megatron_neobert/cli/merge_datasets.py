@@ -12,6 +12,7 @@ the output is written atomically and refused when the inputs hold no document or
 
 import sys
 
+from megatron_neobert.cli import import_megatron_core_quietly
 from megatron_neobert.flags import ArgumentParser
 
 
@@ -25,6 +26,7 @@ def main(argv=None) -> int:
                         help="writes {prefix}.bin / .idx, as Megatron-LM's merge_datasets.py: "
                              "give the dataset's whole name, e.g. data/rw_content_document")
     args = parser.parse_args(argv)
+    import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.merge import merge_datasets
     from megatron_neobert.data.preprocess import shards_of
 

@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 
+from megatron_neobert.cli import import_megatron_core_quietly
 from megatron_neobert.flags import ArgumentParser, add_flags, parse_given, with_defaults
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
 
@@ -118,9 +119,10 @@ def get_args(argv=None):
 
 def main(argv=None) -> int:
     args = get_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.preprocess import preprocess_data
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         stats = preprocess_data(
             args.input, args.output_prefix, args.json_keys, args.tokenizer_type,

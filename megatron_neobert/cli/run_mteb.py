@@ -68,7 +68,7 @@ def main(argv=None, tasks=None):
         raise SystemExit(f"error: {err}") from None
     try:
         summary = run_mteb(model, tasks, args.output, cache_dir=args.cache, overwrite=args.overwrite,
-                           encode_batch_size=args.batch_size)
+                           encode_batch_size=args.batch_size, model_name=args.name or args.model)
     except MTEBTaskError as err:  # the summary of the tasks that finished is written
         raise SystemExit(f"error: {err}") from None
     print((Path(args.output) / "summary.md").read_text())

@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
@@ -42,7 +41,8 @@ from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
 from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
-                                                        megatron_lm_args, model_sharded_state_dict, read_common_state)
+                                                        megatron_deprecations_hidden, megatron_lm_args,
+                                                        model_sharded_state_dict, read_common_state)
 from megatron_neobert.training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -54,18 +54,6 @@ HF_TOKENIZER_TYPE = "HuggingFaceTokenizer"
 # tokenizer); the published repo also holds remote code we do not need.
 _HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
                  "pytorch_model.bin.index.json", *TOKENIZER_FILES]
-
-
-@contextlib.contextmanager
-def _megatron_deprecations_hidden():
-    """megatron-core's checkpointing calls torch APIs that torch has deprecated (torch.distributed.checkpoint's
-    load_state_dict, ShardedTensor): their FutureWarnings are for megatron-core, not for whoever converts."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.core\.dist_checkpointing\.")
-        # Raised inside torch and attributed to whichever frame dispatched the call (on CPU, our CUDA-to-CPU mode).
-        warnings.filterwarnings("ignore", "Please use DTensor instead and we are deprecating ShardedTensor",
-                                FutureWarning)
-        yield
 
 
 class ConversionError(ValueError):
@@ -247,7 +235,7 @@ def load_mcore_checkpoint(load: PathLike, model_preset: Optional[str] = None):
         if stored_dtype != torch.float32:  # e.g. bf16 weights of a --bf16 run: load them as they are
             model = build_single_rank_model(arch, padded, stored_dtype)
         # Only the model's tensors are requested: optimizer and RNG state stay on disk.
-        with _megatron_deprecations_hidden():
+        with megatron_deprecations_hidden():
             state = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt_dir,
                                             strict=StrictHandling.RAISE_UNEXPECTED)
         model.load_state_dict(state["model"], strict=True)
@@ -361,13 +349,13 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     config = _model_config(arch, dtype, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     # The staging model's vocabulary rows (padded with --make-vocab-size-divisible-by), not the default's.
     chunks = build_model_chunks(arch, config, "local", padded_vocab=checkpoint_args(common)["padded_vocab_size"])
-    with _megatron_deprecations_hidden():
+    with megatron_deprecations_hidden():
         state = dist_checkpointing.load(model_sharded_state_dict(chunks), stage_dir)
     load_model_state(chunks, state)
     if torch.distributed.get_rank() == 0:
         os.makedirs(out_dir, exist_ok=True)
     torch.distributed.barrier()
-    with _megatron_deprecations_hidden():
+    with megatron_deprecations_hidden():
         dist_checkpointing.save(dict(model_sharded_state_dict(chunks), **common), out_dir)
 
 
@@ -424,7 +412,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                                                 enabled=progress, unit="tensor"):
                     params[name].copy_(value)
             stage.mkdir(parents=True)
-            with _megatron_deprecations_hidden():
+            with megatron_deprecations_hidden():
                 dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
             del model, params, mcore_sd
 

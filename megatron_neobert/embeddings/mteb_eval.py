@@ -162,12 +162,13 @@ def summary_markdown(summary: dict, title: str = "MTEB results") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_summary(output_dir: Path, task_results, types: Dict[str, str], failed: Dict[str, str], meta) -> dict:
+def _write_summary(output_dir: Path, task_results, types: Dict[str, str], failed: Dict[str, str], meta,
+                   model_name: str) -> dict:
     summary = summarize(task_results, types)
     summary.update(model={"name": meta.name, "revision": meta.revision}, failed=failed)
     write_json_atomic(output_dir / "summary.json", summary)
     write_text_atomic(output_dir / "summary.md",
-                      summary_markdown(summary, f"MTEB results: {meta.name} @ {meta.revision}"))
+                      summary_markdown(summary, f"MTEB results: {model_name} @ {meta.revision}"))
     return summary
 
 
@@ -176,9 +177,12 @@ class MTEBTaskError(RuntimeError):
     `error:`."""
 
 
-def run_mteb(model, tasks, output_dir, cache_dir=None, overwrite: bool = False, encode_batch_size: int = 64) -> dict:
+def run_mteb(model, tasks, output_dir, cache_dir=None, overwrite: bool = False, encode_batch_size: int = 64,
+             model_name: Optional[str] = None) -> dict:
     """Evaluates `model` (a NeoBERTEncoder or any mteb encoder) on `tasks` (task objects or names); writes
-    summary.json and summary.md to `output_dir` and returns the summary.
+    summary.json and summary.md to `output_dir` and returns the summary. `model_name` heads summary.md: the folder
+    or name the user gave (default: the model's name in mteb's cache, `megatron_neobert/` and the folder's last
+    component for a local folder, which says little).
 
     One task at a time, the summary rewritten after each: a task that fails (or an interruption) leaves the
     summary of those that finished; failed tasks are listed in it, and then raised as an MTEBTaskError."""
@@ -200,7 +204,7 @@ def run_mteb(model, tasks, output_dir, cache_dir=None, overwrite: bool = False, 
                                raise_error=False)  # mteb logs the task's error; the others still run
         finished += result.task_results
         failed.update({e.task_name: " ".join(e.exception.split()) for e in result.exceptions or []})
-        summary = _write_summary(output_dir, finished, types, failed, meta)
+        summary = _write_summary(output_dir, finished, types, failed, meta, model_name or meta.name)
     if failed:
         raise MTEBTaskError(f"{len(failed)} of {len(tasks)} MTEB task(s) failed ({output_dir / 'summary.md'} holds "
                             f"the {len(finished)} that finished): "

@@ -34,12 +34,14 @@ it when asked (`integrity.py`) and checks that this version can read it.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import random
 import shutil
+import warnings
 from typing import List, Optional, Tuple
 
 import numpy
@@ -278,6 +280,18 @@ def _schedule_in_samples(common: dict) -> dict:
     return {**state, **{k: state[k] * args["global_batch_size"] for k in SCHEDULE_STEP_FIELDS}}
 
 
+@contextlib.contextmanager
+def megatron_deprecations_hidden():
+    """megatron-core's checkpointing calls torch APIs that torch has deprecated (torch.distributed.checkpoint's
+    load_state_dict, ShardedTensor): their FutureWarnings are for megatron-core, not for whoever loads or converts."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.core\.dist_checkpointing\.")
+        # Raised inside torch and attributed to whichever frame dispatched the call (on CPU, our CUDA-to-CPU mode).
+        warnings.filterwarnings("ignore", "Please use DTensor instead and we are deprecating ShardedTensor",
+                                FutureWarning)
+        yield
+
+
 def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_optimizer: bool = True,
                     load_rng: bool = True, finetune: bool = False, strict: str = "assume_ok_unexpected") -> None:
     """Load the checkpoint `read_checkpoint` found into the model, optimizer and scheduler.
@@ -305,7 +319,8 @@ def load_checkpoint(path: str, common: dict, chunks, optimizer, scheduler, load_
                     "restored", saved_layout, _layout())
     state = _full_state(chunks, optimizer, is_loading=True,
                         with_optimizer=with_optimizer, with_rng=with_rng)
-    loaded = dist_checkpointing.load(state, path, strict=strict)
+    with megatron_deprecations_hidden():
+        loaded = dist_checkpointing.load(state, path, strict=strict)
     load_model_state(chunks, loaded)
     if with_optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
