@@ -279,3 +279,40 @@ def test_use_checkpoint_args_does_not_claim_the_recipes_length(tmp_path):
     assert settings.data.seq_length == 128 and settings.from_checkpoint == {"seq_length"}
     assert applied and not any(item.startswith("--seq-length") for item in applied)
     assert any(item.startswith("--seq-length 1024") for item in recipe_defaults_applied(parse_settings(BASE)))
+
+
+def test_use_checkpoint_args_values_reach_the_checks(tmp_path):
+    """The checkpoint's args are read before the settings are checked, as Megatron-LM's load_args_from_checkpoint
+    before validate_args: its length meets the FP8 token check, its architecture the architecture flags' check."""
+    from megatron_neobert.model import get_arch
+
+    fp8 = ["--fp8-format", "hybrid", "--bf16", "--micro-batch-size", "1"]
+    on_hopper = dict(gpu_capability=(9, 0), te_available=True)
+    ckpt = args_only_checkpoint(tmp_path / "ckpt", seq_length=100)
+    parse_settings(BASE + ["--load", ckpt, *fp8], **on_hopper)  # without the flag, the command line's 1024
+    with pytest.raises(ValueError, match=r"--fp8-format: tokens per micro-batch \(--micro-batch-size 1 x "
+                                         r"--seq-length 100 = 100\) must be a multiple of 16"):
+        parse_settings(BASE + ["--load", ckpt, "--use-checkpoint-args", *fp8], **on_hopper)
+    m0 = args_only_checkpoint(tmp_path / "m0", arch=get_arch("ablation-m0"))
+    parse_settings(BASE + ["--load", m0, "--position-embedding-type", "rope"])  # the preset's rope: agreed
+    with pytest.raises(ValueError, match=r"--position-embedding-type rope: the checkpoint's model "
+                                         r"\(--use-checkpoint-args\) has position_embedding_type learned_absolute"):
+        parse_settings(BASE + ["--load", m0, "--use-checkpoint-args", "--position-embedding-type", "rope"])
+
+
+def test_a_checkpoint_of_no_preset_shape_gives_the_run_its_shape(tmp_path):
+    from megatron_neobert.model import NeoBERTArch
+    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.checkpoint.state import read_common_state
+    from megatron_neobert.training.checkpoint.layout import find_checkpoint
+
+    arch = NeoBERTArch(2, 128, 4, 344, 8192, 512, norm_epsilon=1e-6)  # no preset's
+    ckpt = args_only_checkpoint(tmp_path / "ckpt", arch=arch, hf_intermediate_size=512)
+    common = read_common_state(find_checkpoint(ckpt))
+    settings = parse_settings(BASE + ["--load", ckpt, "--use-checkpoint-args", "--seq-length", "128"])
+    shape = run_model_shape(settings, 8192, common)
+    assert (shape.arch, shape.preset, shape.changes, shape.hf_intermediate_size) == (arch, None, (), 512)
+    wider = run_model_shape(parse_settings(BASE + ["--load", ckpt, "--use-checkpoint-args", "--hidden-size", "256"]),
+                            8192, common)
+    assert (wider.arch.hidden_size, wider.arch.ffn_hidden_size, wider.hf_intermediate_size) == (256, 688, None)
+    assert "hidden_size 128 -> 256" in wider.changes
