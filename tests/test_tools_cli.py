@@ -155,3 +155,19 @@ def test_console_scripts_answer_help():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("CODES", 1)[1]) == {name: 0 for name, _, _ in scripts}
+
+
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"RANK": "3", "LOCAL_RANK": "0"}])
+def test_help_is_printed_by_the_first_rank_only(monkeypatch, capsys, env):
+    from megatron_neobert.cli import merge_datasets
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit:
+        merge_datasets.main(["--help"])
+    assert exit.value.code == 0 and capsys.readouterr() == ("", "")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit) as exit:
+        merge_datasets.main(["--help"])
+    assert exit.value.code == 0 and "--shard-dir" in capsys.readouterr().out
