@@ -157,6 +157,13 @@ def test_console_scripts_answer_help():
     assert json.loads(out.stdout.split("CODES", 1)[1]) == {name: 0 for name, _, _ in scripts}
 
 
+def test_flags_are_declared_only_through_flags_py():
+    # Every command declares its flags as setting() fields; flags.add_flags is the one add_argument call.
+    calls = {str(path.relative_to(REPO)): path.read_text().count(".add_argument(")
+             for path in (REPO / "megatron_neobert").rglob("*.py")}
+    assert {path: n for path, n in calls.items() if n} == {"megatron_neobert/flags.py": 1}
+
+
 @pytest.mark.parametrize("env", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"RANK": "3", "LOCAL_RANK": "0"}])
 def test_help_is_printed_by_the_first_rank_only(monkeypatch, capsys, env):
     from megatron_neobert.cli import merge_datasets
