@@ -6,6 +6,7 @@ tools/ script, and each console script's function answers --help."""
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,14 @@ def test_flags_are_declared_only_through_flags_py():
     calls = {str(path.relative_to(REPO)): path.read_text().count(".add_argument(")
              for path in (REPO / "megatron_neobert").rglob("*.py")}
     assert {path: n for path, n in calls.items() if n} == {"megatron_neobert/flags.py": 1}
+
+
+def test_usage_examples_keep_their_line_breaks(help_report):
+    # A backslash ending a line of a non-raw docstring joins the next line, indentation and all, onto it.
+    for tool, r in help_report.items():
+        description = r["help"].split("\noptions:\n")[0].split("\n\n", 1)[1]
+        joined = [line for line in description.splitlines() if re.search(r"\S {2,}[^\s#]", line)]
+        assert joined == [], (tool, joined)
 
 
 @pytest.mark.parametrize("env", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"RANK": "3", "LOCAL_RANK": "0"}])

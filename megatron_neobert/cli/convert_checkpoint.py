@@ -1,4 +1,4 @@
-"""Convert NeoBERT checkpoints between megatron-core (distributed, any TP/PP/VPP) and Hugging Face.
+r"""Convert NeoBERT checkpoints between megatron-core (distributed, any TP/PP/VPP) and Hugging Face.
 
     # a trainer checkpoint (root or iter_XXXXXXX folder) -> HF folder, bf16 weights
     neobert-convert-checkpoint --direction mcore-to-hf --load runs/neobert/ckpt \

@@ -1,4 +1,4 @@
-"""Contextual Document Embeddings (CDE) training with NeoBERT stages: k-means pseudo-context batches, a first
+r"""Contextual Document Embeddings (CDE) training with NeoBERT stages: k-means pseudo-context batches, a first
 stage that embeds J context documents, a second stage that reads them before the document tokens.
 
     neobert-finetune-cde --model neobert-hf --output neobert-cde \

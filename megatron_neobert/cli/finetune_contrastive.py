@@ -1,4 +1,4 @@
-"""Unified contrastive fine-tuning of an exported NeoBERT folder into a sentence-transformers embedding model.
+r"""Unified contrastive fine-tuning of an exported NeoBERT folder into a sentence-transformers embedding model.
 
     neobert-finetune-contrastive --model neobert-hf --output neobert-embed \
         --dataset msmarco=data/msmarco.jsonl --dataset allnli=sentence-transformers/all-nli:triplet \

@@ -1,4 +1,4 @@
-"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
+r"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
 
     neobert-make-length-subset --input-prefix data/refinedweb_content_document \
         --min-tokens 1024 --output-prefix data/refinedweb1024plus_content_document

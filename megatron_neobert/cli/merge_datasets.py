@@ -1,4 +1,4 @@
-"""Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
+r"""Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
 several nodes) into one, in order: the bytes megatron-core's IndexedDatasetBuilder.add_index writes.
 
     neobert-merge-datasets --shard-dir data/rw_shards --json-key content \

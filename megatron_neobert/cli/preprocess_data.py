@@ -1,4 +1,4 @@
-"""Tokenize RefinedWeb-style data into megatron-core .bin/.idx files (Megatron-LM's flag names).
+r"""Tokenize RefinedWeb-style data into megatron-core .bin/.idx files (Megatron-LM's flag names).
 
     neobert-preprocess-data --input 'refinedweb/*.parquet' --output-prefix data/refinedweb \
         --json-keys content --tokenizer-type HuggingFaceTokenizer --tokenizer-model bert-base-uncased --workers 16
