@@ -33,7 +33,8 @@ python - "$WORK_DIR/data/sample" <<'PY'
 import sys
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 from megatron_neobert.data.preprocess import preprocess_data
-stats = preprocess_data([SAMPLE_CORPUS], sys.argv[1], ["content"], tokenizer_model=SAMPLE_TOKENIZER, progress=False)
+stats = preprocess_data([SAMPLE_CORPUS], sys.argv[1], json_keys=["content"], tokenizer_model=SAMPLE_TOKENIZER,
+                        progress=False)
 print(stats.summary())
 PY
 

@@ -15,6 +15,7 @@ Kept free of torch, transformers and megatron-core, so that `--help` answers at 
 import argparse
 import dataclasses
 import difflib
+import os
 import sys
 import typing
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -86,12 +87,14 @@ def _value_type(annotation) -> Tuple[type, bool]:
 def add_flags(parser, cls) -> None:
     """One flag per field of the dataclass `cls`, onto `parser` (or an argument group): a bool that is False by
     default is a switch; a bool that is True or None (decided at run time) by default is --flag / --no-flag, unless
-    the declaration spells only the --no- flag; a list takes `nargs` values."""
+    the declaration spells only the --no- flag; a list takes `nargs` values, or one value per flag with
+    `action="append"`."""
     hints = typing.get_type_hints(cls)
+    exclusive = {}  # one_of name -> its mutually exclusive group
     for f in dataclasses.fields(cls):
         kind, is_list = _value_type(hints[f.name])
         meta, default, flag = f.metadata, default_of(f), flag_of(f)
-        options = dict(dest=f.name, default=default, help=help_of(f))
+        options = dict(dest=f.name, default=default, help=help_of(f), required=meta.get("required"))
         if kind is bool:
             if default is True and flag.startswith("--no-"):  # declared with only its --no- spelling
                 options.update(action="store_false")
@@ -100,10 +103,16 @@ def add_flags(parser, cls) -> None:
             else:
                 options.update(action=argparse.BooleanOptionalAction)
         else:
-            options.update(type=kind, choices=meta.get("choices"), metavar=meta.get("metavar"))
-            if is_list:
+            options.update(type=kind, choices=meta.get("choices"), metavar=meta.get("metavar"),
+                           action=meta.get("action"))
+            if is_list and options["action"] != "append":
                 options.update(nargs=meta.get("nargs") or "+")
-        parser.add_argument(flag, **{k: v for k, v in options.items() if v is not None or k == "default"})
+        target = parser
+        if meta.get("one_of"):
+            if meta["one_of"] not in exclusive:
+                exclusive[meta["one_of"]] = parser.add_mutually_exclusive_group(required=True)
+            target = exclusive[meta["one_of"]]
+        target.add_argument(flag, **{k: v for k, v in options.items() if v is not None or k == "default"})
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -129,6 +138,11 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.error_class = error_class
+
+    def print_help(self, file=None):
+        # Under torchrun every rank parses the command line: only the first prints --help (they all exit 0).
+        if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+            super().print_help(file)
 
     def error(self, message):
         if self.error_class is None:

@@ -6,6 +6,7 @@ tools/ script, and each console script's function answers --help."""
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,34 @@ def test_console_scripts_answer_help():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("CODES", 1)[1]) == {name: 0 for name, _, _ in scripts}
+
+
+def test_flags_are_declared_only_through_flags_py():
+    # Every command declares its flags as setting() fields; flags.add_flags is the one add_argument call.
+    calls = {str(path.relative_to(REPO)): path.read_text().count(".add_argument(")
+             for path in (REPO / "megatron_neobert").rglob("*.py")}
+    assert {path: n for path, n in calls.items() if n} == {"megatron_neobert/flags.py": 1}
+
+
+def test_usage_examples_keep_their_line_breaks(help_report):
+    # A backslash ending a line of a non-raw docstring joins the next line, indentation and all, onto it.
+    for tool, r in help_report.items():
+        description = r["help"].split("\noptions:\n")[0].split("\n\n", 1)[1]
+        joined = [line for line in description.splitlines() if re.search(r"\S {2,}[^\s#]", line)]
+        assert joined == [], (tool, joined)
+
+
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"RANK": "3", "LOCAL_RANK": "0"}])
+def test_help_is_printed_by_the_first_rank_only(monkeypatch, capsys, env):
+    from megatron_neobert.cli import merge_datasets
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit:
+        merge_datasets.main(["--help"])
+    assert exit.value.code == 0 and capsys.readouterr() == ("", "")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit) as exit:
+        merge_datasets.main(["--help"])
+    assert exit.value.code == 0 and "--shard-dir" in capsys.readouterr().out

@@ -254,9 +254,9 @@ def main(argv=None):
     assert megatron_tokens == plain_tokens, (megatron_tokens, plain_tokens)
 
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [preprocess_data([args.corpus], os.path.join(tmp, "bench"), ["content"],
-                                args.tokenizer_type, args.tokenizer_model, args.workers,
-                                progress=False) for _ in range(args.repeats)]
+        runs = [preprocess_data([args.corpus], os.path.join(tmp, "bench"), progress=False,
+                                json_keys=["content"], tokenizer_type=args.tokenizer_type,
+                                tokenizer_model=args.tokenizer_model, workers=args.workers) for _ in range(args.repeats)]
         stats = min(runs, key=lambda r: r.seconds)
         assert stats.tokens == plain_tokens, (stats.tokens, plain_tokens)
         prefix = stats.outputs["content"]

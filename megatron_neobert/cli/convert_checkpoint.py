@@ -1,4 +1,4 @@
-"""Convert NeoBERT checkpoints between megatron-core (distributed, any TP/PP/VPP) and Hugging Face.
+r"""Convert NeoBERT checkpoints between megatron-core (distributed, any TP/PP/VPP) and Hugging Face.
 
     # a trainer checkpoint (root or iter_XXXXXXX folder) -> HF folder, bf16 weights
     neobert-convert-checkpoint --direction mcore-to-hf --load runs/neobert/ckpt \
@@ -11,39 +11,46 @@
 Run it as one process (not under torchrun): the HF -> Megatron direction spawns its own ranks.
 """
 
+import dataclasses
 import logging
 import sys
+from typing import Optional
 
 from megatron_neobert.cli import megatron_runtime
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.defaults import CONVERSION_DTYPES
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+from megatron_neobert.model import PRESETS
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertFlags:
+    direction: Optional[str] = setting(None, "which way to convert", choices=["mcore-to-hf", "hf-to-mcore"],
+                                       required=True)
+    load: Optional[str] = setting(
+        None, "mcore-to-hf: checkpoint root or iteration folder; hf-to-mcore: HF folder or hub name", required=True)
+    save: Optional[str] = setting(None, "the folder to create (refused if it exists, see --overwrite)",
+                                  required=True)
+    tensor_model_parallel_size: Optional[int] = setting(None, "hf-to-mcore: TP of the written checkpoint "
+                                                              "(default: 1)")
+    pipeline_model_parallel_size: Optional[int] = setting(None, "hf-to-mcore: PP of the written checkpoint "
+                                                                "(default: 1)")
+    dtype: str = setting("fp32", "dtype of the written weights", choices=CONVERSION_DTYPES)
+    tokenizer: Optional[str] = setting(
+        None, "HF tokenizer folder or name. mcore-to-hf: copied into the export (default: the one the checkpoint "
+              "was trained with); hf-to-mcore: recorded in the checkpoint args (default: the source's)")
+    no_tokenizer: bool = setting(
+        False, "mcore-to-hf: export without tokenizer files (otherwise a missing tokenizer is an error)")
+    model_preset: Optional[str] = setting(None, "fail unless the weights have this preset's architecture",
+                                          choices=sorted(PRESETS))
+    make_vocab_size_divisible_by: int = setting(128, "hf-to-mcore: vocabulary padding multiple (times TP), as the "
+                                                     "trainer's")
+    overwrite: bool = setting(False, "replace an existing --save")
+    no_progress: bool = setting(False, "no progress bar")
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.defaults import CONVERSION_DTYPES
-    from megatron_neobert.model import PRESETS
-
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--direction", required=True, choices=["mcore-to-hf", "hf-to-mcore"], help="which way to convert")
-    p.add_argument("--load", required=True,
-                   help="mcore-to-hf: checkpoint root or iteration folder; hf-to-mcore: HF folder or hub name")
-    p.add_argument("--save", required=True, help="the folder to create (refused if it exists, see --overwrite)")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=None,
-                   help="hf-to-mcore: TP of the written checkpoint (default: 1)")
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=None,
-                   help="hf-to-mcore: PP of the written checkpoint (default: 1)")
-    p.add_argument("--dtype", choices=CONVERSION_DTYPES, default="fp32", help="dtype of the written weights")
-    p.add_argument("--tokenizer", default=None,
-                   help="HF tokenizer folder or name. mcore-to-hf: copied into the export (default: the one "
-                        "the checkpoint was trained with); hf-to-mcore: recorded in the checkpoint args "
-                        "(default: the source's)")
-    p.add_argument("--no-tokenizer", action="store_true",
-                   help="mcore-to-hf: export without tokenizer files (otherwise a missing tokenizer is an error)")
-    p.add_argument("--model-preset", choices=sorted(PRESETS), default=None,
-                   help="fail unless the weights have this preset's architecture")
-    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
-                   help="hf-to-mcore: vocabulary padding multiple (times TP), as the trainer's")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --save")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(p, ConvertFlags)
     return p
 
 

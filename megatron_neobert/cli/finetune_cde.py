@@ -1,4 +1,4 @@
-"""Contextual Document Embeddings (CDE) training with NeoBERT stages: k-means pseudo-context batches, a first
+r"""Contextual Document Embeddings (CDE) training with NeoBERT stages: k-means pseudo-context batches, a first
 stage that embeds J context documents, a second stage that reads them before the document tokens.
 
     neobert-finetune-cde --model neobert-hf --output neobert-cde \
@@ -8,25 +8,34 @@ The output holds first_stage/, second_stage/, the context projection and cde_con
 megatron_neobert.embeddings.cde.load_cde and evaluate with neobert-run-mteb --cde.
 """
 
+import dataclasses
 import logging
 from dataclasses import fields
+from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser, add_flags
+from megatron_neobert.embeddings.config import CDEConfig
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class CDEFlags:
+    """The command's flags besides the training's (CDEConfig)."""
+
+    model: Optional[str] = setting(None, "exported NeoBERT folder for the first stage (and the second)",
+                                   required=True)
+    second_stage_model: Optional[str] = setting(None, "a different folder for the second stage")
+    output: Optional[str] = setting(None, "CDE folder to write (replaced atomically)", required=True)
+    dataset: Optional[List[str]] = setting(
+        None, "query-document pairs: a .jsonl/.parquet file (docs/embeddings.md) or a hub dataset "
+              "owner/name[:config]; repeat for a mixture", action="append", metavar="[NAME=]SOURCE", required=True)
+    split: str = setting("train", "split of hub datasets")
+    checkpoint_dir: Optional[str] = setting(None, "resumable checkpoints (default: <output>-checkpoints)")
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import CDEConfig
-
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="exported NeoBERT folder for the first stage (and the second)")
-    p.add_argument("--second-stage-model", default=None, help="a different folder for the second stage")
-    p.add_argument("--output", required=True, help="CDE folder to write (replaced atomically)")
-    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE",
-                   help="query-document pairs: a .jsonl/.parquet file (docs/embeddings.md) or a hub dataset "
-                        "owner/name[:config]; repeat for a mixture")
-    p.add_argument("--split", default="train", help="split of hub datasets")
-    p.add_argument("--checkpoint-dir", default=None, help="resumable checkpoints (default: <output>-checkpoints)")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_flags(p, CDEFlags)
     add_flags(p, CDEConfig)
     return p
 
@@ -34,7 +43,6 @@ def build_parser() -> ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.cde import finetune_cde
-    from megatron_neobert.embeddings.config import CDEConfig
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.model_source import check_model_source
 

@@ -1,4 +1,4 @@
-"""Unified contrastive fine-tuning of an exported NeoBERT folder into a sentence-transformers embedding model.
+r"""Unified contrastive fine-tuning of an exported NeoBERT folder into a sentence-transformers embedding model.
 
     neobert-finetune-contrastive --model neobert-hf --output neobert-embed \
         --dataset msmarco=data/msmarco.jsonl --dataset allnli=sentence-transformers/all-nli:triplet \
@@ -8,26 +8,34 @@ Each --dataset is [NAME=]SOURCE, SOURCE a .jsonl/.parquet file or a hub dataset 
 the paper's instruction from megatron_neobert/assets/instructions.json unless --instruction NAME=TEXT overrides it.
 """
 
+import dataclasses
 import logging
+from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser, add_flags
+from megatron_neobert.embeddings.config import ContrastiveConfig
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class ContrastiveFlags:
+    """The command's flags besides the training's (ContrastiveConfig)."""
+
+    model: Optional[str] = setting(None, "exported NeoBERT HF folder", required=True)
+    output: Optional[str] = setting(None, "folder to write (replaced atomically)", required=True)
+    dataset: Optional[List[str]] = setting(
+        None, "training pairs: a .jsonl/.parquet file (docs/embeddings.md gives the fields) or a hub dataset "
+              "owner/name[:config]; repeat for a mixture", action="append", metavar="[NAME=]SOURCE", required=True)
+    instruction: List[str] = setting([], "instruction for dataset NAME (an empty TEXT means none)",
+                                     action="append", metavar="NAME=TEXT")
+    split: str = setting("train", "split of hub datasets")
+    max_negatives: Optional[int] = setting(None, "hard negatives kept per query (default: all)")
+    checkpoint_dir: Optional[str] = setting(None, "default: <output>-checkpoints")
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.embeddings.config import ContrastiveConfig
-
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="exported NeoBERT HF folder")
-    p.add_argument("--output", required=True, help="folder to write (replaced atomically)")
-    p.add_argument("--dataset", action="append", required=True, metavar="[NAME=]SOURCE",
-                   help="training pairs: a .jsonl/.parquet file (docs/embeddings.md gives the fields) or a hub "
-                        "dataset owner/name[:config]; repeat for a mixture")
-    p.add_argument("--instruction", action="append", default=[], metavar="NAME=TEXT",
-                   help="instruction for dataset NAME (an empty TEXT means none)")
-    p.add_argument("--split", default="train", help="split of hub datasets")
-    p.add_argument("--max-negatives", type=int, default=None, help="hard negatives kept per query (default: all)")
-    p.add_argument("--checkpoint-dir", default=None, help="default: <output>-checkpoints")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    add_flags(p, ContrastiveFlags)
     add_flags(p, ContrastiveConfig)
     return p
 
@@ -35,7 +43,6 @@ def build_parser() -> ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
-    from megatron_neobert.embeddings.config import ContrastiveConfig
     from megatron_neobert.embeddings.finetune import finetune_contrastive
     from megatron_neobert.model_source import check_model_source
 

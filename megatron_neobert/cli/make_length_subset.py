@@ -1,4 +1,4 @@
-"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
+r"""Make RefinedWeb1024+ / 2048+ style datasets: the documents of at least N tokens.
 
     neobert-make-length-subset --input-prefix data/refinedweb_content_document \
         --min-tokens 1024 --output-prefix data/refinedweb1024plus_content_document
@@ -6,19 +6,26 @@
 Reads lengths from the .idx and copies token bytes; no tokenizer needed.
 """
 
+import dataclasses
 import logging
 import sys
+from typing import Optional
 
 from megatron_neobert.cli import import_megatron_core_quietly
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthSubsetFlags:
+    input_prefix: Optional[str] = setting(None, "existing dataset (no .bin/.idx)", required=True)
+    output_prefix: Optional[str] = setting(None, "the subset to write: {prefix}.bin and .idx", required=True)
+    min_tokens: Optional[int] = setting(None, "keep documents with at least this many tokens (no [CLS]/[SEP])",
+                                        required=True)
 
 
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("--input-prefix", required=True, help="existing dataset (no .bin/.idx)")
-    parser.add_argument("--output-prefix", required=True, help="the subset to write: {prefix}.bin and .idx")
-    parser.add_argument("--min-tokens", type=int, required=True,
-                        help="keep documents with at least this many tokens (no [CLS]/[SEP])")
+    add_flags(parser, LengthSubsetFlags)
     return parser
 
 

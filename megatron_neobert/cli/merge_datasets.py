@@ -1,4 +1,4 @@
-"""Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
+r"""Merge megatron-core .bin/.idx datasets (e.g. the shards of neobert-preprocess-data run on
 several nodes) into one, in order: the bytes megatron-core's IndexedDatasetBuilder.add_index writes.
 
     neobert-merge-datasets --shard-dir data/rw_shards --json-key content \
@@ -10,21 +10,27 @@ several nodes) into one, in order: the bytes megatron-core's IndexedDatasetBuild
 the output is written atomically and refused when the inputs hold no document or come from different tokenizers.
 """
 
+import dataclasses
 import sys
+from typing import List, Optional
 
 from megatron_neobert.cli import import_megatron_core_quietly
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeFlags:
+    input: Optional[List[str]] = setting(None, "dataset prefixes, merged in this order", one_of="source")
+    shard_dir: Optional[str] = setting(None, "a folder of preprocess_data.py shards", one_of="source")
+    json_key: str = setting("content", "the key of the shards to merge")
+    output_prefix: Optional[str] = setting(None, "writes {prefix}.bin / .idx, as Megatron-LM's merge_datasets.py: "
+                                                 "give the dataset's whole name, e.g. data/rw_content_document",
+                                           required=True)
 
 
 def main(argv=None) -> int:
     parser = ArgumentParser(description=__doc__)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--input", nargs="+", help="dataset prefixes, merged in this order")
-    source.add_argument("--shard-dir", help="a folder of preprocess_data.py shards")
-    parser.add_argument("--json-key", default="content", help="the key of the shards to merge")
-    parser.add_argument("--output-prefix", required=True,
-                        help="writes {prefix}.bin / .idx, as Megatron-LM's merge_datasets.py: "
-                             "give the dataset's whole name, e.g. data/rw_content_document")
+    add_flags(parser, MergeFlags)
     args = parser.parse_args(argv)
     import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.merge import merge_datasets

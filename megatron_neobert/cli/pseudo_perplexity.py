@@ -7,34 +7,41 @@
         20231101.en --num-texts 200 --max-length 8192 --rope-scaling yarn --rope-factor 2 --output runs/pppl/yarn2
 """
 
+import dataclasses
 from pathlib import Path
+from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.defaults import DEFAULT_BUCKETS
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class PseudoPerplexityFlags:
+    model: Optional[str] = setting(None, "NeoBERT HF folder with its tokenizer", required=True)
+    texts: Optional[str] = setting(None, ".jsonl/.json/.parquet/.txt file, or a HF dataset name", required=True)
+    text_field: str = setting("text", "field of each record that holds the text")
+    dataset_config: Optional[str] = setting(None, "configuration of the HF dataset")
+    split: str = setting("train", "split of the HF dataset")
+    num_texts: Optional[int] = setting(None, "evaluate only the first N texts (default: all)")
+    max_length: int = setting(4096, "texts are truncated to this many tokens")
+    min_length: int = setting(2, "shorter texts (in tokens) are skipped")
+    batch_size: int = setting(32, "single-mask copies per forward pass")
+    buckets: List[int] = setting(list(DEFAULT_BUCKETS), "upper edges of the length buckets (cut at --max-length)")
+    rope_scaling: Optional[str] = setting(
+        None, "RoPE extension past the trained length (transformers' RoPE types; dynamic is NTK-aware)",
+        choices=["linear", "dynamic", "yarn"])
+    rope_factor: float = setting(2.0, "--rope-scaling factor")
+    original_max_position_embeddings: Optional[int] = setting(
+        None, "trained length for --rope-scaling (default: the model's max_length)")
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
+    output: Optional[str] = setting(None, "prefix of the outputs: {output}.csv, .png, _sequences.csv",
+                                    required=True)
+    no_progress: bool = setting(False, "no progress bar")
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.defaults import DEFAULT_BUCKETS
-
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="NeoBERT HF folder with its tokenizer")
-    p.add_argument("--texts", required=True, help=".jsonl/.json/.parquet/.txt file, or a HF dataset name")
-    p.add_argument("--text-field", default="text", help="field of each record that holds the text")
-    p.add_argument("--dataset-config", help="configuration of the HF dataset")
-    p.add_argument("--split", default="train", help="split of the HF dataset")
-    p.add_argument("--num-texts", type=int, help="evaluate only the first N texts (default: all)")
-    p.add_argument("--max-length", type=int, default=4096, help="texts are truncated to this many tokens")
-    p.add_argument("--min-length", type=int, default=2, help="shorter texts (in tokens) are skipped")
-    p.add_argument("--batch-size", type=int, default=32, help="single-mask copies per forward pass")
-    p.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
-                   help="upper edges of the length buckets (cut at --max-length)")
-    p.add_argument("--rope-scaling", choices=["linear", "dynamic", "yarn"],
-                   help="RoPE extension past the trained length (transformers' RoPE types; dynamic is NTK-aware)")
-    p.add_argument("--rope-factor", type=float, default=2.0, help="--rope-scaling factor")
-    p.add_argument("--original-max-position-embeddings", type=int,
-                   help="trained length for --rope-scaling (default: the model's max_length)")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--output", required=True, help="prefix of the outputs: {output}.csv, .png, _sequences.csv")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(p, PseudoPerplexityFlags)
     return p
 
 

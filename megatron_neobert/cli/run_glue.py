@@ -9,48 +9,50 @@
     neobert-run-glue --model /ckpt/neobert-hf --output-dir runs/glue2 --preset runs/glue/preset.json
 """
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.evaluation.glue_data import HF_DATASET, TASKS
 from megatron_neobert.evaluation.glue_protocol import PAPER_GRID, Protocol
 
 
+@dataclasses.dataclass(frozen=True)
+class GlueFlags:
+    model: Optional[str] = setting(None, "NeoBERT HF folder (exported or chandar-lab/NeoBERT)", required=True)
+    output_dir: Optional[str] = setting(
+        None, "runs/, checkpoints/, results.md/.json and preset.json go here; rerunning the same command resumes "
+              "(a folder holds one model, data and protocol)", required=True)
+    tasks: List[str] = setting(list(TASKS), "GLUE tasks to run")
+    data_dir: Optional[str] = setting(None, "GLUE TSV folders ({data_dir}/{TASK}/train.tsv, dev.tsv; see "
+                                            "docs/glue.md); default: --dataset-name from the Hub")
+    dataset_name: str = setting(HF_DATASET, "Hub dataset read when there is no --data-dir")
+    batch_sizes: List[int] = setting(list(PAPER_GRID["batch_size"]), "grid of batch sizes")
+    learning_rates: List[float] = setting(list(PAPER_GRID["learning_rate"]), "grid of peak learning rates")
+    weight_decays: List[float] = setting(list(PAPER_GRID["weight_decay"]), "grid of AdamW weight decays")
+    seeds: List[int] = setting([0], "one run per seed and grid point")
+    preset: Optional[str] = setting(None, "JSON of best settings per task (an earlier grid's preset.json) instead "
+                                          "of the grid")
+    no_transfer: bool = setting(False, "start RTE, STS-B, MRPC and QNLI from the model instead of the best MNLI run")
+    mnli_checkpoint: Optional[str] = setting(None, "transfer source instead of the best MNLI run in --output-dir")
+    keep_mnli_checkpoints: bool = setting(False, "keep every MNLI run's best weights")
+    devices: Optional[List[str]] = setting(None, "one run at a time per device (default: every GPU, else the CPU)")
+    # The protocol's defaults are Protocol's.
+    epochs: int = setting(Protocol.epochs, "training epochs per run")
+    patience: int = setting(Protocol.patience, "evaluations without improvement before a run stops")
+    max_length: int = setting(Protocol.max_length, "tokens per example (truncated)")
+    warmup_ratio: float = setting(Protocol.warmup_ratio, "share of the steps with a linear warmup (then linear decay)")
+    eval_batch_size: int = setting(Protocol.eval_batch_size, "examples per dev batch")
+    max_train_examples: Optional[int] = setting(None, "train on the first N examples only (smoke tests)")
+    no_progress: bool = setting(False, "no progress bars")
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="NeoBERT HF folder (exported or chandar-lab/NeoBERT)")
-    p.add_argument("--output-dir", required=True,
-                   help="runs/, checkpoints/, results.md/.json and preset.json go here; rerunning the same "
-                        "command resumes (a folder holds one model, data and protocol)")
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), help="GLUE tasks to run")
-    p.add_argument("--data-dir", help="GLUE TSV folders ({data_dir}/{TASK}/train.tsv, dev.tsv; see docs/glue.md); "
-                                      "default: --dataset-name from the Hub")
-    p.add_argument("--dataset-name", default=HF_DATASET, help="Hub dataset read when there is no --data-dir")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(PAPER_GRID["batch_size"]),
-                   help="grid of batch sizes")
-    p.add_argument("--learning-rates", nargs="+", type=float, default=list(PAPER_GRID["learning_rate"]),
-                   help="grid of peak learning rates")
-    p.add_argument("--weight-decays", nargs="+", type=float, default=list(PAPER_GRID["weight_decay"]),
-                   help="grid of AdamW weight decays")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="one run per seed and grid point")
-    p.add_argument("--preset", help="JSON of best settings per task (an earlier grid's preset.json) instead of the grid")
-    p.add_argument("--no-transfer", action="store_true",
-                   help="start RTE, STS-B, MRPC and QNLI from the model instead of the best MNLI run")
-    p.add_argument("--mnli-checkpoint", help="transfer source instead of the best MNLI run in --output-dir")
-    p.add_argument("--keep-mnli-checkpoints", action="store_true", help="keep every MNLI run's best weights")
-    p.add_argument("--devices", nargs="+", help="one run at a time per device (default: every GPU, else the CPU)")
-    defaults = Protocol()
-    p.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")
-    p.add_argument("--patience", type=int, default=defaults.patience,
-                   help="evaluations without improvement before a run stops")
-    p.add_argument("--max-length", type=int, default=defaults.max_length, help="tokens per example (truncated)")
-    p.add_argument("--warmup-ratio", type=float, default=defaults.warmup_ratio,
-                   help="share of the steps with a linear warmup (then linear decay)")
-    p.add_argument("--eval-batch-size", type=int, default=defaults.eval_batch_size, help="examples per dev batch")
-    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only (smoke tests)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_flags(p, GlueFlags)
     return p
 
 

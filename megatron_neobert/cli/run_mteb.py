@@ -10,41 +10,45 @@ Writes summary.md / summary.json (by task type, beside the paper's numbers) and 
 --cache (default <output>/mteb_cache), keyed by a revision hashed from the weights, config, dtype and instructions.
 """
 
+import dataclasses
 import logging
 from pathlib import Path
+from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class MTEBFlags:
+    model: Optional[str] = setting(None, "exported NeoBERT folder (or a CDE folder with --cde)", required=True)
+    output: Optional[str] = setting(None, "summary.md and summary.json go here", required=True)
+    tasks: Optional[List[str]] = setting(
+        None, f"MTEB task and/or benchmark names (default: {DEFAULT_BENCHMARK}, unless --local-task is given)")
+    local_task: List[str] = setting([], "tasks from local files, no Hub needed: retrieval, STS or classification "
+                                        "folders (docs/mteb.md gives the files)", action="extend", metavar="FOLDER")
+    dtype: str = setting("float16", "the paper evaluates in float16", choices=sorted(DTYPE_NAMES))
+    batch_size: int = setting(64, "texts per forward pass")
+    max_length: Optional[int] = setting(None, "tokens per text (default: the model's maximum)")
+    no_instructions: bool = setting(False, "encode queries without the paper's instructions")
+    name: Optional[str] = setting(None, "model name in mteb's cache (default: the folder name)")
+    cache: Optional[str] = setting(None, "mteb's result cache (default: <output>/mteb_cache)")
+    overwrite: bool = setting(False, "re-run tasks already in the cache")
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
+    cde: bool = setting(False, "the folder is a contextual (CDE) model")
+    cde_context_size: Optional[int] = setting(None, "context documents per task (default: the J it was trained "
+                                                    "with)")
 
 
 def build_parser() -> ArgumentParser:
-    from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
-
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True, help="exported NeoBERT folder (or a CDE folder with --cde)")
-    p.add_argument("--output", required=True, help="summary.md and summary.json go here")
-    p.add_argument("--tasks", nargs="+", default=None,
-                   help=f"MTEB task and/or benchmark names (default: {DEFAULT_BENCHMARK}, unless --local-task is given)")
-    p.add_argument("--local-task", nargs="+", default=[], action="extend", metavar="FOLDER",
-                   help="tasks from local files, no Hub needed: retrieval, STS or classification folders "
-                        "(docs/mteb.md gives the files)")
-    p.add_argument("--dtype", choices=sorted(DTYPE_NAMES), default="float16", help="the paper evaluates in float16")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
-    p.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's maximum)")
-    p.add_argument("--no-instructions", action="store_true", help="encode queries without the paper's instructions")
-    p.add_argument("--name", default=None, help="model name in mteb's cache (default: the folder name)")
-    p.add_argument("--cache", default=None, help="mteb's result cache (default: <output>/mteb_cache)")
-    p.add_argument("--overwrite", action="store_true", help="re-run tasks already in the cache")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--cde", action="store_true", help="the folder is a contextual (CDE) model")
-    p.add_argument("--cde-context-size", type=int, default=None,
-                   help="context documents per task (default: the J it was trained with)")
+    add_flags(p, MTEBFlags)
     return p
 
 
 def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
-    from megatron_neobert.defaults import DEFAULT_BENCHMARK
     from megatron_neobert.embeddings.mteb_eval import MTEBTaskError, NeoBERTEncoder, resolve_tasks, run_mteb
     from megatron_neobert.embeddings.mteb_local import local_task
     from megatron_neobert.model_source import check_model_source

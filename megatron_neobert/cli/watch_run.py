@@ -11,27 +11,33 @@ into the run's TensorBoard folder, downstream.jsonl and downstream.png (docs/wat
 Safe to stop and restart at any time: what is done (same weights, same settings) is never evaluated again.
 """
 
+import dataclasses
 import sys
+from typing import List, Optional
 
 from megatron_neobert.cli import megatron_runtime
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchFlags:
+    save: Optional[str] = setting(None, "the run's checkpoint root (its --save)", one_of="runs")
+    compare: Optional[List[str]] = setting(None, "several runs' checkpoint roots, plotted together", metavar="RUN",
+                                           one_of="runs")
+    suite: Optional[str] = setting(None, "YAML file of the tasks to run (docs/watch.md)", required=True)
+    device: Optional[str] = setting(None, "cpu or cuda:N (default: cuda when available, else cpu)")
+    once: bool = setting(False, "evaluate what is there and exit")
+    interval: float = setting(60.0, "seconds between looks at the run")
+    output: Optional[str] = setting(None, "downstream.jsonl and downstream.png go here (default: RUN/downstream)")
+    tensorboard_dir: Optional[str] = setting(
+        None, "where the scores' events go (default: the run's --tensorboard-dir, else --output)")
+    tokenizer: Optional[str] = setting(None, "tokenizer folder for the export (default: the run's)")
+    plot: str = setting("downstream_compare.png", "--compare: the PNG of every run's scores")
 
 
 def build_parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__, allow_abbrev=False)
-    runs = p.add_mutually_exclusive_group(required=True)
-    runs.add_argument("--save", help="the run's checkpoint root (its --save)")
-    runs.add_argument("--compare", nargs="+", metavar="RUN", help="several runs' checkpoint roots, plotted together")
-    p.add_argument("--suite", required=True, help="YAML file of the tasks to run (docs/watch.md)")
-    p.add_argument("--device", default=None, help="cpu or cuda:N (default: cuda when available, else cpu)")
-    p.add_argument("--once", action="store_true", help="evaluate what is there and exit")
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between looks at the run")
-    p.add_argument("--output", default=None,
-                   help="downstream.jsonl and downstream.png go here (default: RUN/downstream)")
-    p.add_argument("--tensorboard-dir", default=None,
-                   help="where the scores' events go (default: the run's --tensorboard-dir, else --output)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder for the export (default: the run's)")
-    p.add_argument("--plot", default="downstream_compare.png", help="--compare: the PNG of every run's scores")
+    p = ArgumentParser(description=__doc__)
+    add_flags(p, WatchFlags)
     return p
 
 

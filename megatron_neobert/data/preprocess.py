@@ -47,6 +47,7 @@ from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, token_dtype
 from megatron_neobert.data.merge import merge_datasets
+from megatron_neobert.data.preprocess_settings import PreprocessSettings
 from megatron_neobert.data.readers import Record, count_records, expand_inputs, iter_records
 from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
 from megatron_neobert.data.sentences import SentenceSplitter
@@ -66,6 +67,7 @@ class PreprocessStats:
     seconds: float = 0.0
     outputs: Dict[str, str] = field(default_factory=dict)  # json key -> dataset prefix
     shards_done_before: int = 0  # shards found complete (resumed) and not redone
+    world_size: int = 1  # ranks sharing the input: with more than one, outputs are their shard folders
 
     @property
     def tokens_per_second(self) -> float:
@@ -323,27 +325,14 @@ def _write_shard_in_process(path, prefixes, record, settings):
 
 
 # ---- the whole run -----------------------------------------------------------------------------
-def preprocess_data(
-    inputs: Sequence[str],
-    output_prefix: str,
-    json_keys: Sequence[str] = ("text",),
-    tokenizer_type: str = "HuggingFaceTokenizer",
-    tokenizer_model: str = "bert-base-uncased",
-    workers: int = 1,
-    chunk_documents: int = 64,
-    progress: bool = True,
-    append_eod: bool = False,
-    log_interval: int = 1000,
-    partitions: int = 1,
-    rank: int = 0,
-    world_size: int = 1,
-    shard_dir: Optional[str] = None,
-    split_sentences: bool = False,
-    keep_newlines: bool = False,
-    lang: str = "english",
-) -> PreprocessStats:
+def preprocess_data(inputs: Sequence[str], output_prefix: str, *, progress: bool = True,
+                    **settings) -> PreprocessStats:
     """Tokenize ``inputs`` (files, globs, folders, saved datasets) into indexed datasets.
 
+    ``settings``: fields of ``PreprocessSettings`` (data/preprocess_settings.py, which declares their defaults and
+    neobert-preprocess-data's flags); without ``rank`` / ``world_size``, one process (0 of 1): the environment's
+    are the command's to read, as a process of a launched job may hold others'. The WordPiece types read their
+    vocab.txt from ``tokenizer_model``, where ``resolve_tokenizer_flags`` puts the command's ``--vocab-file``.
     ``partitions`` shards (input files) are written at once, each with ``workers // partitions``
     tokenizer processes, and merged in input order. ``split_sentences``, ``keep_newlines`` and
     ``lang`` are Megatron-LM's ``--split-sentences``, ``--keep-newlines`` and ``--lang``.
@@ -354,23 +343,28 @@ def preprocess_data(
     """
     from tqdm import tqdm
 
+    s = PreprocessSettings(**settings)
+    if s.vocab_file not in (None, s.tokenizer_model):
+        raise ValueError("vocab_file is the command's --vocab-file: pass the vocab.txt as tokenizer_model")
+    rank = 0 if s.rank is None else s.rank
+    world_size = 1 if s.world_size is None else s.world_size
+    json_keys, workers, partitions, append_eod = list(s.json_keys), s.workers, s.partitions, s.append_eod
     if workers < 1 or partitions < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need workers >= 1, partitions >= 1 and 0 <= rank < world_size; got "
                          f"workers={workers}, partitions={partitions}, rank={rank} of {world_size}")
-    if keep_newlines and not split_sentences:
+    if s.keep_newlines and not s.split_sentences:
         raise ValueError("--keep-newlines keeps the newlines after sentences and needs "
                          "--split-sentences; without it documents are never split")
-    json_keys = list(json_keys)
     files = expand_inputs(inputs)
-    tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)  # fail fast, before any output
-    splitter = SentenceSplitter(lang, keep_newlines) if split_sentences else None  # nltk: only here
-    shard_dir = shard_dir or f"{output_prefix}_shards"
+    tokenizer = build_tokenizer(s.tokenizer_type, s.tokenizer_model)  # fail fast, before any output
+    splitter = SentenceSplitter(s.lang, s.keep_newlines) if s.split_sentences else None  # nltk: only here
+    shard_dir = s.shard_dir or f"{output_prefix}_shards"
     os.makedirs(shard_dir, exist_ok=True)
-    settings = _Settings(json_keys, tokenizer, max(1, workers // partitions), chunk_documents,
-                         append_eod, log_interval, progress, splitter)
+    settings = _Settings(json_keys, tokenizer, max(1, workers // partitions), s.chunk_documents,
+                         append_eod, s.log_interval, progress, splitter)
     # Part of what a complete shard must match: a resumed run never reuses other splitting.
     base = {**tokenizer_record(tokenizer, append_eod), "split_sentences": {
-        "lang": lang, "keep_newlines": keep_newlines} if splitter else None}
+        "lang": s.lang, "keep_newlines": s.keep_newlines} if splitter else None}
     shards = [(path, _shard_prefixes(shard_dir, i, path, json_keys),
                {**base, "input": _input_identity(path) if os.path.isfile(path) else path})
               for i, path in enumerate(files)]
@@ -409,6 +403,7 @@ def preprocess_data(
         stats.seconds = time.perf_counter() - start
     datasets = {key: f"{output_prefix}_{key}_{'sentence' if splitter else 'document'}"
                 for key in json_keys}
+    stats.world_size = world_size
     if world_size > 1:
         stats.outputs = {key: shard_dir for key in json_keys}
         # The merge tool writes the prefix it is given, as Megatron-LM's does: give it the names

@@ -68,6 +68,11 @@ class MegatronLMFlags:
 ADAPTER_FLAGS = {f.name for f in dataclasses.fields(MegatronLMFlags)}
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigFile:
+    config: Optional[str] = setting(None, "YAML file of settings (flag names as keys); flags override it")
+
+
 def build_parser(prog: str = "neobert-pretrain", description: str = "Pre-train NeoBERT with megatron-core.",
                  shown: Optional[Set[str]] = None, epilog: Optional[str] = None) -> argparse.ArgumentParser:
     """The trainer's command line. A tool that reads a part of the settings from the training command (`shown`:
@@ -75,7 +80,7 @@ def build_parser(prog: str = "neobert-pretrain", description: str = "Pre-train N
     # The shared parser refuses abbreviations: Megatron-LM's --exit-signal must not be read as a prefix of another.
     p = ArgumentParser(prog=prog, description=description, epilog=epilog,
                        error_class=InputError)  # one line, on rank 0, in place of the usage on every rank
-    p.add_argument("--config", help="YAML file of settings (flag names as keys); flags override it")
+    add_flags(p, ConfigFile)
     for section in SECTIONS.values():
         add_flags(p.add_argument_group(section.TITLE), section)
     add_flags(p.add_argument_group(MegatronLMFlags.TITLE), MegatronLMFlags)

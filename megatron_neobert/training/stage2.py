@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, resolve_checkpoint_dir
 from megatron_neobert.training.errors import InputError
 
@@ -108,16 +108,21 @@ def stage2_plan(stage1: str, save: str, load_optim: bool = True, seq_length: Opt
     return Stage2Plan(world, flags, summary)
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage2Flags:
+    stage1: Optional[str] = setting(None, "stage 1's checkpoint root (its --save)", required=True)
+    save: Optional[str] = setting(None, "stage 2's checkpoint root", required=True)
+    load_optim: int = setting(1, "1: go on with stage 1's optimizer state and schedule; 0: its weights only",
+                              choices=[0, 1])
+    seq_length: Optional[int] = setting(None, "default: 4 x stage 1's")
+    iters: Optional[int] = setting(None, "stage 2's steps (default: stage 1's iterations / 20)")
+    data_path: Optional[List[str]] = setting(None, "default: stage 1's --data-path")
+
+
 def main(argv=None) -> int:
     """Prints RANKS=... and STAGE2_FLAGS=(...) for the script to `eval`; a bad checkpoint is one `error:` line."""
     p = ArgumentParser(prog="python -m megatron_neobert.training.stage2", description=__doc__)
-    p.add_argument("--stage1", required=True, help="stage 1's checkpoint root (its --save)")
-    p.add_argument("--save", required=True, help="stage 2's checkpoint root")
-    p.add_argument("--load-optim", type=int, choices=[0, 1], default=1,
-                   help="1: go on with stage 1's optimizer state and schedule; 0: its weights only")
-    p.add_argument("--seq-length", type=int, help="default: 4 x stage 1's")
-    p.add_argument("--iters", type=int, help="stage 2's steps (default: stage 1's iterations / 20)")
-    p.add_argument("--data-path", nargs="+", help="default: stage 1's --data-path")
+    add_flags(p, Stage2Flags)
     args = p.parse_args(argv)
     try:
         plan = stage2_plan(args.stage1, args.save, bool(args.load_optim), args.seq_length, args.iters, args.data_path)
