@@ -18,9 +18,9 @@ import logging
 import sys
 import warnings
 from functools import lru_cache
-from typing import Dict, Optional
+from typing import Optional
 
-_PACKAGES = {
+PACKAGES = {
     # With megatron-core's wrappers of it: TE is usable only when both import.
     "transformer_engine": ("transformer_engine", "megatron.core.extensions.transformer_engine"),
     "flash_attn": "flash_attn",
@@ -32,7 +32,7 @@ _PACKAGES = {
 @lru_cache(maxsize=None)
 def probe(name: str) -> Optional[str]:
     """The version of an optional package if it imports, else None."""
-    modules = _PACKAGES[name] if isinstance(_PACKAGES[name], tuple) else (_PACKAGES[name],)
+    modules = PACKAGES[name] if isinstance(PACKAGES[name], tuple) else (PACKAGES[name],)
     try:
         module = [importlib.import_module(m) for m in modules][0]
     except Exception:  # ImportError, or a build that does not match this torch/CUDA
@@ -116,42 +116,3 @@ def import_megatron_core() -> None:
                 importlib.import_module(module)
     finally:
         logging.disable(disabled)
-
-
-def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") -> Dict[str, str]:
-    """What runs each part of a training step, in words."""
-    import torch
-
-    gpu = torch.cuda.is_available()
-    if choose_transformer_impl(transformer_impl, gpu, transformer_engine_available()) == "transformer_engine":
-        layers = f"Transformer Engine {probe('transformer_engine')} (fused norm+linear, fused attention)"
-    else:
-        from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
-
-        packed = packed_attention_backend(gpu)  # as for bf16 without attention dropout, the defaults
-        layers = (f"megatron-core local layers; packed attention: {PACKED_KERNELS[packed]}"
-                  + (f" {probe('flash_attn')}" if packed == "flash" else "")
-                  + "; padded attention: PyTorch SDPA; PyTorch norms")
-    # megatron-core's optimizer picks TE's FusedAdam, else apex's, else torch.optim.AdamW.
-    if probe("transformer_engine"):
-        adam = "Transformer Engine FusedAdam"
-    elif probe("apex"):
-        adam = f"apex FusedAdam ({probe('apex')})"
-    else:
-        adam = "torch.optim.AdamW"
-    if data_loader == "dali":
-        loader = (f"DALI {probe('dali')}" if probe("dali")
-                  else "DALI requested but nvidia.dali does not import")
-    else:
-        loader = "torch DataLoader"
-    return {
-        "device": torch.cuda.get_device_name() if gpu else "CPU (gloo; megatron-core CUDA calls redirected)",
-        "layers": layers,
-        "optimizer": adam,
-        "data loader": loader,
-        "available": ", ".join(f"{n}={probe(n) or 'no'}" for n in _PACKAGES),
-    }
-
-
-def format_report(report: Dict[str, str]) -> str:
-    return "kernels: " + "; ".join(f"{k}: {v}" for k, v in report.items())

@@ -9,7 +9,7 @@ import difflib
 import os
 from typing import Optional
 
-from megatron_neobert.training.checkpoint.layout import LATEST_MARKER
+from megatron_neobert.checkpoint.layout import LATEST_MARKER
 
 
 def check_hub_reachable(name: str) -> None:

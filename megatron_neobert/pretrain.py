@@ -15,7 +15,7 @@ import traceback
 from typing import List, Optional
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
 

@@ -8,8 +8,8 @@ import torch
 
 from megatron_neobert.megatron_core_compat import COMMON_STATE_FILE, load_common_state
 from megatron_neobert.model import get_arch, padded_vocab_size
-from megatron_neobert.training.checkpoint.layout import iteration_dir, write_latest_marker
-from megatron_neobert.training.checkpoint.state import CHECKPOINT_VERSION, megatron_lm_args
+from megatron_neobert.checkpoint.layout import iteration_dir, write_latest_marker
+from megatron_neobert.checkpoint.state import CHECKPOINT_VERSION, megatron_lm_args
 
 
 def rewrite_common_state(folder, change: Callable[[dict], None]) -> None:

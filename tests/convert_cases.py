@@ -11,9 +11,9 @@ from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpoint.layout import resolve_checkpoint_dir
-from megatron_neobert.training.checkpoint.state import checkpoint_args, load_model_state, model_sharded_state_dict
-from megatron_neobert.training.model_setup import build_model_chunks
+from megatron_neobert.checkpoint.layout import resolve_checkpoint_dir
+from megatron_neobert.checkpoint.state import checkpoint_args, load_model_state, model_sharded_state_dict
+from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape
 from parallel_cases import Layout
 

@@ -12,8 +12,8 @@ from megatron.core.utils import unwrap_model
 
 from megatron_neobert.model import NeoBERTArch, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.model_setup import build_model_chunks
+from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
+from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.training.step import micro_batch_tensor_shape, mlm_forward_step
 
 # Small enough for 4 ranks on 2 cores, big enough to split: 4 layers, 4 heads, vocab 256.

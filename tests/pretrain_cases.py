@@ -10,12 +10,14 @@ from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.training import loop
+from megatron_neobert.training import trainer
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
-from megatron_neobert.training.checkpoint.state import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.loop import NonFiniteLossError, train
-from megatron_neobert.training.model_setup import build_model_chunks, run_model_shape
+from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
+from megatron_neobert.training.loop import train
+from megatron_neobert.training.optimizer_step import NonFiniteLossError
+from megatron_neobert.model.chunks import build_model_chunks
+from megatron_neobert.training.model_setup import run_model_shape
 from megatron_neobert.training.step import mlm_forward_step
 from megatron_neobert.training.train_log import configure_logging
 
@@ -62,17 +64,17 @@ def real_tokens_per_step(argv: list, steps: int) -> list:
 @contextlib.contextmanager
 def after_each_step(callback):
     """Inside the block, the trainer calls `callback(record)` after each training step (its train_step, wrapped)."""
-    step = loop.train_step
+    step = trainer.train_step
 
     def train_step(*args, **kwargs):
         record = step(*args, **kwargs)
         callback(record)
         return record
-    loop.train_step = train_step
+    trainer.train_step = train_step
     try:
         yield
     finally:
-        loop.train_step = step
+        trainer.train_step = step
 
 
 def process_memory_and_threads() -> dict:

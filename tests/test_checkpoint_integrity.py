@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpoint import integrity
-from megatron_neobert.training.checkpoint.integrity import crc32_combine, shared_crc32
+from megatron_neobert.checkpoint import integrity
+from megatron_neobert.checkpoint.integrity import crc32_combine, shared_crc32
 
 
 def test_combined_checksums_equal_zlibs_of_the_concatenation():

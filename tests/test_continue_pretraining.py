@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_fixtures import make_neobert_folder
+from hf_fixtures import VOCAB, make_neobert_folder
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,10 @@ def test_a_released_checkpoint_of_no_preset_shape_continues_and_exports_as_its_s
     assert f"loaded {work}/checkpoints/iter_0000002 at iteration 2" in second.stdout
     assert "done: iteration 4 (finished)" in second.stdout + second.stderr
 
+    from megatron_neobert.conversion.convert import read_checkpoint_args
+
+    _, args = read_checkpoint_args(work / "released")  # what a tokenizer given to the run is compared with
+    assert (args["tokenizer_model"], args["tokenizer_vocab_size"]) == (str(released.resolve()), len(VOCAB))
     source = json.loads((released / "config.json").read_text())
     exported = json.loads((work / "hf" / "config.json").read_text())
     shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_length",

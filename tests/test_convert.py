@@ -32,8 +32,8 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.model import get_arch
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
-from megatron_neobert.training.checkpoint.state import checkpoint_args
+from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
+from megatron_neobert.checkpoint.state import checkpoint_args
 from parallel_cases import Layout
 from pretrain_cases import run_train, tiny_argv
 from shared_runs import run_once

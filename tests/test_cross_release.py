@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from megatron_neobert.megatron_core_compat import RELEASE
-from megatron_neobert.training.checkpoint.layout import iteration_dir
+from megatron_neobert.checkpoint.layout import iteration_dir
 from pretrain_cases import run_train, tiny_argv
 
 OTHER_PYTHON = os.environ.get("NEOBERT_MEGATRON_CORE_0_16_PYTHON")

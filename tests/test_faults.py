@@ -25,10 +25,10 @@ from checkpoint_files import rewrite_common_state
 from megatron_neobert.megatron_core_compat import COMMON_STATE_FILE, COMMON_STATE_IN_SHARDS
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.checkpoint.integrity import MANIFEST
-from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
-from megatron_neobert.training.errors import TrainingError
-from megatron_neobert.training.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
+from megatron_neobert.checkpoint.integrity import MANIFEST
+from megatron_neobert.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
+from megatron_neobert.errors import TrainingError
+from megatron_neobert.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
 from pretrain_cases import after_each_step, full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 from shared_runs import run_once
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_with_interleaved_rotary_rows_is_refused(one_rank_run, data
     rows would train on silently wrong attention."""
     import torch
 
-    from megatron_neobert.training.checkpoint.state import checkpoint_args
+    from megatron_neobert.checkpoint.state import checkpoint_args
 
     root = copy_root(one_rank_run[1], tmp_path / "ckpt")
     rewrite_common_state(iteration_dir(root, 8), lambda common: checkpoint_args(common).pop("rotary_interleaved"))
@@ -365,8 +365,8 @@ def test_data_changed_under_a_running_job_is_named_and_no_checkpoint_saved(data,
 def test_sequence_length_is_checked_and_a_longer_rope_length_is_exported(data, tmp_path):
     from megatron_neobert.conversion.convert import mcore_to_hf
 
-    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of "
-                                            "--model-preset ablation-m0"):
+    with pytest.raises(TrainingError, match="--seq-length 64 is longer than the 32 learned positions of the "
+                                            "model \\(learned_absolute\\)"):
         train_here(data, "--model-preset", "ablation-m0", "--max-position-embeddings", "32", "--train-iters", "1")
     root, hf = str(tmp_path / "ckpt"), tmp_path / "hf"
     # RoPE with a 32-position preset trained at 64: allowed, and 64 is what the export announces.

@@ -15,6 +15,34 @@ def test_no_import_cycles():
                                                       for c in cycles)
 
 
+# The package's folders and top-level modules, lowest first: a module imports from its own layer or the ones below,
+# never from above (a lazy import counts too: it runs when its function does).
+LAYERS = (
+    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat"),
+    ("checkpoint",),  # where checkpoints are and what they hold: for data, conversion and training alike
+    ("model_source", "kernels"),
+    ("hf", "model"),
+    ("parallel",),
+    ("data",),
+    ("conversion",),
+    ("training",),
+    ("embeddings",),
+    ("evaluation",),
+    ("cli", "pretrain"),
+)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    level = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+    upward = []
+    for importer, imported in import_graph().items():
+        for module, imports in imported.items():
+            here, there = (name.split(".")[1] for name in (importer, module))
+            if level[there] > level[here]:
+                upward.append(f"{importer} -> {module} (line {imports[0].line})")
+    assert not upward, "imports from a layer above:\n" + "\n".join(upward)
+
+
 def test_the_allowed_cycle_is_closed_only_by_a_function_level_import():
     graph = import_graph()
     assert all(imp.lazy for imp in graph["megatron_neobert.data.loader"]["megatron_neobert.data.dali_loader"])

@@ -86,7 +86,7 @@ MEGATRON_LM_FIELDS = {
 def test_saved_args_read_with_megatron_lm_rules(bert_run):
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.training.checkpoint.layout import iteration_dir
+    from megatron_neobert.checkpoint.layout import iteration_dir
 
     root, _ = bert_run
     ckpt = iteration_dir(str(root / "ckpt"), ITERS)
@@ -146,7 +146,7 @@ def _mock_argv(*extra):
 
 @pytest.mark.integration
 def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
-    from megatron_neobert.training.checkpoint.layout import iteration_dir
+    from megatron_neobert.checkpoint.layout import iteration_dir
 
     history = run_on_ranks(run_train, 1, _mock_argv("--train-samples", "64", "--lr-warmup-samples", "16",
                                                     "--lr-decay-samples", "48", "--save", str(tmp_path),
@@ -264,7 +264,7 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
     mock data 1,1,1 whatever it says, and the start-up notes say so."""
     from megatron_neobert.data.tokenizer import build_tokenizer
     from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.startup_report import startup_notes
     from megatron_neobert.training.model_setup import run_model_shape
 
     given, plain = (parse_settings(_mock_argv("--train-iters", "10", "--lr-warmup-iters", "1", *split))
@@ -282,7 +282,7 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
-    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.startup_report import startup_notes
     from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
@@ -347,7 +347,7 @@ def test_bf16_on_a_cpu_computes_in_bf16_and_the_start_up_says_so(single_rank):
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.data_setup import build_data
-    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.startup_report import startup_notes
     from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
     from megatron_neobert.training.step import run_micro_batches
 

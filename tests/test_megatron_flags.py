@@ -151,7 +151,7 @@ def test_swiglu_is_refused_for_a_gelu_preset():
 
 
 def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers():
-    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.startup_report import startup_notes
     from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64",
@@ -169,7 +169,7 @@ def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers(
 
 
 def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
-    from megatron_neobert.training.loop import startup_notes
+    from megatron_neobert.training.startup_report import startup_notes
     from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(BASE + ["--sequence-parallel"])
@@ -239,8 +239,8 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
 def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_path):
     """--async-save: the same weights, optimizer state and schedule in each folder, sealed with its checksums and
     named by the marker only once written; a resume from it goes on as from a synchronous one."""
-    from megatron_neobert.training.checkpoint.integrity import MANIFEST
-    from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
+    from megatron_neobert.checkpoint.integrity import MANIFEST
+    from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
 
     prefix, cache = data
     runs = {}
@@ -303,8 +303,8 @@ def test_use_checkpoint_args_values_reach_the_checks(tmp_path):
 def test_a_checkpoint_of_no_preset_shape_gives_the_run_its_shape(tmp_path):
     from megatron_neobert.model import NeoBERTArch
     from megatron_neobert.training.model_setup import run_model_shape
-    from megatron_neobert.training.checkpoint.state import read_common_state
-    from megatron_neobert.training.checkpoint.layout import find_checkpoint
+    from megatron_neobert.checkpoint.state import read_common_state
+    from megatron_neobert.checkpoint.layout import find_checkpoint
 
     arch = NeoBERTArch(2, 128, 4, 344, 8192, 512, norm_epsilon=1e-6)  # no preset's
     ckpt = args_only_checkpoint(tmp_path / "ckpt", arch=arch, hf_intermediate_size=512)

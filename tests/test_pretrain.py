@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration, write_latest_marker
+from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration, write_latest_marker
 from pretrain_cases import (read_weights, real_tokens_per_step, run_train, run_train_until_nonfinite,
                             run_train_with_signal, tiny_argv)
 from shared_runs import run_once

@@ -15,7 +15,7 @@ from megatron_neobert.training.run_checks import check_vocabulary_rows
 from megatron_neobert.training.schedule import build_scheduler
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.metrics import non_embedding_params, step_flops
-from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
+from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
                                                          write_latest_marker)
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), os.pardir, "examples")
@@ -191,7 +191,7 @@ def test_step_flops_count_attention_per_document(single_rank):
 
 def test_kernel_report_names_the_fallbacks_on_cpu():
     import torch
-    from megatron_neobert.kernels import kernel_report
+    from megatron_neobert.model.kernel_report import kernel_report
 
     if torch.cuda.is_available():
         pytest.skip("CPU fallbacks only")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.errors import InputError
 from megatron_neobert.training.profiling import StepProfiler
 
 

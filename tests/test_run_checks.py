@@ -11,10 +11,11 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.model.config import PRESETS, get_arch
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.errors import InputError, TrainingError
 from megatron_neobert.training.model_setup import run_model_shape
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_positions, check_tensor_parallel_shapes, check_vocabulary,
+                                                  check_positions, check_tensor_parallel_shapes,
+                                                  check_tokenizer_matches_checkpoint, check_vocabulary,
                                                   tensor_parallel_shape_error)
 
 TINY = get_arch("neobert-tiny")
@@ -57,6 +58,16 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused():
     with pytest.raises(InputError, match="has 8,192 entries, more than the model's vocabulary of 8,191: raise "
                                          "--vocab-size to at least 8192"):
         check_vocabulary(tokenizer, dataclasses.replace(TINY, vocab_size=8191))
+
+
+def test_a_tokenizer_of_another_vocabulary_than_the_checkpoints_is_refused():
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)  # 8192 entries
+    check_tokenizer_matches_checkpoint(tokenizer, "ckpt", saved(tokenizer_vocab_size=8192))
+    check_tokenizer_matches_checkpoint(tokenizer, "ckpt", saved())  # an older checkpoint records none
+    with pytest.raises(InputError, match="has 8,192 entries, the tokenizer of checkpoint ckpt 30,522 "
+                                         "\\(bert-base-uncased\\): give the checkpoint's tokenizer"):
+        check_tokenizer_matches_checkpoint(tokenizer, "ckpt", saved(tokenizer_vocab_size=30522,
+                                                                    tokenizer_model="bert-base-uncased"))
 
 
 def test_a_checkpoint_of_another_shape_names_every_difference():

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training import loop
+from megatron_neobert.training import trainer
 from megatron_neobert.training.arguments import parse_settings
 from pretrain_cases import run_train, tiny_argv
 
@@ -45,18 +45,18 @@ def run_train_keeping_weights(argv: list) -> tuple:
     """(history, the model's parameters before the first step and after the last) of a run on this rank."""
     from megatron.core.utils import unwrap_model
 
-    kept, setup = {}, loop.setup_model_and_optimizer
+    kept, setup = {}, trainer.setup_model_and_optimizer
 
     def setup_and_keep(*args, **kwargs):
         config, chunks, optimizer, scheduler = setup(*args, **kwargs)
         kept["model"], kept["before"] = unwrap_model(chunks[0]), _weights(unwrap_model(chunks[0]))
         return config, chunks, optimizer, scheduler
 
-    loop.setup_model_and_optimizer = setup_and_keep
+    trainer.setup_model_and_optimizer = setup_and_keep
     try:
         history = run_train(argv)
     finally:
-        loop.setup_model_and_optimizer = setup
+        trainer.setup_model_and_optimizer = setup
     return history, kept["before"], _weights(kept["model"])
 
 
@@ -87,7 +87,8 @@ def reference_run(argv, before: dict) -> dict:
     use, and the weights after the last step."""
     from megatron_neobert.model import padded_vocab_size, transformer_config
     from megatron_neobert.training.data_setup import build_data
-    from megatron_neobert.training.model_setup import build_model_chunks, run_model_shape
+    from megatron_neobert.model.chunks import build_model_chunks
+    from megatron_neobert.training.model_setup import run_model_shape
 
     settings = parse_settings(argv)
     training = settings.training

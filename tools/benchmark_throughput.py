@@ -235,7 +235,7 @@ def main(argv=None):
     from megatron_neobert.atomic_write import write_json_atomic, write_text_atomic
     from megatron_neobert.cli import megatron_runtime
     from megatron_neobert.evaluation.throughput import baseline_attention, format_table, plot
-    from megatron_neobert.kernels import kernel_report
+    from megatron_neobert.model.kernel_report import kernel_report
     from megatron_neobert.model import get_arch
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

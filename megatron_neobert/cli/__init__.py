@@ -13,7 +13,8 @@ def import_megatron_core_quietly() -> None:
     """megatron-core imported by a command before the modules that import it, as the trainer imports it
     (`kernels.import_megatron_core`: a half-installed Transformer Engine named in one line, the warnings about each
     missing GPU extension silenced), and the one log line of the kernel paths that run said in their place."""
-    from megatron_neobert.kernels import format_report, import_megatron_core, kernel_report
+    from megatron_neobert.kernels import import_megatron_core
+    from megatron_neobert.model.kernel_report import format_report, kernel_report
 
     import_megatron_core()
     logging.getLogger(__name__).info(format_report(kernel_report()))

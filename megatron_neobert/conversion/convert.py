@@ -39,11 +39,11 @@ from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
 from megatron_neobert.model import PRESETS, VOCAB_PADDING_MULTIPLE, NeoBERTArch, get_arch, padded_vocab_size
 from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
-from megatron_neobert.training.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
-from megatron_neobert.training.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
+from megatron_neobert.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
+from megatron_neobert.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
                                                         megatron_deprecations_hidden, megatron_lm_args,
                                                         model_sharded_state_dict, read_common_state)
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def save_target_layout(stage_dir: str, out_dir: str, arch_fields: dict, common: 
     from megatron.core import dist_checkpointing
 
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.model_setup import build_model_chunks
+    from megatron_neobert.model.chunks import build_model_chunks
 
     arch = NeoBERTArch(**arch_fields)
     initialize_model_parallel(tp, pp)
@@ -388,14 +388,19 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         raise ConversionError(f"TP={tp} x PP={pp} does not divide {arch.num_layers} layers, "
                               f"{arch.num_attention_heads} heads and FFN width {arch.ffn_hidden_size}")
     padded = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
+    tokenizer_vocab_size = None
     if tokenizer is None and any((src / f).is_file() for f in TOKENIZER_FILES):
         tokenizer = str(load) if not os.path.exists(str(load)) else str(src.resolve())
+        from megatron_neobert.data.tokenizer import build_tokenizer
+
+        # Recorded, so that a run continuing from the checkpoint refuses a tokenizer of another vocabulary.
+        tokenizer_vocab_size = build_tokenizer(HF_TOKENIZER_TYPE, str(src)).vocab_size
     args = megatron_lm_args(arch, padded, make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                             tokenizer_type=HF_TOKENIZER_TYPE if tokenizer else None, tokenizer_model=tokenizer,
                             model_preset=model_preset or preset_name_of(arch), tensor_model_parallel_size=tp,
                             pipeline_model_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
                             params_dtype=dtype, converted_from=str(load),
-                            hf_intermediate_size=config.intermediate_size)
+                            hf_intermediate_size=config.intermediate_size, tokenizer_vocab_size=tokenizer_vocab_size)
 
     with atomic_path(save) as tmp:
         stage = tmp / "stage-tp1"

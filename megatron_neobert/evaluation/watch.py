@@ -25,9 +25,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.model_source import folder_listing
-from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, complete_iterations, iteration_dir,
+from megatron_neobert.checkpoint.layout import (LATEST_MARKER, complete_iterations, iteration_dir,
                                                          saved_iterations)
-from megatron_neobert.training.checkpoint.lock import LOCK_NAME
+from megatron_neobert.checkpoint.lock import LOCK_NAME
 
 RESULTS = "downstream.jsonl"
 PLOT = "downstream.png"
@@ -294,7 +294,7 @@ class Run:
 
         from megatron_neobert.conversion.convert import read_checkpoint_args
         from megatron_neobert.conversion.hf_format import checkpoint_revision
-        from megatron_neobert.training.checkpoint.integrity import MANIFEST, folder_problem
+        from megatron_neobert.checkpoint.integrity import MANIFEST, folder_problem
 
         folder = iteration_dir(self.root, iteration)
 

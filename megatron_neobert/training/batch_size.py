@@ -2,7 +2,7 @@
 on megatron-core's micro-batch calculator (the loop's, and the count of a ramped run's iterations), with every size
 checked against micro-batch x data-parallel size before training."""
 
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.errors import InputError
 
 
 def rampup_train_iters(values: dict) -> int:

@@ -15,8 +15,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from megatron_neobert.training.checkpoint.integrity import shared_crc32
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.checkpoint.integrity import shared_crc32
+from megatron_neobert.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 

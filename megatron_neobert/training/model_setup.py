@@ -2,68 +2,21 @@
 training, their optimizer and learning-rate schedule, from the run's settings."""
 
 import random
-from typing import List, Optional
+from typing import Optional
 
 import numpy
 import torch
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.enums import AttnBackend
-from megatron.core.transformer.module import Float16Module
 
-from megatron_neobert.model import (ModelShape, NeoBERTArch, build_model, padded_vocab_size, resolve_model_shape,
-                                    transformer_config)
+from megatron_neobert.model import ModelShape, NeoBERTArch, padded_vocab_size, resolve_model_shape, transformer_config
+from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.parallel.launch import initialize_model_parallel
-from megatron_neobert.training.checkpoint.state import checkpoint_args
+from megatron_neobert.checkpoint.state import checkpoint_args
 from megatron_neobert.training.schedule import build_scheduler
 from megatron_neobert.training.settings import Settings
-
-
-def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
-                       ddp_config: Optional[DistributedDataParallelConfig] = None,
-                       padded_vocab: Optional[int] = None) -> List[torch.nn.Module]:
-    """This rank's NeoBERT model chunks: one per virtual pipeline stage (one without VPP).
-
-    `padded_vocab`: rows of the embedding and output layer; default: the vocabulary padded to a
-    multiple of 128 x TP. A loaded checkpoint's own size must be passed (its rows are fixed).
-
-    With `ddp_config` each chunk is wrapped in megatron-core DDP (grad buffers, bucketed
-    reduce(-scatter)) and `config` gets the hooks the pipeline schedules call (and, with Transformer
-    Engine, `gradient_accumulation_fusion`).
-    """
-    if ddp_config is not None and transformer_impl == "transformer_engine":
-        # TE's linears add their weight gradients straight into DDP's fp32 main_grad buffers.
-        config.gradient_accumulation_fusion = True
-    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    vocab = padded_vocab or padded_vocab_size(arch.vocab_size, tp)
-    chunks = []
-    for vp_stage in range(vpp):
-        vp = vp_stage if vpp > 1 else None
-        chunk = build_model(
-            arch, config, transformer_impl=transformer_impl, vocab_size=vocab, vp_stage=vp,
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp))
-        if torch.cuda.is_available():
-            chunk.cuda(torch.cuda.current_device())
-        chunks.append(chunk)
-    if config.fp16 or config.bf16:
-        chunks = [Float16Module(config, c) for c in chunks]
-    if ddp_config is None:
-        return chunks
-    chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c,
-                                      disable_bucketing=i > 0)  # as Megatron-LM: bucket chunk 0 only
-              for i, c in enumerate(chunks)]
-    for chunk in chunks:
-        chunk.broadcast_params()  # identical replicas across data-parallel ranks
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
-    if ddp_config.overlap_grad_reduce:
-        config.grad_sync_func = ([c.start_grad_sync for c in chunks] if len(chunks) > 1
-                                 else chunks[0].start_grad_sync)
-    return chunks
 
 
 def run_model_shape(settings: Settings, tokenizer_vocab_size: Optional[int] = None,

@@ -38,9 +38,11 @@ import threading
 import time
 from typing import Callable, Optional
 
+from megatron_neobert.training.settings import EXIT_SIGNAL_NAMES
+
 logger = logging.getLogger(__name__)
 
-EXIT_SIGNALS = {name: getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")}
+EXIT_SIGNALS = {name: getattr(signal, name) for name in EXIT_SIGNAL_NAMES}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -250,7 +252,7 @@ def stop_requested(handler: Optional[ExitSignalHandler], started: float,
                    exit_duration_in_mins: Optional[float]) -> Optional[str]:
     """"signal", "exit-duration" or None, agreed by all ranks (a collective: call it on all; none
     without a handler or a duration, which all ranks' flags agree on)."""
-    # torch on first use: the command line's --help reads EXIT_SIGNALS from this module without it.
+    # torch on first use: the rest of this module needs none.
     import torch
 
     if handler is None and not exit_duration_in_mins:

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLES, null_tokenizer_model,
                                               resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.errors import InputError
 from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.training.settings import SECTIONS, Settings, declared_fields
 

@@ -11,8 +11,8 @@ from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import ModelShape, NeoBERTArch
-from megatron_neobert.training.checkpoint.state import checkpoint_args
-from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.checkpoint.state import checkpoint_args
+from megatron_neobert.errors import InputError, TrainingError
 from megatron_neobert.training.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).
@@ -132,13 +132,15 @@ def check_vocabulary_rows(settings: Settings, shape: ModelShape, checkpoint: Opt
 def check_tokenizer_matches_checkpoint(tokenizer: MLMTokenizer, checkpoint: Optional[str],
                                        common: Optional[dict]) -> None:
     """A loaded model's embedding rows mean the tokens of the tokenizer it was trained with: another vocabulary
-    would train every id as some other token."""
-    saved = checkpoint_args(common).get("arch", {}).get("vocab_size") if common else None
+    would train every id as some other token. Compared with the size its args record (the trainer's and the
+    converter's do; older checkpoints record none)."""
+    args = checkpoint_args(common) if common else {}
+    saved = args.get("tokenizer_vocab_size")
     if saved is None or saved == tokenizer.vocab_size:
         return
-    recorded = checkpoint_args(common).get("tokenizer_model")
-    raise InputError(f"tokenizer {tokenizer.tokenizer_model} has {tokenizer.vocab_size:,} entries, the model of "
-                     f"checkpoint {checkpoint} {saved:,}" + (f" (its args name {recorded})" if recorded else "")
+    recorded = args.get("tokenizer_model")
+    raise InputError(f"tokenizer {tokenizer.tokenizer_model} has {tokenizer.vocab_size:,} entries, the tokenizer "
+                     f"of checkpoint {checkpoint} {saved:,}" + (f" ({recorded})" if recorded else "")
                      + ": give the checkpoint's tokenizer (--tokenizer-model), or drop the tokenizer flags to take "
                        "the one its args name")
 

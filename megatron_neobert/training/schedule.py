@@ -7,7 +7,7 @@ growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
 from typing import NamedTuple, Optional, Set
 
 from megatron_neobert.training.batch_size import rampup_train_iters
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.errors import InputError
 
 RECIPE_WARMUP_ITERS = 2000
 RECIPE_DECAY_FRACTION = 0.9

@@ -16,11 +16,12 @@ from megatron_neobert.data.tokenizer import TokenizerSettings
 from megatron_neobert.flags import setting
 from megatron_neobert.model.config import PRESETS
 from megatron_neobert.model.shape import VOCAB_PADDING_MULTIPLE
-from megatron_neobert.training.process_guards import EXIT_SIGNALS
 
 # What NeoBERT's architecture and recipe fix where Megatron-LM's BERT has another default (printed at start-up).
 RECIPE_DIFFERENCES = ("no binary (next-sentence) head", "untied MLM decoder", "SwiGLU, RMSNorm and RoPE (the preset's)",
                       "packed whole documents, no short sequences", "AdamW beta2 0.95")
+# The signals --exit-signal may name (the process guards handle them by these names).
+EXIT_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
               "return_unexpected", "return_all", "ignore_all")
 
@@ -251,7 +252,7 @@ class FaultSettings:
     TITLE: ClassVar[str] = "fault tolerance"
     exit_signal_handler: bool = setting(False, "on --exit-signal save a checkpoint and exit cleanly")
     exit_signal: str = setting("SIGTERM", "the signal --exit-signal-handler answers (as Megatron-LM)",
-                               choices=list(EXIT_SIGNALS))
+                               choices=list(EXIT_SIGNAL_NAMES))
     exit_interval: Optional[int] = setting(None, "save and exit at this iteration")
     exit_duration_in_mins: Optional[float] = setting(
         None, "save and exit once the run has lasted this long (all ranks stop at the same step)")

@@ -17,8 +17,8 @@ import sys
 from typing import List, Optional
 
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
-from megatron_neobert.training.checkpoint.layout import LATEST_MARKER, resolve_checkpoint_dir
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.checkpoint.layout import LATEST_MARKER, resolve_checkpoint_dir
+from megatron_neobert.errors import InputError
 
 LENGTH_FACTOR = 4  # 1,024 -> 4,096 tokens
 STEPS_DIVISOR = 20  # 1M steps -> 50k more
@@ -52,7 +52,7 @@ def stage2_plan(stage1: str, save: str, load_optim: bool = True, seq_length: Opt
     from megatron_neobert.kernels import import_megatron_core
 
     import_megatron_core()  # quiet: this only reads args
-    from megatron_neobert.training.checkpoint.state import checkpoint_args, read_common_state
+    from megatron_neobert.checkpoint.state import checkpoint_args, read_common_state
 
     folder = resolve_checkpoint_dir(stage1)
     common = read_common_state(folder)

@@ -9,7 +9,7 @@ import os
 from typing import Optional, Set, Tuple
 
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER
-from megatron_neobert.training.errors import InputError
+from megatron_neobert.errors import InputError
 
 TOKENIZER_SETTINGS = ("tokenizer_type", "tokenizer_model", "vocab_file")
 
@@ -20,7 +20,8 @@ def _same_folder(a: Optional[str], b: Optional[str]) -> bool:
 
 def starting_checkpoint(values: dict) -> Optional[Tuple[str, dict]]:
     """(iteration folder, args) of the checkpoint the run will load: --load's, else --pretrained-checkpoint's; None
-    when neither holds one. A --load folder that does not exist is refused unless it is --save too (Megatron-LM's
+    when neither holds one, or when the run takes nothing from its args (--use-checkpoint-args not given, a tokenizer
+    flag given): the trainer reads and verifies it then. A --load folder that does not exist is refused unless it is --save too (Megatron-LM's
     resume idiom, `--save X --load X`, starts from scratch the first time): elsewhere it is a typo that would train
     from scratch and exit 0."""
     load, pretrained = values.get("load"), values.get("pretrained_checkpoint")
@@ -30,20 +31,30 @@ def starting_checkpoint(values: dict) -> Optional[Tuple[str, dict]]:
                          f"or no --load to start from scratch")
     if pretrained and not os.path.isdir(pretrained):
         raise InputError(f"--pretrained-checkpoint {pretrained}: no such folder")
-    if not (load or pretrained):
+    needed = values.get("use_checkpoint_args") or not any(name in values for name in TOKENIZER_SETTINGS)
+    if not (load or pretrained) or not needed:  # the trainer reads and verifies it, collectively
         return None
     from megatron_neobert.kernels import import_megatron_core  # quietly, before the checkpoint code imports it
-    from megatron_neobert.training.checkpoint.layout import find_checkpoint
+    from megatron_neobert.checkpoint.layout import find_checkpoint
 
     import_megatron_core()
-    from megatron_neobert.training.checkpoint.state import checkpoint_args, read_common_state
+    from megatron_neobert.checkpoint.integrity import size_problem
+    from megatron_neobert.checkpoint.state import checkpoint_args, read_common_state
 
     folder = find_checkpoint(load, values.get("ckpt_step")) if load and os.path.isdir(load) else None
     if folder is None and pretrained:
         folder = find_checkpoint(pretrained)
         if folder is None:
             raise InputError(f"--pretrained-checkpoint {pretrained} holds no checkpoint")
-    return (folder, checkpoint_args(read_common_state(folder))) if folder else None
+    if folder is None:
+        return None
+    try:
+        return folder, checkpoint_args(read_common_state(folder))
+    except InputError:
+        problem = size_problem(folder)  # a truncated file says more than the reader's error
+        if problem:
+            raise InputError(f"checkpoint {folder}: {problem} (--ckpt-step N loads an older iteration)") from None
+        raise
 
 
 def apply_checkpoint_args(values: dict, explicit: Set[str], found: Optional[Tuple[str, dict]]) -> Set[str]:

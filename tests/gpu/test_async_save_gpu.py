@@ -10,8 +10,8 @@ import pytest
 
 from megatron_neobert.megatron_core_compat import async_save_strategy
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.checkpoint.integrity import MANIFEST
-from megatron_neobert.training.checkpoint.layout import iteration_dir, read_latest_iteration
+from megatron_neobert.checkpoint.integrity import MANIFEST
+from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
 from gpu_cases import GPU, needs
 from pretrain_cases import run_train, tiny_argv
 

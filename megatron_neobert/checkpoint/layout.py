@@ -14,7 +14,7 @@ import shutil
 from typing import List, Optional
 
 from megatron_neobert.atomic_write import write_text_atomic
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 

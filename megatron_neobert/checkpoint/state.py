@@ -56,11 +56,11 @@ from torch.distributed.checkpoint import CheckpointException
 from megatron_neobert.megatron_core_compat import (CheckpointReleaseError, async_calls_queue, async_save_arguments,
                                                      async_save_strategy, load_common_state,
                                                      prepare_torch_adam_for_state_load)
-from megatron_neobert.training.checkpoint.integrity import (check_space, require_manifest, seal_folder,
+from megatron_neobert.checkpoint.integrity import (check_space, require_manifest, seal_folder,
                                                             verify_checkpoint, write_verified_folder)
-from megatron_neobert.training.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
+from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
                                                          read_latest_iteration, write_latest_marker)
-from megatron_neobert.training.errors import InputError, TrainingError
+from megatron_neobert.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
 

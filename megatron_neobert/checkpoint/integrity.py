@@ -25,9 +25,9 @@ from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.megatron_core_compat import keep_disk_full_in_writer_errors
-from megatron_neobert.training.checkpoint.layout import (is_complete, iteration_dir, read_latest_iteration,
+from megatron_neobert.checkpoint.layout import (is_complete, iteration_dir, read_latest_iteration,
                                                          saved_iterations)
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,17 @@ def _size_problem(folder: str, name: str, written: int) -> Optional[str]:
     if size != written:
         return f"{name} is {'truncated' if size < written else 'longer than written'} ({size} bytes, {written} written)"
     return None
+
+
+def size_problem(folder: str) -> Optional[str]:
+    """The first file of an iteration folder whose size is not the one its manifest records, or None (a stat each:
+    for one process, where `folder_problem` checks the checksums too, collectively)."""
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return min(filter(None, (_size_problem(folder, n, files[n]["bytes"]) for n in sorted(files))), default=None)
 
 
 def folder_problem(folder: str) -> Optional[str]:

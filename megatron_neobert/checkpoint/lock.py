@@ -24,9 +24,9 @@ from typing import Optional
 
 import torch
 
-from megatron_neobert.training.checkpoint.layout import (LATEST_MARKER, iteration_dir, read_latest_iteration,
+from megatron_neobert.checkpoint.layout import (LATEST_MARKER, iteration_dir, read_latest_iteration,
                                                          saved_iterations)
-from megatron_neobert.training.errors import TrainingError
+from megatron_neobert.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 

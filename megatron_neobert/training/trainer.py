@@ -1,0 +1,314 @@
+"""A run on one rank, as named phases: `set_up` (the checkpoint to start from, the model's shape and the checks on it,
+model, optimizer and schedule), `resume` (the checkpoint loaded, the data positioned), then `step`, `validate` and
+`save` as the run asks, and `finish`. `run()` holds their order; the process guards (signals, watchdog, the --save
+lock) are around it, in `loop.py`.
+"""
+
+import collections
+import datetime
+import logging
+import time
+from typing import Optional
+
+import torch
+from megatron.core import parallel_state
+
+from megatron_neobert.model.kernel_report import format_report, kernel_report
+from megatron_neobert.megatron_core_compat import micro_batch_calculator
+from megatron_neobert.training.batch_size import check_batch_sizes
+from megatron_neobert.checkpoint.layout import iteration_dir
+from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
+                                                        megatron_lm_args, read_checkpoint, save_checkpoint)
+from megatron_neobert.training.data_files import DataFiles
+from megatron_neobert.training.data_setup import build_data
+from megatron_neobert.errors import TrainingError
+from megatron_neobert.training.evaluate import evaluate
+from megatron_neobert.training.metrics import step_flops
+from megatron_neobert.training.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
+                                                   setup_model_and_optimizer)
+from megatron_neobert.training.optimizer_step import TrainState, train_step
+from megatron_neobert.training.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
+from megatron_neobert.training.profiling import StepProfiler
+from megatron_neobert.training.restarts import RestartReport, world_size_change
+from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_positions,
+                                                  check_tensor_parallel_shapes, check_tokenizer_matches_checkpoint,
+                                                  check_vocabulary, check_vocabulary_rows)
+from megatron_neobert.training.schedule import checkpoint_schedule_note
+from megatron_neobert.training.settings import Settings
+from megatron_neobert.training.startup_report import describe_layout, startup_notes
+from megatron_neobert.training.step import ForwardStep, params_are_finite
+from megatron_neobert.training.train_log import TrainingLog
+
+# Settings that define the order of the samples; a checkpoint's data position applies only to the
+# same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).
+DATA_STREAM_KEYS = ("data_path", "data_args_path", "per_split_data_args_path", "train_data_path", "mock_data",
+                    "split", "seq_length", "packed", "seed", "tokenizer_type", "tokenizer_model")
+
+# The steps whose records `run` returns: the last ones, so that a long run's memory stays flat (a record takes
+# about 750 bytes: the 1M steps of the recipe would take 0.7 GiB on every rank).
+HISTORY_STEPS = 1000
+
+logger = logging.getLogger(__name__)
+
+
+def data_stream(settings: Settings) -> dict:
+    values = settings.as_dict()
+    return {k: values[k] for k in DATA_STREAM_KEYS}
+
+
+def num_micro_batches(settings: Settings) -> int:
+    """Micro-batches per data-parallel rank of a whole --global-batch-size (a validation's; a training step's are
+    fewer while --rampup-batch-size grows the batch), once every global batch size of the run is checked."""
+    dp = parallel_state.get_data_parallel_world_size()
+    check_batch_sizes(settings.training, dp)
+    return settings.training.global_batch_size // (settings.training.micro_batch_size * dp)
+
+
+def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSignalHandler],
+                started: float) -> Optional[str]:
+    faults = settings.faults
+    requested = stop_requested(handler, started, faults.exit_duration_in_mins)
+    if requested:
+        return requested
+    if faults.exit_interval and state.iteration % faults.exit_interval == 0:
+        return "exit-interval"
+    return None
+
+
+def should_save(settings: Settings, state: TrainState, stop: Optional[str]) -> bool:
+    """Save at the interval, at the end and when stopping early. At the interval a skipped step is
+    not saved (its weights are those of the last good step, already saved or about to be); at the
+    end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds
+    the last finite state at the position the uninterrupted run would be at."""
+    save, save_interval = settings.checkpoint.save, settings.checkpoint.save_interval
+    if not save:
+        return False
+    if stop or state.iteration == settings.training.train_iters:
+        return True
+    return bool(save_interval and state.iteration % save_interval == 0 and not state.skipped_in_a_row)
+
+
+class Trainer:
+    """The run's phases on this rank (on CPU inside `parallel.cpu.cpu_execution()`), over an initialised process
+    group. `tokenizer`: the checked one (`run_checks.check_inputs`); `load_folder`: what --load held before the
+    run's start, in words (`startup_report.describe_folder`)."""
+
+    def __init__(self, settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
+                 handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str):
+        self.settings, self.tokenizer, self.data_files = settings, tokenizer, data_files
+        self.forward_step, self.handler, self.watchdog = forward_step, handler, watchdog
+        self.started, self.load_folder = started, load_folder
+        self.state = TrainState()
+        self.history = {"train": collections.deque(maxlen=HISTORY_STEPS), "eval": [],
+                        "exit": "skip-train" if settings.evaluation.skip_train else "finished"}
+
+    def run(self) -> dict:
+        """{"train": [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" |
+        "signal" | "exit-duration" | "exit-interval" | "skip-train", "skipped"}."""
+        self.set_up()
+        self.resume()
+        training, evaluation = self.settings.training, self.settings.evaluation
+        try:
+            if evaluation.skip_train:
+                self.validate()
+            while not evaluation.skip_train and self.state.iteration < training.train_iters:
+                self.step()
+                if self.valid_iter is not None and evaluation.eval_interval \
+                        and self.state.iteration % evaluation.eval_interval == 0:
+                    self.validate()
+                self.watchdog.at(self.state.iteration, "agreeing whether to stop")
+                stop = stop_reason(self.settings, self.state, self.handler, self.started)
+                self.finish_async_save(blocking=False)
+                if should_save(self.settings, self.state, stop):
+                    self.save()
+                if stop:
+                    logger.info(f"stopping at iteration {self.state.iteration} ({stop})")
+                    self.history["exit"] = stop
+                    break
+            self.profiler.stop()  # a run stopped inside the window still writes it
+            self.finish_async_save(blocking=True)
+        finally:
+            self.log.close()
+        return self.finish()
+
+    def set_up(self) -> None:
+        """The checkpoint to start from (--load's, else --pretrained-checkpoint's), the model's shape, decided once
+        and then checked, and this rank's model chunks, optimizer and schedule."""
+        settings, options = self.settings, self.settings.checkpoint
+        verify = not options.no_verify_checkpoint
+        self.checkpoint, self.common = (read_checkpoint(options.load, options.ckpt_step, verify)
+                                        if options.load else (None, None))
+        self.pretrained = self.checkpoint is None and options.pretrained_checkpoint is not None
+        if self.pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
+            self.checkpoint, self.common = read_checkpoint(options.pretrained_checkpoint, None, verify)
+            if self.checkpoint is None:
+                raise TrainingError(f"--pretrained-checkpoint {options.pretrained_checkpoint} holds no checkpoint")
+            logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint "
+                        f"{self.checkpoint}")
+        self.shape = shape = run_model_shape(settings, self.tokenizer.vocab_size, self.common)
+        check_vocabulary(self.tokenizer, shape.arch)
+        check_positions(settings, shape.arch)
+        check_tensor_parallel_shapes(settings, shape.arch)
+        check_vocabulary_rows(settings, shape, self.checkpoint)
+        if self.checkpoint:
+            check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
+            check_model_shape(settings, shape.arch, self.checkpoint, self.common)
+        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(settings, shape.arch,
+                                                                                  shape.padded_vocab_size)
+        self.num_micro = num_micro_batches(settings)
+        logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
+        logger.info(describe_layout(settings, shape, len(self.chunks), self.num_micro))
+        for note in startup_notes(settings, shape):
+            logger.info(note)
+
+    def resume(self) -> None:
+        """The checkpoint loaded (a fine-tune start: the weights alone, at iteration 0) and the data read from the
+        run's position; then the step loop's companions (batch ramp, logs, profiler, asynchronous saves)."""
+        settings, options = self.settings, self.settings.checkpoint
+        training, evaluation = settings.training, settings.evaluation
+        if self.checkpoint:
+            finetune = options.finetune or self.pretrained
+            if not finetune and not holds_training_state(self.common):
+                logger.info(f"{self.checkpoint} holds model weights only: starting from iteration 0 as with "
+                            f"--finetune")
+                finetune = True
+            self.state = self.load(finetune)
+            change = None if finetune else world_size_change(self.common, self.num_micro)
+            if change:
+                logger.info(change)
+        elif options.load:
+            logger.info(f"no checkpoint in {options.load} ({self.load_folder}): starting from scratch")
+        self.restarts = RestartReport(self.state.iteration,
+                                      datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
+        self.evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
+        _, self.train_iter, self.valid_iter = build_data(
+            settings, self.state.consumed_samples,
+            self.evals_done * evaluation.eval_iters * training.global_batch_size, self.tokenizer)
+        self.batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
+                                                  training.micro_batch_size,
+                                                  parallel_state.get_data_parallel_world_size())
+        self.batch_sizes.update(self.state.consumed_samples, consistency_check=True)
+        if evaluation.skip_train and self.valid_iter is None:
+            raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to "
+                                "run: give a validation split (--split or --valid-data-path) and --eval-iters and "
+                                "--eval-interval above 0")
+        self.async_saves = AsyncSaves() if options.async_save else None
+        self.log = TrainingLog(settings, self.shape.arch, self.shape.padded_vocab_size)
+        self.profiler = StepProfiler(settings)
+        self.window_start = time.perf_counter()
+
+    def load(self, finetune: bool) -> TrainState:
+        """The checkpoint's weights (and unless `finetune` its optimizer, schedule, RNG and data position)."""
+        settings, options, common = self.settings, self.settings.checkpoint, self.common
+        if not (finetune or options.no_load_optim):
+            check_optimizer_setup(settings, self.checkpoint, common)
+        flags_schedule = self.scheduler.state_dict()
+        keeps_position = not finetune and common["train_state"]["data_stream"] == data_stream(settings)
+        if not finetune:  # before the load: data that changed is refused at once
+            self.data_files.check_resume(common["train_state"].get("data_files"), self.checkpoint, keeps_position,
+                                         options.allow_data_change)
+        load_checkpoint(self.checkpoint, common, self.chunks, self.optimizer, self.scheduler,
+                        load_optimizer=not options.no_load_optim, load_rng=not options.no_load_rng,
+                        finetune=finetune, strict=options.dist_ckpt_strictness)
+        note = None if finetune else checkpoint_schedule_note(flags_schedule, self.scheduler.state_dict())
+        if note:
+            logger.info(note)
+        state = TrainState()
+        if not finetune:
+            saved = common["train_state"]
+            state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
+                               skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=self.checkpoint,
+                               floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
+            if keeps_position:
+                state.consumed_samples = saved["consumed_samples"]
+            else:  # stage 2: new data or length; the old position means nothing there
+                logger.info(f"data settings differ from the checkpoint's: reading the new data "
+                            f"from its start (checkpoint: {saved['data_stream']})")
+        logger.info(f"loaded {self.checkpoint} at iteration {state.iteration}")
+        return state
+
+    def step(self) -> None:
+        """One optimizer step over the next global batch, counted, reported and kept in the history."""
+        settings, state, shape = self.settings, self.state, self.shape
+        self.watchdog.at(state.iteration + 1, "training step")
+        self.profiler.step_begins(state.iteration)
+        batches = [next(self.train_iter) for _ in range(self.batch_sizes.get())]
+        record = train_step(settings, self.chunks, self.optimizer, self.scheduler, batches, state, self.forward_step,
+                            self.tokenizer.pad_id)
+        self.batch_sizes.update(state.consumed_samples, consistency_check=True)
+        if self.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
+            logger.info(f"ramping up batch size from {record['global_batch_size']} to "
+                        f"{self.batch_sizes.get_current_global_batch_size()}")
+        state.floating_point_operations += step_flops(shape.arch, record["tokens"], record["predicted"],
+                                                      record["attended"], shape.padded_vocab_size)
+        self.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+        self.restarts.step_done(state.iteration)
+        self.history["train"].append(record)
+        report = (state.iteration % settings.logging.log_interval == 0
+                  or state.iteration == settings.training.train_iters)
+        self.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters)
+        if report:
+            self.window_start = time.perf_counter()
+
+    def validate(self) -> None:
+        self.watchdog.at(self.state.iteration, "evaluation")
+        stats = evaluate(self.chunks, self.valid_iter, self.num_micro, self.settings.evaluation.eval_iters,
+                         self.forward_step)
+        result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=self.state.iteration,
+                      consumed_samples=self.state.consumed_samples)
+        self.history["eval"].append(result)
+        self.log.evaluation(result)
+
+    def save(self) -> None:
+        """A checkpoint of this iteration (in the background with --async-save), once the parameters are finite
+        and the data files unchanged."""
+        settings, options, state, shape = self.settings, self.settings.checkpoint, self.state, self.shape
+        training, evaluation = settings.training, settings.evaluation
+        self.watchdog.at(state.iteration, "checkpoint save")
+        self.finish_async_save(blocking=True)  # one save in flight at a time
+        finish_param_sync(self.chunks)
+        if not params_are_finite(self.chunks):
+            raise TrainingError(f"iteration {state.iteration}: the model's parameters are not finite: not saving "
+                                f"them; the checkpoint to resume from stays {state.last_checkpoint or 'none'}")
+        self.data_files.check_unchanged(state.iteration)
+        saved_args = megatron_lm_args(
+            shape.arch, shape.padded_vocab_size, **{**settings.as_dict(), "model_preset": shape.preset},
+            hf_intermediate_size=shape.hf_intermediate_size, tokenizer_vocab_size=self.tokenizer.vocab_size,
+            data_parallel_size=parallel_state.get_data_parallel_world_size(),
+            world_size=torch.distributed.get_world_size(),
+            virtual_pipeline_model_parallel_size=len(self.chunks) if len(self.chunks) > 1 else None,
+            consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
+            consumed_valid_samples=(self.evals_done + len(self.history["eval"])) * evaluation.eval_iters
+            * training.global_batch_size)
+        save_checkpoint(
+            options.save, state.iteration, self.chunks, self.optimizer, self.scheduler,
+            dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
+                 data_files=self.data_files.files, skipped_iters=state.skipped_iters,
+                 skipped_in_a_row=state.skipped_in_a_row),
+            saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
+            save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
+            async_saves=self.async_saves)
+        resume_param_sync(self.chunks)
+        if self.async_saves:
+            logger.info(f"writing the checkpoint of iteration {state.iteration} to {options.save} in the background "
+                        f"(--async-save)")
+        else:
+            self.saved(state.iteration)
+        if state.skipped_in_a_row:
+            logger.info(f"the last {state.skipped_in_a_row} step(s) were skipped (non-finite): the checkpoint "
+                        f"holds the weights of iteration {state.iteration - state.skipped_in_a_row}, the last "
+                        f"finite step")
+
+    def saved(self, iteration: int) -> None:
+        self.state.last_checkpoint = iteration_dir(self.settings.checkpoint.save, iteration)
+        logger.info(f"saved checkpoint at iteration {iteration} to {self.settings.checkpoint.save}")
+
+    def finish_async_save(self, blocking: bool) -> None:
+        done = self.async_saves.finish(blocking) if self.async_saves else None
+        if done is not None:
+            self.saved(done)
+
+    def finish(self) -> dict:
+        history = self.history
+        history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters)
+        return history
