@@ -5,6 +5,7 @@ tools/ script, and each console script's function answers --help."""
 
 import ast
 import json
+import logging
 import os
 import re
 import subprocess
@@ -257,3 +258,28 @@ def test_a_bad_command_line_is_said_by_the_first_rank_only(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit:
         merge_datasets.main(["--hepl"])
     assert exit.value.code == 2 and capsys.readouterr() == ("", "")
+
+
+LOGGING_PROBE = r"""
+import logging
+from megatron_neobert.cli import make_length_subset
+
+assert make_length_subset.main(["--input-prefix", "missing", "--output-prefix", "out", "--min-tokens", "1"]) == 1
+print(logging.getLogger().handlers, logging.getLevelName(logging.getLogger().level))
+"""
+
+
+def test_a_command_called_in_process_leaves_logging_as_it_found_it():
+    """Before: its basicConfig left the root logger at INFO with a stderr handler, and the trainer's main its
+    console and megatron_neobert at INFO: every later INFO line of the process went through (into a test's caplog)."""
+    from megatron_neobert.cli import logging_kept
+
+    out = subprocess.run([sys.executable, "-c", LOGGING_PROBE], cwd=REPO, env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout == "[] WARNING\n", (out.stdout, out.stderr[-2000:])
+    package = logging.getLogger("megatron_neobert")
+    level, handlers = package.level, list(package.handlers)
+    with logging_kept():  # as pretrain.main around configure_logging
+        package.setLevel(logging.INFO)
+        package.addHandler(logging.NullHandler())
+    assert (package.level, package.handlers) == (level, handlers)

@@ -12,11 +12,10 @@ Run it as one process (not under torchrun): the HF -> Megatron direction spawns 
 """
 
 import dataclasses
-import logging
 import sys
 from typing import Optional
 
-from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.cli import console_logging, megatron_runtime
 from megatron_neobert.defaults import CONVERSION_DTYPES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.model import PRESETS
@@ -63,12 +62,12 @@ def parse_args(argv=None):
     return args
 
 
+@console_logging("%(levelname)s %(name)s: %(message)s")
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_neobert.progress import library_bars
 
     library_bars(not args.no_progress)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with megatron_runtime():
         from megatron_neobert.conversion.convert import ConversionError
 

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from typing import List, Optional
 
+from megatron_neobert.cli import console_logging
 from megatron_neobert.embeddings.config import ContrastiveConfig
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -40,13 +41,13 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.embeddings.finetune import finetune_contrastive
     from megatron_neobert.model_source import check_model_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:  # the folder first: a mistyped one fails before the datasets are read
         check_model_source(args.model, hub=False)
     except ValueError as err:

@@ -11,10 +11,10 @@ Writes summary.md / summary.json (by task type, beside the paper's numbers) and 
 """
 
 import dataclasses
-import logging
 from pathlib import Path
 from typing import List, Optional
 
+from megatron_neobert.cli import console_logging
 from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -46,6 +46,7 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
@@ -53,7 +54,6 @@ def main(argv=None, tasks=None):
     from megatron_neobert.embeddings.mteb_local import local_task
     from megatron_neobert.model_source import check_model_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         if not args.cde:  # a CDE folder holds two model folders, which load_cde checks
             check_model_source(args.model, hub=False)
