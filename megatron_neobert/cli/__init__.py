@@ -6,8 +6,28 @@ Kept free of heavy imports (torch, transformers, megatron-core) so that `--help`
 """
 
 import contextlib
+import dataclasses
 import functools
 import logging
+from typing import Optional
+
+from megatron_neobert.flags import setting
+
+
+# Flags several commands take with one meaning, declared once; a command adds them with add_flags.
+@dataclasses.dataclass(frozen=True)
+class DeviceFlag:
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressFlag:
+    no_progress: bool = setting(False, "no progress bar")
+
+
+@dataclasses.dataclass(frozen=True)
+class HubSplitFlag:
+    split: str = setting("train", "split of hub datasets")
 
 
 def import_megatron_core_quietly() -> None:

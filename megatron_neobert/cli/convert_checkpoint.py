@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from typing import Optional
 
-from megatron_neobert.cli import console_logging, megatron_runtime
+from megatron_neobert.cli import ProgressFlag, console_logging, megatron_runtime
 from megatron_neobert.defaults import CONVERSION_DTYPES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.model import PRESETS
@@ -44,12 +44,12 @@ class ConvertFlags:
     make_vocab_size_divisible_by: int = setting(128, "hf-to-mcore: vocabulary padding multiple (times TP), as the "
                                                      "trainer's")
     overwrite: bool = setting(False, "replace an existing --save")
-    no_progress: bool = setting(False, "no progress bar")
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, ConvertFlags)
+    add_flags(p, ProgressFlag)
     return p
 
 

@@ -29,7 +29,7 @@ import os
 import sys
 from typing import List, Optional
 
-from megatron_neobert.cli import console_logging, import_megatron_core_quietly
+from megatron_neobert.cli import ProgressFlag, console_logging, import_megatron_core_quietly
 from megatron_neobert.data.preprocess_settings import (InputSettings, OutputSettings, PreprocessSettings,
                                                        PreprocessTokenizerSettings, RuntimeSettings)
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
@@ -51,11 +51,6 @@ class OutputFiles:
         required=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    no_progress: bool = setting(False, "no progress bar")
-
-
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
     env = os.environ
@@ -68,7 +63,7 @@ def rank_from_environment():
 
 
 SECTIONS = {"input data": (InputFiles, InputSettings), "tokenizer": (PreprocessTokenizerSettings,),
-            "output data": (OutputFiles, OutputSettings), "runtime": (RuntimeSettings, Progress)}
+            "output data": (OutputFiles, OutputSettings), "runtime": (RuntimeSettings, ProgressFlag)}
 
 
 def get_args(argv=None) -> dict:

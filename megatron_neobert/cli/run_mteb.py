@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_neobert.cli import console_logging
+from megatron_neobert.cli import DeviceFlag, console_logging
 from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -34,7 +34,6 @@ class MTEBFlags:
     name: Optional[str] = setting(None, "model name in mteb's cache (default: the folder name)")
     cache: Optional[str] = setting(None, "mteb's result cache (default: <output>/mteb_cache)")
     overwrite: bool = setting(False, "re-run tasks already in the cache")
-    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
     cde: bool = setting(False, "the folder is a contextual (CDE) model")
     cde_context_size: Optional[int] = setting(None, "context documents per task (default: the J it was trained "
                                                     "with)")
@@ -43,6 +42,7 @@ class MTEBFlags:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, MTEBFlags)
+    add_flags(p, DeviceFlag)
     return p
 
 
