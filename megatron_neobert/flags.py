@@ -125,13 +125,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
+def _first_rank() -> bool:
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0"
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that reads `--max_length` as `--max-length` when only the dashed flag exists, and refuses
     abbreviations: a prefix is an error, not whichever flag it begins (`--task` must not run `--tasks`' grid).
 
-    With `error_class`, a bad command line raises it with one line (argparse's message, the flag a mistyped one
-    was probably meant to be) instead of printing the usage and exiting: the trainer's usage fills a screen,
-    printed by every rank under torchrun."""
+    A bad command line is one line, `error: ` and argparse's message, the flag a mistyped one was probably meant to
+    be and where the flags are listed, without the usage (the trainer's fills a screen, printed by every rank under
+    torchrun): on stderr with exit status 2, or raised as `error_class` where given."""
 
     def __init__(self, *args, error_class=None, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -141,16 +145,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def print_help(self, file=None):
         # Under torchrun every rank parses the command line: only the first prints --help (they all exit 0).
-        if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+        if _first_rank():
             super().print_help(file)
 
     def error(self, message):
-        if self.error_class is None:
-            super().error(message)
         meant = sorted({guess for word in message.split() if word.startswith("--")
                         for guess in closest(word.split("=")[0], self._option_string_actions)})
         hint = f" (did you mean {' / '.join(meant)}?)" if meant and "unrecognized" in message else ""
-        raise self.error_class(f"{message}{hint}; {self.prog} --help lists the flags")
+        line = f"{message}{hint}; {self.prog} --help lists the flags"
+        if self.error_class is not None:
+            raise self.error_class(line)
+        self.exit(2, f"error: {line}\n" if _first_rank() else None)  # the other ranks fail alike, silently
 
     def _dashed(self, arg: str) -> str:
         if not arg.startswith("--") or "_" not in arg:

@@ -15,6 +15,7 @@ import traceback
 from typing import List, Optional
 
 from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.cli import logging_kept
 from megatron_neobert.errors import TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
@@ -24,6 +25,7 @@ RANK_0_GRACE_S = 30  # seconds
 logger = logging.getLogger("megatron_neobert.pretrain")
 
 
+@logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
 def main(argv: Optional[List[str]] = None) -> int:
     from megatron_neobert.training.arguments import parse_settings
 

@@ -5,6 +5,7 @@ tools/ script, and each console script's function answers --help."""
 
 import ast
 import json
+import logging
 import os
 import re
 import subprocess
@@ -95,7 +96,8 @@ def run_tool(tool, *args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-# Tools that read the trainer's flags answer a bad command line as the trainer does: one `error:` line, status 1.
+# Tools that read the trainer's flags answer a bad command line with the trainer's status, 1; the others with
+# argparse's, 2. Either says it in one `error:` line.
 TRAINER_FLAGS = {"build_data_cache.py"}
 
 
@@ -103,11 +105,8 @@ TRAINER_FLAGS = {"build_data_cache.py"}
 def test_abbreviated_flags_are_refused(tool):
     # Were prefixes accepted, `--hel` would be --help: the help text and exit status 0.
     out = run_tool(tool, "--hel", timeout=60)
-    if tool in TRAINER_FLAGS:
-        assert out.returncode == 1 and out.stderr.startswith("error: unrecognized arguments: --hel (did you mean "
-                                                             "--help?)"), (out.returncode, out.stderr[-2000:])
-    else:
-        assert out.returncode == 2 and "usage:" in out.stderr, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+    assert out.returncode == (1 if tool in TRAINER_FLAGS else 2), (out.returncode, out.stderr[-2000:])
+    assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith("error: "), out.stderr[-2000:]
 
 
 def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
@@ -115,6 +114,50 @@ def test_run_glue_refuses_a_prefix_of_tasks(tmp_path):
     out = run_tool("run_glue.py", "--model", str(tmp_path / "m"), "--output-dir", str(tmp_path / "o"), "--task",
                    "SST-2", timeout=60)
     assert out.returncode == 2 and "unrecognized arguments: --task SST-2" in out.stderr, out.stderr[-2000:]
+
+
+COMMANDS = sorted(p.stem for p in (REPO / "megatron_neobert" / "cli").glob("*.py")
+                  if re.search(r"^def main\(", p.read_text(), re.M))
+# Per command: the flags it requires, then a bad value (of an int flag, where the command has one).
+BAD_VALUES = {
+    "build_data_cache": ([], ["--seed", "x"]),
+    "convert_checkpoint": (["--direction", "hf-to-mcore", "--load", "a", "--save", "b"],
+                           ["--make-vocab-size-divisible-by", "x"]),
+    "finetune_cde": (["--model", "m", "--output", "o", "--dataset", "d"], ["--batch-size", "x"]),
+    "finetune_contrastive": (["--model", "m", "--output", "o", "--dataset", "d"], ["--max-negatives", "x"]),
+    "make_length_subset": (["--input-prefix", "a", "--output-prefix", "b", "--min-tokens", "1"],
+                           ["--min-tokens", "x"]),
+    "merge_datasets": (["--input", "a", "--output-prefix", "b"], ["--output-prefix"]),  # no int flag: no value
+    "preprocess_data": (["--input", "a", "--output-prefix", "b"], ["--workers", "x"]),
+    "pseudo_perplexity": (["--model", "m", "--texts", "t", "--output", "o"], ["--batch-size", "x"]),
+    "run_glue": (["--model", "m", "--output-dir", "o"], ["--epochs", "x"]),
+    "run_mteb": (["--model", "m", "--output", "o"], ["--batch-size", "x"]),
+    "watch_run": (["--save", "s", "--suite", "y"], ["--interval", "x"]),  # no int flag: a float's
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", ["a mistyped flag", "a bad value"])
+def test_a_bad_command_line_is_one_error_line(capsys, command, case):
+    """Before: argparse's usage (up to 14 lines for neobert-run-glue), then `prog: error: ...`."""
+    import importlib
+
+    required, bad = BAD_VALUES[command]
+    argv = required + {"a mistyped flag": ["--hepl"], "a bad value": bad}[case]
+    try:
+        status = importlib.import_module(f"megatron_neobert.cli.{command}").main(argv)
+    except SystemExit as exit:
+        status = exit.code
+    err = capsys.readouterr().err
+    assert status == (1 if f"{command}.py" in TRAINER_FLAGS else 2), (status, err)
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "usage:" not in err, err
+    assert err.rstrip().endswith(" --help lists the flags"), err
+    if case == "a mistyped flag":
+        assert err.startswith("error: unrecognized arguments: --hepl (did you mean --help?); "), err
+
+
+def test_the_bad_command_lines_cover_every_command():
+    assert sorted(BAD_VALUES) == COMMANDS
 
 
 @pytest.mark.integration
@@ -206,3 +249,37 @@ def test_help_is_printed_by_the_first_rank_only(monkeypatch, capsys, env):
     with pytest.raises(SystemExit) as exit:
         merge_datasets.main(["--help"])
     assert exit.value.code == 0 and "--shard-dir" in capsys.readouterr().out
+
+
+def test_a_bad_command_line_is_said_by_the_first_rank_only(monkeypatch, capsys):
+    from megatron_neobert.cli import merge_datasets
+
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exit:
+        merge_datasets.main(["--hepl"])
+    assert exit.value.code == 2 and capsys.readouterr() == ("", "")
+
+
+LOGGING_PROBE = r"""
+import logging
+from megatron_neobert.cli import make_length_subset
+
+assert make_length_subset.main(["--input-prefix", "missing", "--output-prefix", "out", "--min-tokens", "1"]) == 1
+print(logging.getLogger().handlers, logging.getLevelName(logging.getLogger().level))
+"""
+
+
+def test_a_command_called_in_process_leaves_logging_as_it_found_it():
+    """Before: its basicConfig left the root logger at INFO with a stderr handler, and the trainer's main its
+    console and megatron_neobert at INFO: every later INFO line of the process went through (into a test's caplog)."""
+    from megatron_neobert.cli import logging_kept
+
+    out = subprocess.run([sys.executable, "-c", LOGGING_PROBE], cwd=REPO, env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout == "[] WARNING\n", (out.stdout, out.stderr[-2000:])
+    package = logging.getLogger("megatron_neobert")
+    level, handlers = package.level, list(package.handlers)
+    with logging_kept():  # as pretrain.main around configure_logging
+        package.setLevel(logging.INFO)
+        package.addHandler(logging.NullHandler())
+    assert (package.level, package.handlers) == (level, handlers)

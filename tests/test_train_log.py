@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from megatron_neobert.cli import logging_kept
 from megatron_neobert.model.config import get_arch
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.train_log import TrainingLog, configure_logging
@@ -17,6 +18,14 @@ MEGATRON_FIELDS = ("consumed samples", "elapsed time per iteration \\(ms\\)", "l
                    "number of nan iterations")
 VALIDATION = re.compile(r"^ validation loss at iteration (\d+) \| lm loss value: ([-+.\dE]+) \| "
                         r"lm loss PPL: ([-+.\dE]+) \|")
+
+
+@pytest.fixture(autouse=True)
+def _console_removed_after():
+    """configure_logging's handlers and INFO level go with each test, as with the trainer's main: left behind,
+    they let every later test's INFO lines through (into caplog, onto stdout)."""
+    with logging_kept():
+        yield
 
 
 def _record(iteration, loss, lr, skipped=False):

@@ -6,7 +6,28 @@ Kept free of heavy imports (torch, transformers, megatron-core) so that `--help`
 """
 
 import contextlib
+import dataclasses
+import functools
 import logging
+from typing import Optional
+
+from megatron_neobert.flags import setting
+
+
+# Flags several commands take with one meaning, declared once; a command adds them with add_flags.
+@dataclasses.dataclass(frozen=True)
+class DeviceFlag:
+    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressFlag:
+    no_progress: bool = setting(False, "no progress bar")
+
+
+@dataclasses.dataclass(frozen=True)
+class HubSplitFlag:
+    split: str = setting("train", "split of hub datasets")
 
 
 def import_megatron_core_quietly() -> None:
@@ -30,3 +51,33 @@ def megatron_runtime():
 
     with cpu_execution():
         yield
+
+
+@contextlib.contextmanager
+def logging_kept():
+    """The root and megatron_neobert loggers' levels and handlers as they were before the block, after it: a command
+    called in-process (a test, a notebook) leaves no console handler and no INFO level behind, which would let the
+    caller's later INFO lines through."""
+    loggers = (logging.getLogger(), logging.getLogger("megatron_neobert"))
+    saved = [(logger, logger.level, list(logger.handlers)) for logger in loggers]
+    try:
+        yield
+    finally:
+        for logger, level, handlers in saved:
+            logger.setLevel(level)
+            for handler in [h for h in logger.handlers if h not in handlers]:
+                logger.removeHandler(handler)
+                handler.close()
+
+
+def console_logging(fmt: str):
+    """Decorates a command's main: INFO lines on stderr as `fmt` while it runs (`logging.basicConfig`), and the
+    logging configuration as it was once it returns (`logging_kept`)."""
+    def decorate(main):
+        @functools.wraps(main)
+        def logged(*args, **kwargs):
+            with logging_kept():
+                logging.basicConfig(level=logging.INFO, format=fmt)
+                return main(*args, **kwargs)
+        return logged
+    return decorate

@@ -11,11 +11,10 @@ Prints the samples per split and where the cache is.
 """
 
 import dataclasses
-import logging
 import sys
 import time
 
-from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.cli import console_logging, megatron_runtime
 from megatron_neobert.training.arguments import build_parser, parse_settings
 from megatron_neobert.training.settings import DataSettings
 
@@ -24,8 +23,8 @@ READS = {f.name for f in dataclasses.fields(DataSettings)} - {"data_loader", "nu
     "seed", "train_iters", "train_samples", "global_batch_size", "eval_interval", "eval_iters"}
 
 
+@console_logging("%(levelname)s %(message)s")
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     parser = build_parser("neobert-build-data-cache", __doc__, shown=READS,
                           epilog="The training command's other flags are accepted and change nothing here "
                                  "(neobert-pretrain --help lists them).")

@@ -12,11 +12,10 @@ Run it as one process (not under torchrun): the HF -> Megatron direction spawns 
 """
 
 import dataclasses
-import logging
 import sys
 from typing import Optional
 
-from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.cli import ProgressFlag, console_logging, megatron_runtime
 from megatron_neobert.defaults import CONVERSION_DTYPES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.model import PRESETS
@@ -45,12 +44,12 @@ class ConvertFlags:
     make_vocab_size_divisible_by: int = setting(128, "hf-to-mcore: vocabulary padding multiple (times TP), as the "
                                                      "trainer's")
     overwrite: bool = setting(False, "replace an existing --save")
-    no_progress: bool = setting(False, "no progress bar")
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, ConvertFlags)
+    add_flags(p, ProgressFlag)
     return p
 
 
@@ -63,12 +62,12 @@ def parse_args(argv=None):
     return args
 
 
+@console_logging("%(levelname)s %(name)s: %(message)s")
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_neobert.progress import library_bars
 
     library_bars(not args.no_progress)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with megatron_runtime():
         from megatron_neobert.conversion.convert import ConversionError
 

@@ -13,6 +13,7 @@ import logging
 from dataclasses import fields
 from typing import List, Optional
 
+from megatron_neobert.cli import DeviceFlag, HubSplitFlag, console_logging
 from megatron_neobert.embeddings.config import CDEConfig
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -28,25 +29,25 @@ class CDEFlags:
     dataset: Optional[List[str]] = setting(
         None, "query-document pairs: a .jsonl/.parquet file (docs/embeddings.md) or a hub dataset "
               "owner/name[:config]; repeat for a mixture", action="append", metavar="[NAME=]SOURCE", required=True)
-    split: str = setting("train", "split of hub datasets")
     checkpoint_dir: Optional[str] = setting(None, "resumable checkpoints (default: <output>-checkpoints)")
-    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, CDEFlags)
+    add_flags(p, HubSplitFlag)
+    add_flags(p, DeviceFlag)
     add_flags(p, CDEConfig)
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.cde import finetune_cde
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.model_source import check_model_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:  # the folders first: a mistyped one fails before the datasets are read
         check_model_source(args.model, hub=False)
         if args.second_stage_model:

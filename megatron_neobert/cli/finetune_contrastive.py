@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from typing import List, Optional
 
+from megatron_neobert.cli import DeviceFlag, HubSplitFlag, console_logging
 from megatron_neobert.embeddings.config import ContrastiveConfig
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -27,26 +28,26 @@ class ContrastiveFlags:
               "owner/name[:config]; repeat for a mixture", action="append", metavar="[NAME=]SOURCE", required=True)
     instruction: List[str] = setting([], "instruction for dataset NAME (an empty TEXT means none)",
                                      action="append", metavar="NAME=TEXT")
-    split: str = setting("train", "split of hub datasets")
     max_negatives: Optional[int] = setting(None, "hard negatives kept per query (default: all)")
     checkpoint_dir: Optional[str] = setting(None, "default: <output>-checkpoints")
-    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, ContrastiveFlags)
+    add_flags(p, HubSplitFlag)
+    add_flags(p, DeviceFlag)
     add_flags(p, ContrastiveConfig)
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.embeddings.finetune import finetune_contrastive
     from megatron_neobert.model_source import check_model_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:  # the folder first: a mistyped one fails before the datasets are read
         check_model_source(args.model, hub=False)
     except ValueError as err:

@@ -7,11 +7,10 @@ Reads lengths from the .idx and copies token bytes; no tokenizer needed.
 """
 
 import dataclasses
-import logging
 import sys
 from typing import Optional
 
-from megatron_neobert.cli import import_megatron_core_quietly
+from megatron_neobert.cli import console_logging, import_megatron_core_quietly
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
 
@@ -29,9 +28,9 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+@console_logging("%(levelname)s %(message)s")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.length_subset import make_length_subset
 

@@ -25,12 +25,11 @@ Across nodes, each rank takes every world_size-th file and writes shards only; m
 """
 
 import dataclasses
-import logging
 import os
 import sys
 from typing import List, Optional
 
-from megatron_neobert.cli import import_megatron_core_quietly
+from megatron_neobert.cli import ProgressFlag, console_logging, import_megatron_core_quietly
 from megatron_neobert.data.preprocess_settings import (InputSettings, OutputSettings, PreprocessSettings,
                                                        PreprocessTokenizerSettings, RuntimeSettings)
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
@@ -52,11 +51,6 @@ class OutputFiles:
         required=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    no_progress: bool = setting(False, "no progress bar")
-
-
 def rank_from_environment():
     """(rank, world size) of a SLURM job array task or a torchrun process, else (0, 1)."""
     env = os.environ
@@ -69,7 +63,7 @@ def rank_from_environment():
 
 
 SECTIONS = {"input data": (InputFiles, InputSettings), "tokenizer": (PreprocessTokenizerSettings,),
-            "output data": (OutputFiles, OutputSettings), "runtime": (RuntimeSettings, Progress)}
+            "output data": (OutputFiles, OutputSettings), "runtime": (RuntimeSettings, ProgressFlag)}
 
 
 def get_args(argv=None) -> dict:
@@ -100,9 +94,9 @@ def get_args(argv=None) -> dict:
     return given
 
 
+@console_logging("%(levelname)s %(message)s")
 def main(argv=None) -> int:
     given = get_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.preprocess import preprocess_data
 

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
+from megatron_neobert.cli import DeviceFlag, ProgressFlag
 from megatron_neobert.defaults import DEFAULT_BUCKETS
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -33,15 +34,15 @@ class PseudoPerplexityFlags:
     rope_factor: float = setting(2.0, "--rope-scaling factor")
     original_max_position_embeddings: Optional[int] = setting(
         None, "trained length for --rope-scaling (default: the model's max_length)")
-    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
     output: Optional[str] = setting(None, "prefix of the outputs: {output}.csv, .png, _sequences.csv",
                                     required=True)
-    no_progress: bool = setting(False, "no progress bar")
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, PseudoPerplexityFlags)
+    add_flags(p, DeviceFlag)
+    add_flags(p, ProgressFlag)
     return p
 
 

@@ -11,10 +11,10 @@
 
 import dataclasses
 import json
-import logging
 from pathlib import Path
 from typing import List, Optional
 
+from megatron_neobert.cli import console_logging
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.evaluation.glue_data import HF_DATASET, TASKS
 from megatron_neobert.evaluation.glue_protocol import PAPER_GRID, Protocol
@@ -56,11 +56,11 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(name)s: %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.evaluation.glue_grid import grid_specs, preset_specs, run_glue
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     transfer = not args.no_transfer
     try:
         if args.preset:

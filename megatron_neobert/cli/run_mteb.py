@@ -11,10 +11,10 @@ Writes summary.md / summary.json (by task type, beside the paper's numbers) and 
 """
 
 import dataclasses
-import logging
 from pathlib import Path
 from typing import List, Optional
 
+from megatron_neobert.cli import DeviceFlag, console_logging
 from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -34,7 +34,6 @@ class MTEBFlags:
     name: Optional[str] = setting(None, "model name in mteb's cache (default: the folder name)")
     cache: Optional[str] = setting(None, "mteb's result cache (default: <output>/mteb_cache)")
     overwrite: bool = setting(False, "re-run tasks already in the cache")
-    device: Optional[str] = setting(None, "default: cuda when available, else cpu")
     cde: bool = setting(False, "the folder is a contextual (CDE) model")
     cde_context_size: Optional[int] = setting(None, "context documents per task (default: the J it was trained "
                                                     "with)")
@@ -43,9 +42,11 @@ class MTEBFlags:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
     add_flags(p, MTEBFlags)
+    add_flags(p, DeviceFlag)
     return p
 
 
+@console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
@@ -53,7 +54,6 @@ def main(argv=None, tasks=None):
     from megatron_neobert.embeddings.mteb_local import local_task
     from megatron_neobert.model_source import check_model_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         if not args.cde:  # a CDE folder holds two model folders, which load_cde checks
             check_model_source(args.model, hub=False)
