@@ -7,8 +7,9 @@ by [MASK], 1024 tokens, 2M tokens per step. A `--config` YAML file holds the sam
 with - or _); flags given on the command line override it.
 
 argv -> the values given (command line over --config) -> the args of the checkpoint the run starts from
-(`starting_checkpoint`: its tokenizer, and with --use-checkpoint-args its shape and length) -> the Megatron-LM adapter (`MegatronLMFlags`: aliases map
-onto settings, flags that choose nothing are checked and dropped) -> `resolve.resolve_settings` -> `Settings`.
+(`starting_checkpoint`: its tokenizer, and with --use-checkpoint-args its shape and length) -> the Megatron-LM adapter
+(`MegatronLMFlags`: aliases map onto settings, flags that choose nothing are checked and dropped) ->
+`resolve.resolve_settings` -> `Settings`.
 """
 
 import argparse

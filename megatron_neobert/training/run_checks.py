@@ -16,8 +16,8 @@ from megatron_neobert.errors import InputError, TrainingError
 from megatron_neobert.training.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).
-TENSOR_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization", "activation",
-                "position_embedding_type", "add_bias_linear")
+TENSOR_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization",
+                       "activation", "position_embedding_type", "add_bias_linear")
 # Transformer Engine's FP8 GEMMs take operands whose last dimension is a multiple of 16 (transformer_engine.pytorch.
 # utils.assert_dim_for_fp8_exec; cuBLASLt's FP8 kernels need 16-byte rows): every width of a layer's linears on a
 # tensor-parallel rank, as the forward's inner dimension or the backward's.
@@ -96,7 +96,8 @@ def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, co
     saved = checkpoint_args(common).get("arch")
     if saved is None:  # a checkpoint without our args: megatron-core's own check applies
         return
-    fields = TENSOR_SHAPE_FIELDS + (("max_sequence_length",) if arch.position_embedding_type == "learned_absolute" else ())
+    learned = arch.position_embedding_type == "learned_absolute"
+    fields = TENSOR_SHAPE_FIELDS + (("max_sequence_length",) if learned else ())
     differs = [f"{name} {saved.get(name)} there, {getattr(arch, name)} here" for name in fields
                if saved.get(name) != getattr(arch, name)]
     if differs:

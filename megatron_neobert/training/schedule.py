@@ -8,9 +8,8 @@ from typing import NamedTuple, Optional, Set
 
 from megatron_neobert.training.batch_size import rampup_train_iters
 from megatron_neobert.errors import InputError
-
-RECIPE_WARMUP_ITERS = 2000
-RECIPE_DECAY_FRACTION = 0.9
+from megatron_neobert.training.settings import (RECIPE_DECAY_FRACTION, RECIPE_MIN_LR_FRACTION,
+                                                RECIPE_WARMUP_ITERS)
 # Styles whose decay ends where Megatron-LM's does, with the run: the recipe's 90% belongs to its cosine. After the
 # decay steps megatron-core gives --min-lr: an inverse square root would drop to it, and a WSD run would idle there.
 DECAY_TO_THE_END = ("WSD", "inverse-square-root")
@@ -22,9 +21,9 @@ def _refuse(condition: bool, message: str) -> None:
 
 
 def resolve_schedule(values: dict, explicit: Set[str]) -> None:
-    """Fill in the schedule's derived defaults in `values` (the settings by name): --min-lr (10% of --lr),
-    --lr-decay-iters (90% of --train-iters), and with --train-samples the sample-based lengths and the iterations
-    they mean; refuse lengths that contradict each other."""
+    """Fill in the schedule's derived defaults in `values` (the settings by name): --min-lr (the recipe's fraction
+    of --lr), --lr-decay-iters (its fraction of --train-iters), and with --train-samples the sample-based lengths
+    and the iterations they mean; refuse lengths that contradict each other."""
     fraction = values["lr_warmup_fraction"]
     _refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
     _refuse(values["rampup_batch_size"] is not None and values["train_samples"] is None,
@@ -41,7 +40,7 @@ def resolve_schedule(values: dict, explicit: Set[str]) -> None:
     else:
         _resolve_sample_schedule(values, explicit)
     if values["min_lr"] is None:
-        values["min_lr"] = 0.1 * values["lr"]
+        values["min_lr"] = RECIPE_MIN_LR_FRACTION * values["lr"]
     fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
     if values["lr_decay_iters"] is None:
         values["lr_decay_iters"] = max(1, int(fraction * values["train_iters"]))  # the scheduler needs a step
@@ -50,7 +49,7 @@ def resolve_schedule(values: dict, explicit: Set[str]) -> None:
     decay, warmup = values["lr_decay_iters"], values["lr_warmup_iters"]
     _refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
     if warmup >= decay:
-        # The recipe's 2000 warm-up steps stop every short run here: say how to get past them.
+        # The recipe's warm-up steps stop every short run here: say how to get past them.
         why_warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
         why_decay = ("" if "lr_decay_iters" in explicit
                      else f" ({fraction:.0%} of --train-iters {values['train_iters']}, at least 1)")

@@ -20,6 +20,10 @@ from megatron_neobert.model.shape import VOCAB_PADDING_MULTIPLE
 # What NeoBERT's architecture and recipe fix where Megatron-LM's BERT has another default (printed at start-up).
 RECIPE_DIFFERENCES = ("no binary (next-sentence) head", "untied MLM decoder", "SwiGLU, RMSNorm and RoPE (the preset's)",
                       "packed whole documents, no short sequences", "AdamW beta2 0.95")
+# NeoBERT's schedule, stated once: 2,000 warm-up steps, a decay over 90% of the run down to 10% of the peak.
+RECIPE_WARMUP_ITERS = 2000
+RECIPE_DECAY_FRACTION = 0.9
+RECIPE_MIN_LR_FRACTION = 0.1
 # The signals --exit-signal may name (the process guards handle them by these names).
 EXIT_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
@@ -122,20 +126,24 @@ class TrainingSettings:
                 "weight decay as an L2 penalty in the gradient (torch.optim.Adam, the BERT-like ablation M0)",
         choices=["adam", "adamw", "adam-l2"])
     lr: float = setting(6e-4, megatron_default="none, required")
-    min_lr: Optional[float] = setting(None, recipe_default="10% of --lr", megatron_default="0.0")
+    min_lr: Optional[float] = setting(None, recipe_default=f"{RECIPE_MIN_LR_FRACTION:.0%} of --lr",
+                                      megatron_default="0.0")
     lr_warmup_init: float = setting(0.0, "the learning rate the warmup starts from")
-    lr_warmup_iters: int = setting(2000, megatron_default="0")
+    lr_warmup_iters: int = setting(RECIPE_WARMUP_ITERS, megatron_default="0")
     lr_warmup_samples: Optional[int] = setting(None, "with --train-samples",
-                                               recipe_default="2000 x --global-batch-size", megatron_default="0")
+                                               recipe_default=f"{RECIPE_WARMUP_ITERS} x --global-batch-size",
+                                               megatron_default="0")
     lr_warmup_fraction: Optional[float] = setting(
         None, "warmup over this fraction of the decay steps (instead of --lr-warmup-iters/-samples)")
     lr_decay_iters: Optional[int] = setting(
         None, "the decay ends here; --min-lr after it",
-        recipe_default="90% of --train-iters (--train-iters with WSD and inverse-square-root)",
+        recipe_default=f"{RECIPE_DECAY_FRACTION:.0%} of --train-iters (--train-iters with WSD and "
+                       f"inverse-square-root)",
         megatron_default="--train-iters")
     lr_decay_samples: Optional[int] = setting(
         None, "with --train-samples",
-        recipe_default="90% of --train-samples (--train-samples with WSD and inverse-square-root)",
+        recipe_default=f"{RECIPE_DECAY_FRACTION:.0%} of --train-samples (--train-samples with WSD and "
+                       f"inverse-square-root)",
         megatron_default="--train-samples")
     lr_decay_style: str = setting(
         "cosine", "after the warmup: cosine or linear from --lr to --min-lr over the decay steps; constant: --lr; "

@@ -20,10 +20,10 @@ def _same_folder(a: Optional[str], b: Optional[str]) -> bool:
 
 def starting_checkpoint(values: dict) -> Optional[Tuple[str, dict]]:
     """(iteration folder, args) of the checkpoint the run will load: --load's, else --pretrained-checkpoint's; None
-    when neither holds one, or when the run takes nothing from its args (--use-checkpoint-args not given, a tokenizer
-    flag given): the trainer reads and verifies it then. A --load folder that does not exist is refused unless it is --save too (Megatron-LM's
-    resume idiom, `--save X --load X`, starts from scratch the first time): elsewhere it is a typo that would train
-    from scratch and exit 0."""
+    when neither holds one, or when the run takes nothing from its args (--use-checkpoint-args not given, a
+    tokenizer flag given): the trainer reads and verifies it then. A --load folder that does not exist is refused
+    unless it is --save too (Megatron-LM's resume idiom, `--save X --load X`, starts from scratch the first time):
+    elsewhere it is a typo that would train from scratch and exit 0."""
     load, pretrained = values.get("load"), values.get("pretrained_checkpoint")
     if load and not os.path.exists(load) and not _same_folder(load, values.get("save")):
         raise InputError(f"--load {load}: no checkpoint in {load} (the folder does not exist); give the folder that "
