@@ -35,9 +35,10 @@ def import_megatron_core_quietly() -> None:
     (`kernels.import_megatron_core`: a half-installed Transformer Engine named in one line, the warnings about each
     missing GPU extension silenced), and the one log line of the kernel paths that run said in their place."""
     from megatron_neobert.kernels import import_megatron_core
-    from megatron_neobert.model.kernel_report import format_report, kernel_report
 
     import_megatron_core()
+    from megatron_neobert.model.kernel_report import format_report, kernel_report  # imports megatron-core itself
+
     logging.getLogger(__name__).info(format_report(kernel_report()))
 
 
