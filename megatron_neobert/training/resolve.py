@@ -12,7 +12,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple, Union
 from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLES, null_tokenizer_model,
                                               resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
-from megatron_neobert.errors import InputError
+from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.training.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
                                                 PrecisionSettings, Settings, TrainingSettings, declared_fields)
@@ -28,11 +28,6 @@ class Machine(NamedTuple):
     """What this rank runs on, as the settings are checked against it."""
     capability: Union[Tuple[int, int], bool]  # (major, minor) of this rank's GPU, False without one
     te_available: bool
-
-
-def _refuse(condition: bool, message: str) -> None:
-    if condition:
-        raise InputError(message)
 
 
 @contextlib.contextmanager
@@ -62,7 +57,7 @@ def resolve_settings(given: Dict[str, object], explicit: Set[str] = frozenset(),
     machine = Machine(_detect_capability() if gpu_capability is None else gpu_capability,
                       _detect_te() if te_available is None else te_available)
     backend = "nccl" if machine.capability else "gloo"
-    _refuse(distributed_backend not in (None, backend), f"--distributed-backend {distributed_backend}: this machine "
+    refuse(distributed_backend not in (None, backend), f"--distributed-backend {distributed_backend}: this machine "
             f"runs {backend} ({'GPUs' if backend == 'nccl' else 'no GPU'})")
     settings = Settings(**{name: section(**{f.name: values[f.name] for f in dataclasses.fields(section)})
                            for name, section in SECTIONS.items()},
@@ -91,15 +86,15 @@ def _detect_te() -> bool:
 
 
 def _check_precision(precision: PrecisionSettings) -> None:
-    _refuse(precision.fp16 and precision.bf16, "--fp16 and --bf16 exclude each other")
-    _refuse(precision.fp16 and precision.fp8_format is not None, "--fp8-format runs with --bf16, not --fp16")
+    refuse(precision.fp16 and precision.bf16, "--fp16 and --bf16 exclude each other")
+    refuse(precision.fp16 and precision.fp8_format is not None, "--fp8-format runs with --bf16, not --fp16")
 
 
 def _check_logging(logging: LoggingSettings) -> None:
-    _refuse(logging.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
+    refuse(logging.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
     if logging.wandb_project:
-        _refuse(not logging.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
-        _refuse(importlib.util.find_spec("wandb") is None,
+        refuse(not logging.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
+        refuse(importlib.util.find_spec("wandb") is None,
                 "--wandb-project needs the wandb package: pip install wandb (or this package's wandb extra)")
 
 
@@ -107,10 +102,10 @@ def _check_optimizer(training: TrainingSettings) -> None:
     """The ranges torch's Adam checks when the optimizer is built, on every rank, in a traceback."""
     for name in ("lr", "min_lr", "weight_decay", "adam_eps"):
         value = getattr(training, name)
-        _refuse(value < 0, f"--{name.replace('_', '-')} {value} must be at least 0")
+        refuse(value < 0, f"--{name.replace('_', '-')} {value} must be at least 0")
     for name in ("adam_beta1", "adam_beta2"):
         value = getattr(training, name)
-        _refuse(not 0 <= value < 1, f"--{name.replace('_', '-')} {value} must be in [0, 1)")
+        refuse(not 0 <= value < 1, f"--{name.replace('_', '-')} {value} must be in [0, 1)")
 
 
 def _resolve_data(data: DataSettings, explicit: Set[str]) -> DataSettings:
@@ -118,19 +113,19 @@ def _resolve_data(data: DataSettings, explicit: Set[str]) -> DataSettings:
     per_split = [data.train_data_path, data.valid_data_path, data.test_data_path]
     # Megatron-LM's scripts pass --split in a block shared by mock and real data: accepted with --mock-data (the
     # start-up notes say it does not apply: megatron-core splits mock data 1,1,1).
-    _refuse("split" in explicit and any(per_split),
+    refuse("split" in explicit and any(per_split),
             "--split divides --data-path; --train/valid/test-data-path do not read it")
     if data.mock_data:
-        _refuse(data.data_path is not None or any(per_split), "--mock-data reads no files: drop --data-path "
+        refuse(data.data_path is not None or any(per_split), "--mock-data reads no files: drop --data-path "
                 "and --train/valid/test-data-path")
     elif any(per_split):
-        _refuse(data.data_path is not None, "--data-path and --train/valid/test-data-path exclude each other")
-        _refuse(not data.train_data_path, "--valid/test-data-path need --train-data-path too")
+        refuse(data.data_path is not None, "--data-path and --train/valid/test-data-path exclude each other")
+        refuse(not data.train_data_path, "--valid/test-data-path need --train-data-path too")
     sources = {"--data-path": data.data_path, "--data-args-path": data.data_args_path,
                "--per-split-data-args-path": data.per_split_data_args_path,
                "--train-data-path": data.train_data_path, "--mock-data": data.mock_data or None}
     named = [flag for flag, value in sources.items() if value is not None]
-    _refuse(len(named) != 1, f"give exactly one of {', '.join(sources)} (got {', '.join(named) or 'none'}; see "
+    refuse(len(named) != 1, f"give exactly one of {', '.join(sources)} (got {', '.join(named) or 'none'}; see "
             f"tools/preprocess_data.py)")
     with _as_input_error():
         data = dataclasses.replace(data, **resolve_tokenizer_flags(
@@ -143,7 +138,7 @@ def _resolve_data(data: DataSettings, explicit: Set[str]) -> DataSettings:
 
 
 def _resolve_parallelism(parallel: ParallelSettings) -> ParallelSettings:
-    _refuse(parallel.overlap_param_gather and not parallel.use_distributed_optimizer,
+    refuse(parallel.overlap_param_gather and not parallel.use_distributed_optimizer,
             "--overlap-param-gather needs --use-distributed-optimizer")
     if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
         parallel = dataclasses.replace(parallel, sequence_parallel=False)  # as Megatron-LM: nothing to split
@@ -158,7 +153,7 @@ def _check_save_folder(save: Optional[str]) -> None:
     existing = os.path.abspath(save)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
-    _refuse(not os.path.isdir(existing), f"--save {save}: {existing} is a file, not a folder")
+    refuse(not os.path.isdir(existing), f"--save {save}: {existing} is a file, not a folder")
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".neobert-write-check-")
     except OSError as err:
@@ -174,13 +169,13 @@ def cross_section_rules(settings: Settings, machine: Machine) -> Settings:
     training, data, parallelism)."""
     settings = _resolve_null_tokenizer(settings)
     logging, profiling, save = settings.logging, settings.profiling, settings.checkpoint.save
-    _refuse(bool(logging.wandb_project) and not (logging.wandb_save_dir or save), "--wandb-project writes into "
+    refuse(bool(logging.wandb_project) and not (logging.wandb_save_dir or save), "--wandb-project writes into "
             "--wandb-save-dir, else --save/wandb: give one of them")
     if profiling.profile:
         start, end, iters = profiling.profile_step_start, profiling.profile_step_end, settings.training.train_iters
-        _refuse(not 0 <= start < end <= iters, f"--profile-step-start {start} and --profile-step-end {end} must "
+        refuse(not 0 <= start < end <= iters, f"--profile-step-start {start} and --profile-step-end {end} must "
                 f"satisfy 0 <= start < end <= --train-iters {iters}")
-        _refuse(not (logging.tensorboard_dir or save),
+        refuse(not (logging.tensorboard_dir or save),
                 "--profile writes its trace to --tensorboard-dir, else to --save/profile: give one of them")
     settings = _resolve_precision(settings, machine)
     _check_fp8_tokens(settings)
@@ -195,11 +190,11 @@ def _resolve_null_tokenizer(settings: Settings) -> Settings:
     id_flags = [f"null_tokenizer_{role}_id" for role in NULL_TOKENIZER_ROLES]
     if data.tokenizer_type != NULL_TOKENIZER:
         given = [f"--{name.replace('_', '-')}" for name in id_flags if getattr(data, name) is not None]
-        _refuse(bool(given), f"{', '.join(given)}: only with --tokenizer-type NullTokenizer")
+        refuse(bool(given), f"{', '.join(given)}: only with --tokenizer-type NullTokenizer")
         return settings
-    _refuse("tokenizer_model" in settings.explicit | settings.from_checkpoint, "--tokenizer-type NullTokenizer takes "
+    refuse("tokenizer_model" in settings.explicit | settings.from_checkpoint, "--tokenizer-type NullTokenizer takes "
             "the data's ids as they are and reads no --tokenizer-model: give --vocab-size")
-    _refuse(vocab_size is None, "--tokenizer-type NullTokenizer needs --vocab-size: the data's ids are 0 .. vocab "
+    refuse(vocab_size is None, "--tokenizer-type NullTokenizer needs --vocab-size: the data's ids are 0 .. vocab "
             "size - 1 (as Megatron-LM's)")
     with _as_input_error():
         model = null_tokenizer_model(vocab_size, {role: getattr(data, name)
@@ -221,29 +216,29 @@ def _resolve_precision(settings: Settings, machine: Machine) -> Settings:
         precision = dataclasses.replace(precision, bf16=on_gpu and not precision.fp16)
     requested, backend = settings.model.transformer_impl, settings.model.attention_backend
     if backend == "local":  # Megatron-LM's: megatron-core's own layers, no TE kernel
-        _refuse(requested == "transformer_engine", "--attention-backend local runs megatron-core's local layers: "
+        refuse(requested == "transformer_engine", "--attention-backend local runs megatron-core's local layers: "
                 "not with --transformer-impl transformer_engine")
         requested = "local"
-    _refuse(requested == "transformer_engine" and not te,
+    refuse(requested == "transformer_engine" and not te,
             "--transformer-impl transformer_engine: Transformer Engine does not import here")
     impl = choose_transformer_impl(requested, on_gpu, te)
     uses_te = impl == "transformer_engine"
-    _refuse(backend in ("flash", "fused", "unfused") and not uses_te,
+    refuse(backend in ("flash", "fused", "unfused") and not uses_te,
             f"--attention-backend {backend} picks a Transformer Engine attention kernel, and the layers here are "
             f"megatron-core's local ones (--transformer-impl {requested}, Transformer Engine "
             f"{'on a CPU' if te else 'absent'}): use --attention-backend auto or local")
-    _refuse(uses_te and settings.data.packed and not (precision.bf16 or precision.fp16),
+    refuse(uses_te and settings.data.packed and not (precision.bf16 or precision.fp16),
             "Transformer Engine attention has no fp32 kernel for packed (THD) input: pass --bf16 (or --fp16), or "
             "--no-packed, or --transformer-impl local")
     fp8 = precision.fp8_format
     if fp8 is not None:
-        _refuse(not te, f"--fp8-format {fp8} needs Transformer Engine, which does not import here; drop --fp8-format")
-        _refuse(not uses_te, f"--fp8-format {fp8} runs in Transformer Engine layers: use --transformer-impl "
+        refuse(not te, f"--fp8-format {fp8} needs Transformer Engine, which does not import here; drop --fp8-format")
+        refuse(not uses_te, f"--fp8-format {fp8} runs in Transformer Engine layers: use --transformer-impl "
                 f"transformer_engine (or auto on a GPU), not {requested}")
-        _refuse(not precision.bf16, f"--fp8-format {fp8} needs --bf16 (FP8 GEMMs in bf16 layers)")
-        _refuse(on_gpu and tuple(capability) < FP8_MIN_CAPABILITY, f"--fp8-format {fp8}: this GPU (compute "
+        refuse(not precision.bf16, f"--fp8-format {fp8} needs --bf16 (FP8 GEMMs in bf16 layers)")
+        refuse(on_gpu and tuple(capability) < FP8_MIN_CAPABILITY, f"--fp8-format {fp8}: this GPU (compute "
                 f"capability {capability[0]}.{capability[1]}) has no FP8 tensor cores (needs >= 8.9)")
-        _refuse(precision.fp8_recipe == "mxfp8" and on_gpu and tuple(capability) < MXFP8_MIN_CAPABILITY,
+        refuse(precision.fp8_recipe == "mxfp8" and on_gpu and tuple(capability) < MXFP8_MIN_CAPABILITY,
                 f"--fp8-recipe mxfp8 needs a Blackwell GPU (compute capability >= 10.0), this one is "
                 f"{capability[0]}.{capability[1]}: use --fp8-recipe delayed or tensorwise")
     return dataclasses.replace(settings, precision=precision,

@@ -8,7 +8,7 @@ import dataclasses
 from typing import NamedTuple, Optional, Set
 
 from megatron_neobert.training.batch_size import rampup_train_iters
-from megatron_neobert.errors import InputError
+from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.training.settings import (RECIPE_DECAY_FRACTION, RECIPE_MIN_LR_FRACTION,
                                                 RECIPE_WARMUP_ITERS, TrainingSettings)
 
@@ -17,25 +17,20 @@ from megatron_neobert.training.settings import (RECIPE_DECAY_FRACTION, RECIPE_MI
 DECAY_TO_THE_END = ("WSD", "inverse-square-root")
 
 
-def _refuse(condition: bool, message: str) -> None:
-    if condition:
-        raise InputError(message)
-
-
 def resolve_schedule(training: TrainingSettings, explicit: Set[str]) -> TrainingSettings:
     """`training` with the schedule's derived defaults filled in: --min-lr (the recipe's fraction of --lr),
     --lr-decay-iters (its fraction of --train-iters), and with --train-samples the sample-based lengths and the
     iterations they mean; lengths that contradict each other refused. `explicit`: the settings the user gave."""
     fraction = training.lr_warmup_fraction
-    _refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
-    _refuse(training.rampup_batch_size is not None and training.train_samples is None,
+    refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
+    refuse(training.rampup_batch_size is not None and training.train_samples is None,
             "--rampup-batch-size needs --train-samples (as Megatron-LM: the iterations and the schedule of a "
             "growing batch are counted in samples)")
     if training.train_samples is None:
-        _refuse(training.lr_decay_samples is not None or training.lr_warmup_samples is not None,
+        refuse(training.lr_decay_samples is not None or training.lr_warmup_samples is not None,
                 "--lr-decay-samples / --lr-warmup-samples go with --train-samples; with --train-iters use "
                 "--lr-decay-iters / --lr-warmup-iters")
-        _refuse(fraction is not None and "lr_warmup_iters" in explicit,
+        refuse(fraction is not None and "lr_warmup_iters" in explicit,
                 "give --lr-warmup-fraction or --lr-warmup-iters, not both")
         if fraction is not None:
             training = dataclasses.replace(training, lr_warmup_iters=0)
@@ -48,7 +43,7 @@ def resolve_schedule(training: TrainingSettings, explicit: Set[str]) -> Training
     training = dataclasses.replace(training, lr_decay_iters=decay,
                                    min_lr=training.lr if training.lr_decay_style == "constant" else min_lr)
     warmup = training.lr_warmup_iters
-    _refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
+    refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
     if warmup >= decay:
         # The recipe's warm-up steps stop every short run here: say how to get past them.
         why_warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
@@ -70,26 +65,26 @@ def _check_wsd(training: TrainingSettings) -> None:
         training.lr_wsd_decay_iters, training.lr_wsd_decay_samples)
     if training.lr_decay_style != "WSD":
         given = [f for f, v in ((flag, length), (other, misplaced)) if v is not None]
-        _refuse(bool(given), f"{', '.join(given)}: only with --lr-decay-style WSD")
+        refuse(bool(given), f"{', '.join(given)}: only with --lr-decay-style WSD")
         return
-    _refuse(misplaced is not None, f"{other} goes with {'--train-iters' if by_samples else '--train-samples'}; "
+    refuse(misplaced is not None, f"{other} goes with {'--train-iters' if by_samples else '--train-samples'}; "
             f"with {'--train-samples' if by_samples else '--train-iters'} use {flag}")
-    _refuse(length is None, f"--lr-decay-style WSD needs {flag}: the length of its final decay to --min-lr")
+    refuse(length is None, f"--lr-decay-style WSD needs {flag}: the length of its final decay to --min-lr")
     warmup, decay, unit = ((training.lr_warmup_samples, training.lr_decay_samples, "samples") if by_samples
                            else (training.lr_warmup_iters, training.lr_decay_iters, "iters"))
     if training.lr_warmup_fraction is not None:
         warmup = training.lr_warmup_fraction * decay
-    _refuse(not 1 <= length <= decay - warmup, f"{flag} {length} must be at least 1 and at most the decay steps "
+    refuse(not 1 <= length <= decay - warmup, f"{flag} {length} must be at least 1 and at most the decay steps "
             f"after the warmup: --lr-decay-{unit} {decay} - warmup {warmup:g} = {decay - warmup:g}")
 
 
 def _resolve_sample_schedule(training: TrainingSettings, explicit: Set[str]) -> TrainingSettings:
     gbs, samples, fraction = training.global_batch_size, training.train_samples, training.lr_warmup_fraction
-    _refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
-    _refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
+    refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
+    refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
             "with --train-samples the schedule is in samples: use --lr-decay-samples / --lr-warmup-samples")
-    _refuse(samples < gbs, f"--train-samples {samples} is less than one global batch ({gbs})")
-    _refuse(fraction is not None and training.lr_warmup_samples is not None,
+    refuse(samples < gbs, f"--train-samples {samples} is less than one global batch ({gbs})")
+    refuse(fraction is not None and training.lr_warmup_samples is not None,
             "give --lr-warmup-fraction or --lr-warmup-samples, not both")
     iterations = samples // gbs if training.rampup_batch_size is None else rampup_train_iters(training)
     decay_fraction = 1.0 if training.lr_decay_style in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
@@ -97,7 +92,7 @@ def _resolve_sample_schedule(training: TrainingSettings, explicit: Set[str]) -> 
     warmup = training.lr_warmup_samples
     if warmup is None:
         warmup = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
-    _refuse(fraction is None and warmup >= decay,
+    refuse(fraction is None and warmup >= decay,
             f"--lr-warmup-samples {warmup} must be below --lr-decay-samples {decay} (recipe defaults: "
             f"{RECIPE_WARMUP_ITERS} x --global-batch-size, {decay_fraction:.0%} of --train-samples): for a "
             f"short run pass --lr-warmup-samples 0 (or a few batches)")
