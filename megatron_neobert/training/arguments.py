@@ -20,7 +20,7 @@ import yaml
 
 from megatron_neobert.flags import ArgumentParser, add_flags, closest, convert_value, parse_given, setting
 from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch
-from megatron_neobert.errors import InputError
+from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.training.resolve import resolve_settings
 from megatron_neobert.training.settings import SECTIONS, Settings
 from megatron_neobert.training.starting_checkpoint import apply_checkpoint_args, starting_checkpoint
@@ -124,34 +124,29 @@ def given_values(argv: Optional[Sequence[str]] = None,
     return {**(_config_file_values(parser, config) if config else {}), **given}
 
 
-def _refuse(condition: bool, message: str) -> None:
-    if condition:
-        raise InputError(message)
-
-
 def adapt(given: Dict[str, object], checkpoint_arch: Optional[dict] = None) -> Tuple[Dict[str, object], Set[str]]:
     """(the settings' values the user gave, Megatron-LM's aliases mapped onto them; their names): the adapter's
     own flags are checked here, against the preset's architecture or with --use-checkpoint-args `checkpoint_arch`,
     and go no further."""
     flags = MegatronLMFlags(**{k: v for k, v in given.items() if k in ADAPTER_FLAGS})
     values = {k: v for k, v in given.items() if k not in ADAPTER_FLAGS}
-    _refuse(flags.ckpt_format != "torch_dist",
+    refuse(flags.ckpt_format != "torch_dist",
             f"--ckpt-format {flags.ckpt_format}: only torch_dist is written and read (megatron-core's distributed "
             f"checkpoint, loadable at any TP/PP/DP); Megatron-LM's other formats ({', '.join(CKPT_FORMATS[1:])}) "
             f"are not implemented here")
-    _refuse(flags.dataloader_type != "single", f"--dataloader-type {flags.dataloader_type}: only single is "
+    refuse(flags.dataloader_type != "single", f"--dataloader-type {flags.dataloader_type}: only single is "
             "implemented (one pass in the dataset's own shuffled order, resumable by consumed samples)")
-    _refuse(flags.short_seq_prob != 0, f"--short-seq-prob {flags.short_seq_prob}: documents are packed whole up to "
+    refuse(flags.short_seq_prob != 0, f"--short-seq-prob {flags.short_seq_prob}: documents are packed whole up to "
             "--seq-length; Megatron-LM's short-sequence sampling is not implemented (drop the flag)")
-    _refuse(flags.timing_log_level != 0, f"--timing-log-level {flags.timing_log_level}: Megatron-LM's per-phase "
+    refuse(flags.timing_log_level != 0, f"--timing-log-level {flags.timing_log_level}: Megatron-LM's per-phase "
             "timers are not implemented; --profile writes a trace of the steps instead")
-    _refuse(flags.use_checkpoint_opt_param_scheduler and values.get("override_opt_param_scheduler", False),
+    refuse(flags.use_checkpoint_opt_param_scheduler and values.get("override_opt_param_scheduler", False),
             "--use-checkpoint-opt_param-scheduler and --override-opt-param-scheduler exclude each other")
     if flags.mask_prob is not None:
-        _refuse("mask_rate" in values, "--mask-prob is Megatron-LM's name of --mask-rate: give one of them")
+        refuse("mask_rate" in values, "--mask-prob is Megatron-LM's name of --mask-rate: give one of them")
         values["mask_rate"] = flags.mask_prob
     if flags.recompute_activations:
-        _refuse(values.get("recompute_granularity") == "full",
+        refuse(values.get("recompute_granularity") == "full",
                 "--recompute-activations means --recompute-granularity selective; not with full")
         values["recompute_granularity"] = "selective"
     _check_architecture_flags(flags, values.get("model_preset", SECTIONS["model"]().model_preset), checkpoint_arch)

@@ -5,13 +5,13 @@ checked against micro-batch x data-parallel size before training."""
 from megatron_neobert.errors import InputError
 
 
-def rampup_train_iters(values: dict) -> int:
-    """The iterations of a --train-samples run whose batch grows (`values`: the settings by name), counted as
+def rampup_train_iters(training) -> int:
+    """The iterations of a --train-samples run whose batch grows (`training`: its TrainingSettings), counted as
     Megatron-LM's update_train_iters counts them: steps of the ramp while the samples before them are within the
     ramp (and --train-samples), then whole global batches; the ramp itself checked as megatron-core's calculator
     checks it."""
-    gbs, samples = values["global_batch_size"], values["train_samples"]
-    start, increment, ramp = values["rampup_batch_size"]
+    gbs, samples = training.global_batch_size, training.train_samples
+    start, increment, ramp = training.rampup_batch_size
     flag = f"--rampup-batch-size {start} {increment} {ramp}"
     if start < 1 or increment < 1 or ramp < 1:  # megatron-core divides by SAMPLES
         raise InputError(f"{flag}: START, INCREMENT and SAMPLES must be at least 1")
@@ -28,7 +28,7 @@ def rampup_train_iters(values: dict) -> int:
         raise InputError(str(err)) from err
     from megatron_neobert.megatron_core_compat import micro_batch_calculator
 
-    sizes = micro_batch_calculator(gbs, values["rampup_batch_size"], micro_batch_size=1, data_parallel_size=1)
+    sizes = micro_batch_calculator(gbs, training.rampup_batch_size, micro_batch_size=1, data_parallel_size=1)
     iterations = consumed = 0
     while consumed <= ramp and consumed <= samples:
         sizes.update(consumed, consistency_check=False)

@@ -4,107 +4,101 @@
 linear, constant, inverse-square-root and WSD (warmup-stable-decay, with its own final decay); the iterations of a
 growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
 
+import dataclasses
 from typing import NamedTuple, Optional, Set
 
 from megatron_neobert.training.batch_size import rampup_train_iters
-from megatron_neobert.errors import InputError
+from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.training.settings import (RECIPE_DECAY_FRACTION, RECIPE_MIN_LR_FRACTION,
-                                                RECIPE_WARMUP_ITERS)
+                                                RECIPE_WARMUP_ITERS, TrainingSettings)
+
 # Styles whose decay ends where Megatron-LM's does, with the run: the recipe's 90% belongs to its cosine. After the
 # decay steps megatron-core gives --min-lr: an inverse square root would drop to it, and a WSD run would idle there.
 DECAY_TO_THE_END = ("WSD", "inverse-square-root")
 
 
-def _refuse(condition: bool, message: str) -> None:
-    if condition:
-        raise InputError(message)
-
-
-def resolve_schedule(values: dict, explicit: Set[str]) -> None:
-    """Fill in the schedule's derived defaults in `values` (the settings by name): --min-lr (the recipe's fraction
-    of --lr), --lr-decay-iters (its fraction of --train-iters), and with --train-samples the sample-based lengths
-    and the iterations they mean; refuse lengths that contradict each other."""
-    fraction = values["lr_warmup_fraction"]
-    _refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
-    _refuse(values["rampup_batch_size"] is not None and values["train_samples"] is None,
+def resolve_schedule(training: TrainingSettings, explicit: Set[str]) -> TrainingSettings:
+    """`training` with the schedule's derived defaults filled in: --min-lr (the recipe's fraction of --lr),
+    --lr-decay-iters (its fraction of --train-iters), and with --train-samples the sample-based lengths and the
+    iterations they mean; lengths that contradict each other refused. `explicit`: the settings the user gave."""
+    fraction = training.lr_warmup_fraction
+    refuse(fraction is not None and not 0.0 <= fraction < 1.0, f"--lr-warmup-fraction {fraction} must be in [0, 1)")
+    refuse(training.rampup_batch_size is not None and training.train_samples is None,
             "--rampup-batch-size needs --train-samples (as Megatron-LM: the iterations and the schedule of a "
             "growing batch are counted in samples)")
-    if values["train_samples"] is None:
-        _refuse(values["lr_decay_samples"] is not None or values["lr_warmup_samples"] is not None,
+    if training.train_samples is None:
+        refuse(training.lr_decay_samples is not None or training.lr_warmup_samples is not None,
                 "--lr-decay-samples / --lr-warmup-samples go with --train-samples; with --train-iters use "
                 "--lr-decay-iters / --lr-warmup-iters")
-        _refuse(fraction is not None and "lr_warmup_iters" in explicit,
+        refuse(fraction is not None and "lr_warmup_iters" in explicit,
                 "give --lr-warmup-fraction or --lr-warmup-iters, not both")
         if fraction is not None:
-            values["lr_warmup_iters"] = 0
+            training = dataclasses.replace(training, lr_warmup_iters=0)
     else:
-        _resolve_sample_schedule(values, explicit)
-    if values["min_lr"] is None:
-        values["min_lr"] = RECIPE_MIN_LR_FRACTION * values["lr"]
-    fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
-    if values["lr_decay_iters"] is None:
-        values["lr_decay_iters"] = max(1, int(fraction * values["train_iters"]))  # the scheduler needs a step
-    if values["lr_decay_style"] == "constant":
-        values["min_lr"] = values["lr"]
-    decay, warmup = values["lr_decay_iters"], values["lr_warmup_iters"]
-    _refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
+        training = _resolve_sample_schedule(training, explicit)
+    decay_fraction = 1.0 if training.lr_decay_style in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
+    min_lr = RECIPE_MIN_LR_FRACTION * training.lr if training.min_lr is None else training.min_lr
+    decay = (max(1, int(decay_fraction * training.train_iters)) if training.lr_decay_iters is None  # a step at least
+             else training.lr_decay_iters)
+    training = dataclasses.replace(training, lr_decay_iters=decay,
+                                   min_lr=training.lr if training.lr_decay_style == "constant" else min_lr)
+    warmup = training.lr_warmup_iters
+    refuse(decay < 1, f"--lr-decay-iters {decay} must be at least 1")
     if warmup >= decay:
         # The recipe's warm-up steps stop every short run here: say how to get past them.
         why_warmup = "" if "lr_warmup_iters" in explicit else " (the recipe's default)"
         why_decay = ("" if "lr_decay_iters" in explicit
-                     else f" ({fraction:.0%} of --train-iters {values['train_iters']}, at least 1)")
+                     else f" ({decay_fraction:.0%} of --train-iters {training.train_iters}, at least 1)")
         raise InputError(f"--lr-warmup-iters {warmup}{why_warmup} must be below --lr-decay-iters {decay}{why_decay}: "
                          f"for a short run pass --lr-warmup-iters 0 (or a few steps)")
-    _resolve_wsd(values)
+    _check_wsd(training)
+    return training
 
 
-def _resolve_wsd(values: dict) -> None:
+def _check_wsd(training: TrainingSettings) -> None:
     """WSD's final decay: its length in the schedule's unit, within the decay steps after the warmup (a longer one
     would start inside the warmup, and the learning rate would jump down where the warmup ends)."""
-    by_samples = values["train_samples"] is not None
+    by_samples = training.train_samples is not None
     flag, other = (("--lr-wsd-decay-samples", "--lr-wsd-decay-iters") if by_samples
                    else ("--lr-wsd-decay-iters", "--lr-wsd-decay-samples"))
-    length, misplaced = (values["lr_wsd_decay_samples"], values["lr_wsd_decay_iters"]) if by_samples else (
-        values["lr_wsd_decay_iters"], values["lr_wsd_decay_samples"])
-    if values["lr_decay_style"] != "WSD":
+    length, misplaced = (training.lr_wsd_decay_samples, training.lr_wsd_decay_iters) if by_samples else (
+        training.lr_wsd_decay_iters, training.lr_wsd_decay_samples)
+    if training.lr_decay_style != "WSD":
         given = [f for f, v in ((flag, length), (other, misplaced)) if v is not None]
-        _refuse(bool(given), f"{', '.join(given)}: only with --lr-decay-style WSD")
+        refuse(bool(given), f"{', '.join(given)}: only with --lr-decay-style WSD")
         return
-    _refuse(misplaced is not None, f"{other} goes with {'--train-iters' if by_samples else '--train-samples'}; "
+    refuse(misplaced is not None, f"{other} goes with {'--train-iters' if by_samples else '--train-samples'}; "
             f"with {'--train-samples' if by_samples else '--train-iters'} use {flag}")
-    _refuse(length is None, f"--lr-decay-style WSD needs {flag}: the length of its final decay to --min-lr")
-    warmup, decay, unit = ((values["lr_warmup_samples"], values["lr_decay_samples"], "samples") if by_samples
-                           else (values["lr_warmup_iters"], values["lr_decay_iters"], "iters"))
-    if values["lr_warmup_fraction"] is not None:
-        warmup = values["lr_warmup_fraction"] * decay
-    _refuse(not 1 <= length <= decay - warmup, f"{flag} {length} must be at least 1 and at most the decay steps "
+    refuse(length is None, f"--lr-decay-style WSD needs {flag}: the length of its final decay to --min-lr")
+    warmup, decay, unit = ((training.lr_warmup_samples, training.lr_decay_samples, "samples") if by_samples
+                           else (training.lr_warmup_iters, training.lr_decay_iters, "iters"))
+    if training.lr_warmup_fraction is not None:
+        warmup = training.lr_warmup_fraction * decay
+    refuse(not 1 <= length <= decay - warmup, f"{flag} {length} must be at least 1 and at most the decay steps "
             f"after the warmup: --lr-decay-{unit} {decay} - warmup {warmup:g} = {decay - warmup:g}")
 
 
-def _resolve_sample_schedule(values: dict, explicit: Set[str]) -> None:
-    gbs, fraction = values["global_batch_size"], values["lr_warmup_fraction"]
-    _refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
-    _refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
+def _resolve_sample_schedule(training: TrainingSettings, explicit: Set[str]) -> TrainingSettings:
+    gbs, samples, fraction = training.global_batch_size, training.train_samples, training.lr_warmup_fraction
+    refuse("train_iters" in explicit, "give --train-iters or --train-samples, not both")
+    refuse(bool({"lr_decay_iters", "lr_warmup_iters"} & explicit),
             "with --train-samples the schedule is in samples: use --lr-decay-samples / --lr-warmup-samples")
-    _refuse(values["train_samples"] < gbs,
-            f"--train-samples {values['train_samples']} is less than one global batch ({gbs})")
-    _refuse(fraction is not None and values["lr_warmup_samples"] is not None,
+    refuse(samples < gbs, f"--train-samples {samples} is less than one global batch ({gbs})")
+    refuse(fraction is not None and training.lr_warmup_samples is not None,
             "give --lr-warmup-fraction or --lr-warmup-samples, not both")
-    values["train_iters"] = (values["train_samples"] // gbs if values["rampup_batch_size"] is None
-                             else rampup_train_iters(values))
-    decay_fraction = 1.0 if values["lr_decay_style"] in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
-    if values["lr_decay_samples"] is None:
-        values["lr_decay_samples"] = int(decay_fraction * values["train_samples"])
-    if values["lr_warmup_samples"] is None:
-        values["lr_warmup_samples"] = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
-    warmup, decay = values["lr_warmup_samples"], values["lr_decay_samples"]
-    _refuse(fraction is None and warmup >= decay,
+    iterations = samples // gbs if training.rampup_batch_size is None else rampup_train_iters(training)
+    decay_fraction = 1.0 if training.lr_decay_style in DECAY_TO_THE_END else RECIPE_DECAY_FRACTION
+    decay = int(decay_fraction * samples) if training.lr_decay_samples is None else training.lr_decay_samples
+    warmup = training.lr_warmup_samples
+    if warmup is None:
+        warmup = 0 if fraction is not None else RECIPE_WARMUP_ITERS * gbs
+    refuse(fraction is None and warmup >= decay,
             f"--lr-warmup-samples {warmup} must be below --lr-decay-samples {decay} (recipe defaults: "
             f"{RECIPE_WARMUP_ITERS} x --global-batch-size, {decay_fraction:.0%} of --train-samples): for a "
             f"short run pass --lr-warmup-samples 0 (or a few batches)")
     # The iteration fields mirror the sample schedule (read by the log and the checks).
-    values["lr_decay_iters"] = decay // gbs
-    values["lr_warmup_iters"] = 0
+    return dataclasses.replace(training, train_iters=iterations, lr_decay_samples=decay, lr_warmup_samples=warmup,
+                               lr_decay_iters=decay // gbs, lr_warmup_iters=0)
 
 
 def _number(x: float) -> str:
