@@ -71,5 +71,6 @@ setup(
         "neobert-run-mteb=megatron_neobert.cli.run_mteb:cli",
         "neobert-finetune-cde=megatron_neobert.cli.finetune_cde:cli",
         "neobert-watch-run=megatron_neobert.cli.watch_run:main",
+        "neobert-stage2-plan=megatron_neobert.cli.stage2_plan:main",
     ]},
 )

@@ -2,7 +2,7 @@
 # NeoBERT stage 2: go on from stage 1 at four times its length with the same tokens per step, for a twentieth
 # of its steps: after the paper's stage 1 (1M steps of 2048 x 1024 tokens on 8 GPUs) that is 50k steps of
 # 512 x 4096, iterations 1,000,001 .. 1,050,000. Everything else comes from the stage-1 checkpoint
-# (python -m megatron_neobert.training.stage2 reads it): the preset and sizes, the tokenizer, the ranks, the
+# (python -m megatron_neobert.cli.stage2_plan reads it): the preset and sizes, the tokenizer, the ranks, the
 # parallel layout, the optimizer setup and schedule, and the data unless DATA_DIR or DATA_PATH says otherwise.
 #
 #   STAGE1_DIR=checkpoints/neobert-stage1 DATA_DIR=data examples/pretrain_neobert_stage2.sh    # the paper's
@@ -41,7 +41,7 @@ if [ -n "${DATA_DIR:-}" ] && [ -z "${DATA_PATH:-}" ]; then
 fi
 
 # RANKS (stage 1's world size) and STAGE2_FLAGS (the trainer's), with a line saying what came from stage 1.
-PLAN=$(python -m megatron_neobert.training.stage2 --stage1 "$STAGE1_DIR" --save "$CHECKPOINT_DIR" \
+PLAN=$(python -m megatron_neobert.cli.stage2_plan --stage1 "$STAGE1_DIR" --save "$CHECKPOINT_DIR" \
     --load-optim "$LOAD_OPTIM" ${SEQ_LENGTH:+--seq-length "$SEQ_LENGTH"} ${STAGE2_ITERS:+--iters "$STAGE2_ITERS"} \
     ${DATA_PATH:+--data-path $DATA_PATH})
 eval "$PLAN"

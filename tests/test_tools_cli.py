@@ -132,6 +132,7 @@ BAD_VALUES = {
     "pseudo_perplexity": (["--model", "m", "--texts", "t", "--output", "o"], ["--batch-size", "x"]),
     "run_glue": (["--model", "m", "--output-dir", "o"], ["--epochs", "x"]),
     "run_mteb": (["--model", "m", "--output", "o"], ["--batch-size", "x"]),
+    "stage2_plan": (["--stage1", "a", "--save", "b"], ["--iters", "x"]),
     "watch_run": (["--save", "s", "--suite", "y"], ["--interval", "x"]),  # no int flag: a float's
 }
 

@@ -7,16 +7,14 @@ other data is given), the ranks, the parallel layout and the optimizer setup who
 (--bf16, --use-distributed-optimizer), and the schedule it goes on with. The quickstart's stage 1 (neobert-tiny,
 16 x 128 tokens per step, 300 steps on 2 ranks) gives 4 x 512 tokens per step for 15 steps on 2 ranks.
 
-    python -m megatron_neobert.training.stage2 --stage1 ckpt/stage1 --save ckpt/stage2   # shell assignments
+The command line: `python -m megatron_neobert.cli.stage2_plan --stage1 ckpt/stage1 --save ckpt/stage2` prints them
+as shell assignments.
 """
 
 import dataclasses
 import os
-import shlex
-import sys
 from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.checkpoint.layout import LATEST_MARKER, resolve_checkpoint_dir
 from megatron_neobert.errors import InputError
 
@@ -106,34 +104,3 @@ def stage2_plan(stage1: str, save: str, load_optim: bool = True, seq_length: Opt
                + ("with stage 1's optimizer state and schedule" if load_optim else "with a fresh optimizer")
                + ", on " + (" ".join(data_path) if data_path else "stage 1's data (DATA_PATH or DATA_DIR for other)"))
     return Stage2Plan(world, flags, summary)
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage2Flags:
-    stage1: Optional[str] = setting(None, "stage 1's checkpoint root (its --save)", required=True)
-    save: Optional[str] = setting(None, "stage 2's checkpoint root", required=True)
-    load_optim: int = setting(1, "1: go on with stage 1's optimizer state and schedule; 0: its weights only",
-                              choices=[0, 1])
-    seq_length: Optional[int] = setting(None, "default: 4 x stage 1's")
-    iters: Optional[int] = setting(None, "stage 2's steps (default: stage 1's iterations / 20)")
-    data_path: Optional[List[str]] = setting(None, "default: stage 1's --data-path")
-
-
-def main(argv=None) -> int:
-    """Prints RANKS=... and STAGE2_FLAGS=(...) for the script to `eval`; a bad checkpoint is one `error:` line."""
-    p = ArgumentParser(prog="python -m megatron_neobert.training.stage2", description=__doc__)
-    add_flags(p, Stage2Flags)
-    args = p.parse_args(argv)
-    try:
-        plan = stage2_plan(args.stage1, args.save, bool(args.load_optim), args.seq_length, args.iters, args.data_path)
-    except (OSError, ValueError) as err:  # no checkpoint there, not the trainer's, samples-based
-        print(f"error: --stage1 {args.stage1}: {err}", file=sys.stderr)
-        return 1
-    print(plan.summary, file=sys.stderr)
-    print(f"RANKS={plan.ranks}")
-    print(f"STAGE2_FLAGS=({shlex.join(plan.flags)})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
