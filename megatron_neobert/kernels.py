@@ -15,6 +15,7 @@ says what is wrong in one line. Kept free of a top-level torch import: the tools
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import warnings
 from functools import lru_cache
@@ -91,6 +92,15 @@ class TransformerEngineInstallError(RuntimeError):
 # What megatron-core's import warns about each missing GPU extension: the kernel report says once what runs.
 _IMPORT_WARNINGS = (".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
                     ".*full scope is deprecated.*")
+# The same, as the interpreter's start-up filters (PYTHONWARNINGS: a message's beginning) for processes that import
+# megatron-core before any code of ours runs in them (spawned ranks unpickling their function).
+_IMPORT_WARNING_STARTS = ("Transformer Engine and Apex are not installed", "Apex is not installed")
+
+
+def quiet_import_warnings_option() -> str:
+    """PYTHONWARNINGS for a child process: the caller's own, and megatron-core's import warnings ignored."""
+    own = os.environ.get("PYTHONWARNINGS")
+    return ",".join(([own] if own else []) + [f"ignore:{start}" for start in _IMPORT_WARNING_STARTS])
 
 
 def import_megatron_core() -> None:

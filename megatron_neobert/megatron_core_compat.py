@@ -439,7 +439,7 @@ def load_common_state(folder: str) -> dict:
                 f"{COMMON_STATE_FILE}), which megatron-core {MEGATRON_CORE_VERSION} cannot read: load it with "
                 f"megatron-core 0.19 (CPython 3.12)")
     with warnings.catch_warnings():
-        for message in _NO_PROCESS_GROUP_WARNINGS:
+        for message in NO_PROCESS_GROUP_WARNINGS:
             warnings.filterwarnings("ignore", message=message)
         return dist_checkpointing.load_common_state_dict(folder)
 
@@ -495,8 +495,8 @@ def async_calls_queue():
 #   there is no process group, the case it was asked for (`load_common_state`).
 IMPORT_WARNINGS = (".*MimoModelConfig is experimental.*",)
 QUIET_IMPORTS = () if RELEASE < (0, 19) else ("megatron.core.models.mimo.model.base",)
-_NO_PROCESS_GROUP_WARNINGS = (".*torch.distributed is disabled, unavailable or uninitialized.*",
-                              ".*The argument order of load has been changed.*")
+NO_PROCESS_GROUP_WARNINGS = (".*torch.distributed is disabled, unavailable or uninitialized.*",
+                             ".*The argument order of load has been changed.*")
 
 
 class _SyncSaveDeprecation(logging.Filter):

@@ -89,7 +89,7 @@ def packed_attention_backend(on_gpu: bool, half_precision: bool = True, dropout:
 
 @lru_cache(maxsize=None)
 def _log_packed_kernel(backend: str):
-    logger.info("Packed attention: %s", PACKED_KERNELS[backend])
+    logger.debug("Packed attention: %s", PACKED_KERNELS[backend])
 
 
 class PackedLayout:

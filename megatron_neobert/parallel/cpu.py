@@ -68,7 +68,7 @@ def cpu_execution():
                   (torch.cuda, "memory_allocated", lambda *args, **kwargs: 0),
                   (torch.cuda, "max_memory_allocated", lambda *args, **kwargs: 0)]
     with patched(cuda_calls), cuda_rng_on_cpu(), _CudaToCpuMode():
-        logger.info("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")
+        logger.debug("No CUDA device: megatron-core runs on CPU (CUDA calls redirected, gloo backend)")
         _active = True
         try:
             yield True

@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.multiprocessing as mp
 
+from megatron_neobert.kernels import quiet_import_warnings_option
 from megatron_neobert.megatron_core_compat import destroy_model_parallel_groups
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.parallel.rendezvous import attempt_store, uses_agent_store
@@ -146,8 +147,16 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, *
     port = store.port
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results))
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    # Spawned ranks import megatron-core as they unpickle `fn`, before any code of ours runs in them.
+    os.environ["PYTHONWARNINGS"], before = quiet_import_warnings_option(), os.environ.get("PYTHONWARNINGS")
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
     # Read results before joining: a child blocks on a large result until it is read.
     outcomes, deadline = {}, time.monotonic() + timeout_s
     while len(outcomes) < world_size and time.monotonic() < deadline:
