@@ -1,8 +1,11 @@
 """The goodput model (megatron_neobert/training/goodput_model.py): the simulation's bookkeeping, the simulation and
 the first-order formula checked against each other where failures are many, the costs read from a goodput account,
-and the command on a JSON account and on a checkpoint."""
+the command on a JSON account and on a checkpoint, and the table of docs/training.md."""
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +172,14 @@ def test_the_command_reads_the_account_of_a_checkpoint(tmp_path, capsys):
         status, out, err = run_command(capsys, "--account", given, "--gpus", "1024", "--seeds", "1")
         assert status == 0, err
         assert out.startswith("costs: step 0.125 s, save 10 s (async: 1 s blocking), start-up 90 s, load 20 s"), out
+
+
+def test_the_table_of_the_docs_is_the_commands(capsys):
+    """docs/training.md, Goodput at scale: the table is what the command above it prints."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    section = docs.split("## Goodput at scale\n", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"^python tools/goodput_model.py (--step-s .*)$", section, re.M).group(1)
+    status, out, err = run_command(capsys, *shlex.split(command))
+    assert status == 0, err
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table) == 5 and "\n".join(table) in section
