@@ -72,5 +72,6 @@ setup(
         "neobert-finetune-cde=megatron_neobert.cli.finetune_cde:cli",
         "neobert-watch-run=megatron_neobert.cli.watch_run:main",
         "neobert-stage2-plan=megatron_neobert.cli.stage2_plan:main",
+        "neobert-goodput-model=megatron_neobert.cli.goodput_model:main",
     ]},
 )

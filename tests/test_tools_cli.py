@@ -125,6 +125,7 @@ BAD_VALUES = {
                            ["--make-vocab-size-divisible-by", "x"]),
     "finetune_cde": (["--model", "m", "--output", "o", "--dataset", "d"], ["--batch-size", "x"]),
     "finetune_contrastive": (["--model", "m", "--output", "o", "--dataset", "d"], ["--max-negatives", "x"]),
+    "goodput_model": ([], ["--seeds", "x"]),
     "make_length_subset": (["--input-prefix", "a", "--output-prefix", "b", "--min-tokens", "1"],
                            ["--min-tokens", "x"]),
     "merge_datasets": (["--input", "a", "--output-prefix", "b"], ["--output-prefix"]),  # no int flag: no value
