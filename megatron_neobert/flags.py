@@ -103,7 +103,7 @@ def add_flags(parser, cls) -> None:
             else:
                 options.update(action=argparse.BooleanOptionalAction)
         else:
-            options.update(type=kind, choices=meta.get("choices"), metavar=meta.get("metavar"),
+            options.update(type=meta.get("type") or kind, choices=meta.get("choices"), metavar=meta.get("metavar"),
                            action=meta.get("action"))
             if is_list and options["action"] != "append":
                 options.update(nargs=meta.get("nargs") or "+")

@@ -4,6 +4,7 @@ import contextlib
 import errno
 import os
 import signal
+import time
 
 import torch
 from megatron.core import dist_checkpointing
@@ -75,6 +76,20 @@ def after_each_step(callback):
         yield
     finally:
         trainer.train_step = step
+
+
+def run_train_with_slow_saves(argv: list, delay_s: float) -> dict:
+    """The trainer on `argv`, each checkpoint save `delay_s` longer (a slower file system)."""
+    save = trainer.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        time.sleep(delay_s)
+        return save(*args, **kwargs)
+    trainer.save_checkpoint = slow_save
+    try:
+        return run_train(argv)
+    finally:
+        trainer.save_checkpoint = save
 
 
 def process_memory_and_threads() -> dict:

@@ -738,6 +738,12 @@ def test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job(data, tmp_pa
     # A restart costs what a start costs, and the time torchrun takes to notice: 3 starts at most.
     assert resumed in (5, 10) and to_first_step < 3 * IDLE_S["first step"] * slowdown
     assert "taking over the lock of pid" in job.output
+    # The end-of-run table: the 16 steps once each as productive, the redone ones again, both attempts' time.
+    table = {row[:50].strip(): row[50:].split() for row in job.output[job.output.index("where the job's time went"):]
+             .splitlines()[2:12]}
+    assert table["productive steps"][2] == "16" and table["steps redone after a restart"][2] == str(redone)
+    assert float(table["between attempts (detection, restart)"][0]) > 0
+    assert table["total (wall time since the job's first start)"][2] == "2"
     reference = run_on_ranks(run_train, 2, [*train, "--save", reference_root])[0]
     assert job.logged_losses(after=restarted) == logged(reference, resumed)
     assert_same_tensors(checkpoint_tensors(iteration_dir(root, 16), tmp_path),

@@ -2,12 +2,14 @@
 
 import math
 import re
+import time
 
 import pytest
 
 from megatron_neobert.cli import logging_kept
 from megatron_neobert.model.config import get_arch
 from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.goodput import GoodputAccount
 from megatron_neobert.training.train_log import TrainingLog, configure_logging
 
 # What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
@@ -26,6 +28,11 @@ def _console_removed_after():
     they let every later test's INFO lines through (into caplog, onto stdout)."""
     with logging_kept():
         yield
+
+
+# A job 10 days old (the seconds the tests take change nothing of its figures), 40% of it productive steps.
+ACCOUNT = GoodputAccount(time.time() - 864000.0)
+ACCOUNT.add("productive", 345600.0, 100)
 
 
 def _record(iteration, loss, lr, skipped=False):
@@ -54,9 +61,9 @@ def test_iteration_and_validation_lines_read_as_megatron_lm_logs(single_rank, ca
     settings = parse_settings(["--mock-data", "--global-batch-size", "32", "--train-iters", "6",
                                "--lr-warmup-iters", "0", "--log-params-norm", "--log-num-zeros-in-grad"])
     log = TrainingLog(settings, get_arch("neobert-tiny"), padded_vocab=8192)
-    log.step(_record(1, 10.25, 1e-4), None, 0)
-    log.step(_record(2, 10.75, 2e-4), None, 0)
-    log.step(_record(3, float("nan"), 3e-4, skipped=True), 0.5, 1)
+    log.step(_record(1, 10.25, 1e-4), None, 0, ACCOUNT)
+    log.step(_record(2, 10.75, 2e-4), None, 0, ACCOUNT)
+    log.step(_record(3, float("nan"), 3e-4, skipped=True), 0.5, 1, ACCOUNT)
     log.evaluation(dict(iteration=3, loss=2.5, accuracy=0.5, consumed_samples=96))
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and set(lines[1]) == set(lines[3]) == {"-"} and len(lines[1]) == len(lines[2]) + 1
@@ -108,7 +115,7 @@ def test_tensorboard_tags_follow_megatron_lms_flags(single_rank, capsys):
         log = TrainingLog(parse_settings(base + flags), get_arch("neobert-tiny"), padded_vocab=8192)
         log.writers.append(_Scalars())
         for it in range(1, 5):
-            log.step(_record(it, 10.0, 1e-4), 0.5 if it % 2 == 0 else None, 0)
+            log.step(_record(it, 10.0, 1e-4), 0.5 if it % 2 == 0 else None, 0, ACCOUNT)
         log.evaluation(dict(iteration=4, loss=2.5, accuracy=0.5, consumed_samples=128))
         written[name] = log.writers[-1].written
     default, flagged = ({tag for tag, _ in w} for w in (written["default"], written["flags"]))
@@ -126,8 +133,8 @@ def _report(flags, records, elapsed):
                       get_arch("neobert-tiny"), padded_vocab=8192)
     log.writers.append(_Scalars())
     for record in records[:-1]:
-        log.step(record, None, 0)
-    log.step(records[-1], elapsed, sum(r["skipped"] for r in records))
+        log.step(record, None, 0, ACCOUNT)
+    log.step(records[-1], elapsed, sum(r["skipped"] for r in records), ACCOUNT)
     return log, log.writers[-1].last
 
 
@@ -138,18 +145,19 @@ def test_our_figures_follow_on_the_line(single_rank, capsys):
     line = capsys.readouterr().out.strip()
     ours = line[line.index("number of nan iterations"):]
     assert "| accuracy: 0.2500 | tokens/s: 1,200 | MFU: n/a | mem (GiB): " in ours  # no peak known on a CPU
-    assert ours.endswith("| time left: 00:02:46 |")
+    assert ours.endswith("| time left: 00:02:46 | goodput: 40.0% |")
     assert last["perf/tokens_per_s"] == pytest.approx(1200) and last["iteration-time"] == pytest.approx(1 / 6)
     tflops = last["perf/tflops_per_gpu"]
     assert tflops > 0 and last["throughput"] == tflops
+    assert last["goodput/goodput"] == pytest.approx(0.4, abs=1e-3) and last["goodput/productive_s"] == 345600.0
     assert f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |" in line and "perf/mfu" not in last
 
     log.peak = tflops * 4  # a device whose peak is 4x what the window reached
-    log.step(_record(4, 10.0, 1e-4), 0.5 / 3, 0)
+    log.step(_record(4, 10.0, 1e-4), 0.5 / 3, 0, ACCOUNT)
     assert "| MFU: 25.0% |" in capsys.readouterr().out and log.writers[-1].last["perf/mfu"] == pytest.approx(0.25)
 
     log.peak, log.bf16_peak = tflops * 8, tflops * 4  # FP8: twice the bf16 peak, for the linears alone
-    log.step(_record(5, 10.0, 1e-4), 0.5 / 3, 0)
+    log.step(_record(5, 10.0, 1e-4), 0.5 / 3, 0, ACCOUNT)
     assert "| MFU: 12.5% of FP8 peak (25.0% of bf16 peak) |" in capsys.readouterr().out
 
 

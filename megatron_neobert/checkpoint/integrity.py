@@ -283,6 +283,14 @@ def seal_folder(failure: Optional[BaseException], root: str, folder: str, iterat
                           any(full for _, full in reports)) from failure
 
 
+def sealed_at(folder: str) -> Optional[float]:
+    """When `folder`'s save ended: its manifest, the last file a save writes (None for a folder without one)."""
+    try:
+        return os.path.getmtime(os.path.join(folder, MANIFEST))
+    except OSError:
+        return None
+
+
 def write_verified_folder(save_fn, root: str, folder: str, iteration: int) -> None:
     """Collective: `save_fn()` writes this rank's part of `folder`; then the manifest. A failure on
     any rank (a full disk, an I/O error) raises on all of them after the partial folder is removed."""

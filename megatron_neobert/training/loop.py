@@ -13,6 +13,7 @@ from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
+from megatron_neobert.training.goodput import GoodputAccount, process_start_time
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                       exit_with_launcher, forked_children_die_with_rank,
@@ -35,8 +36,10 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     """
     started = time.time()
     found = DistributedState()
+    account = GoodputAccount(process_start_time())
+    account.lap("imports")
     try:
-        history = _guarded_train(settings, forward_step, started)
+        history = _guarded_train(settings, forward_step, started, account)
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed
         found.release()
         raise
@@ -44,14 +47,16 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> d
     return history
 
 
-def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float) -> dict:
+def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float, account: GoodputAccount) -> dict:
     faults = settings.faults
     with contextlib.ExitStack() as guards:
         exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
         # The handler first: a pre-emption signal during the set-up must not kill the rank either.
         handler = guards.enter_context(ExitSignalHandler(faults.exit_signal)) if faults.exit_signal_handler else None
         tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once
+        account.lap("input checks")
         init_distributed(faults.distributed_timeout_minutes)
+        account.lap("rendezvous")
         data_files = DataFiles(data_prefixes(settings.data))
         guards.enter_context(bus_errors_named(data_files.describe_changes))
         forked_children_die_with_rank()
@@ -62,4 +67,6 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         lock = claim_save_dir(settings.checkpoint)
         if lock:
             guards.callback(lock.release)
-        return Trainer(settings, tokenizer, data_files, forward_step, handler, watchdog, started, load_folder).run()
+        account.lap("guards and --save lock")
+        return Trainer(settings, tokenizer, data_files, forward_step, handler, watchdog, started, load_folder,
+                       account).run()

@@ -14,6 +14,7 @@ from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLE
 from megatron_neobert.flags import defaults
 from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
+from megatron_neobert.training.goodput_model import LLAMA3_FAILURES_PER_GPU_DAY
 from megatron_neobert.training.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
                                                 PrecisionSettings, Settings, TrainingSettings, declared_fields)
 
@@ -69,6 +70,7 @@ def resolve_settings(given: Dict[str, object], explicit: Set[str] = frozenset(),
     data = _resolve_data(settings.data, explicit | from_checkpoint)
     parallel = _resolve_parallelism(settings.parallel)
     _check_save_folder(settings.checkpoint.save)
+    _check_save_interval(settings.checkpoint)
     return cross_section_rules(dataclasses.replace(settings, training=training, data=data, parallel=parallel),
                                machine)
 
@@ -160,6 +162,15 @@ def _check_save_folder(save: Optional[str]) -> None:
         raise InputError(f"--save {save}: cannot write in {existing} ({err.strerror}); save elsewhere") from None
     os.close(fd)
     os.remove(probe)
+
+
+def _check_save_interval(checkpoint) -> None:
+    interval, rate = checkpoint.save_interval, checkpoint.failure_rate_per_gpu_day
+    refuse(interval != "auto" and interval is not None and interval <= 0,
+           f"--save-interval {interval}: give a number of iterations above 0, or auto")
+    refuse(interval == "auto" and not checkpoint.save, "--save-interval auto chooses when to save to --save: give it")
+    refuse(not rate > 0, f"--failure-rate-per-gpu-day {rate}: give a rate above 0 (Llama 3's was "
+                         f"{LLAMA3_FAILURES_PER_GPU_DAY:.1e})")
 
 
 def cross_section_rules(settings: Settings, machine: Machine) -> Settings:

@@ -41,6 +41,10 @@ class RestartReport:
             iteration, at = self.store.get(PROGRESS_KEY).decode().split()
             self.failed_at = (int(iteration), float(at))
 
+    def redoes(self, iteration: int) -> bool:
+        """Whether the failed attempt had already done `iteration` (and lost it): known on rank 0 alone."""
+        return self.failed_at is not None and iteration <= self.failed_at[0]
+
     def step_done(self, iteration: int) -> None:
         now = time.time()
         if not self.reported:

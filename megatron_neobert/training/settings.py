@@ -10,10 +10,11 @@ Kept free of torch, so that `--help` answers at once.
 """
 
 import dataclasses
-from typing import ClassVar, Dict, FrozenSet, Iterator, List, Optional
+from typing import ClassVar, Dict, FrozenSet, Iterator, List, Optional, Union
 
 from megatron_neobert.data.tokenizer import TokenizerSettings
 from megatron_neobert.flags import setting
+from megatron_neobert.training.goodput_model import LLAMA3_FAILURES_PER_GPU_DAY
 from megatron_neobert.model.config import PRESETS
 from megatron_neobert.model.shape import VOCAB_PADDING_MULTIPLE
 
@@ -28,6 +29,11 @@ RECIPE_MIN_LR_FRACTION = 0.1
 EXIT_SIGNAL_NAMES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
               "return_unexpected", "return_all", "ignore_all")
+
+
+def int_or_auto(text: str) -> Union[int, str]:
+    """--save-interval's value: a number of iterations, or "auto"."""
+    return text if text == "auto" else int(text)
 
 
 def _override(arch_field: str):
@@ -216,8 +222,14 @@ class CheckpointSettings:
     TITLE: ClassVar[str] = "checkpoints"
     save: Optional[str] = setting(None, "checkpoint root to save to")
     load: Optional[str] = setting(None, "checkpoint root to resume from (its latest complete iteration)")
-    save_interval: Optional[int] = setting(
-        None, "save every this many iterations (also at the end and when stopping early)")
+    save_interval: Optional[Union[int, str]] = setting(
+        None, "save every this many iterations (also at the end and when stopping early); auto: first at the end "
+              "of the first --log-interval, then at the interval that wastes least, sqrt(2 x blocking save time x "
+              "mean time between failures) (Young/Daly), from the saves and steps measured and "
+              "--failure-rate-per-gpu-day", type=int_or_auto, metavar="N|auto")
+    failure_rate_per_gpu_day: float = setting(
+        LLAMA3_FAILURES_PER_GPU_DAY, "unexpected interruptions per GPU-day, for --save-interval auto (default: "
+                                     "Llama 3's 419 in 54 days on 16,384 H100s)")
     keep_last_n_checkpoints: Optional[int] = setting(
         None, "delete all but the newest N iteration folders after each save")
     ckpt_step: Optional[int] = setting(None, "load this iteration of --load instead of the one its marker names")

@@ -7,7 +7,7 @@ parsers read them; the project's own figures follow Megatron-LM's fields on the 
  [2026-11-25 15:20:01] iteration        6/       6 | consumed samples:          192 | elapsed time per
  iteration (ms): 233.1 | learning rate: 1.000000E-05 | global batch size:    32 | lm loss: 1.021100E+01 |
  loss scale: 1.0 | grad norm: 1.436 | number of skipped iterations:   0 | number of nan iterations:   0 |
- accuracy: 0.0120 | tokens/s: 8,800 | MFU: n/a | mem (GiB): 0.42 | time left: 00:00:00 |
+ accuracy: 0.0120 | tokens/s: 8,800 | MFU: n/a | mem (GiB): 0.42 | time left: 00:00:00 | goodput: 71.3% |
  validation loss at iteration 6 | lm loss value: 1.019000E+01 | lm loss PPL: 2.663000E+04 | accuracy: 0.0130 |
 (each line one line; the validation line between two lines of dashes, as Megatron-LM prints it).
 
@@ -17,7 +17,8 @@ TensorBoard / wandb tags are Megatron-LM's, behind its flags, so its dashboards 
 and their "... vs samples"; with --log-timers-to-tensorboard, every --log-interval "iteration-time"
 (seconds per step) and, with --log-throughput, "throughput" (TFLOP/s per GPU); each validation
 "lm loss validation" and "lm loss validation ppl" (and "... vs samples"). The project's own figures
-go under train/, perf/ and validation/.
+go under train/, perf/, validation/ and goodput/ (the job's goodput and each category's seconds so far:
+`training/goodput.py`).
 
 Every message of the package goes through its module's logger; `configure_logging` sets up the console
 once: INFO lines on stdout from rank 0 alone (as Megatron-LM's print_rank_0), warnings and errors on
@@ -28,12 +29,14 @@ import logging
 import math
 import os
 import sys
+import time
 from datetime import datetime
 from typing import List, Optional
 
 import torch
 
 from megatron_neobert.model import NeoBERTArch
+from megatron_neobert.training.goodput import GoodputAccount
 from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
 
 
@@ -111,13 +114,14 @@ class TrainingLog:
                 for writer in self.writers:
                     writer.add_scalar(name, value, step)
 
-    def step(self, record: dict, elapsed: Optional[float], skipped_total: int) -> None:
-        """Add a step's record; with `elapsed` (seconds since the window began) report the window."""
+    def step(self, record: dict, elapsed: Optional[float], skipped_total: int, account: GoodputAccount) -> None:
+        """Add a step's record; with `elapsed` (seconds since the window began) report the window, with the goodput
+        of the job so far (`account`)."""
         self.window.append(record)
         if record["iteration"] % self.options.tensorboard_log_interval == 0:
             self._step_scalars(record)
         if elapsed is not None:
-            self._report(elapsed, skipped_total)
+            self._report(elapsed, skipped_total, account)
             self.window = []
 
     def _step_scalars(self, record: dict) -> None:
@@ -140,7 +144,7 @@ class TrainingLog:
         self._scalars(record["iteration"], values)
         self._scalars(record["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
-    def _report(self, elapsed: float, skipped_total: int) -> None:
+    def _report(self, elapsed: float, skipped_total: int, account: GoodputAccount) -> None:
         options, training, window = self.options, self.settings.training, self.window
         last = window[-1]
         it, n = last["iteration"], len(window)
@@ -172,7 +176,8 @@ class TrainingLog:
                    f"accuracy: {acc:.4f}", f"tokens/s: {tokens / per_step:,.0f}",
                    self._mfu(tflops),
                    f"mem (GiB): {memory_gib():.2f}",
-                   f"time left: {format_duration(per_step * (training.train_iters - it))}"]
+                   f"time left: {format_duration(per_step * (training.train_iters - it))}",
+                   f"goodput: {100 * account.goodput(time.time()):.1f}%"]
         logger.info(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{training.train_iters:8d} |"
                     + "".join(f" {field} |" for field in fields))
         if options.log_timers_to_tensorboard:  # as Megatron-LM: both only with this flag
@@ -181,6 +186,7 @@ class TrainingLog:
         self._scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
+        self._scalars(it, account.scalars(time.time()))
 
     def _mfu(self, tflops: float) -> str:
         if not self.peak:

@@ -5,6 +5,7 @@ lock) are around it, in `loop.py`.
 """
 
 import collections
+import contextlib
 import datetime
 import logging
 import time
@@ -16,6 +17,7 @@ from megatron.core import parallel_state
 from megatron_neobert.model.kernel_report import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import micro_batch_calculator
 from megatron_neobert.training.batch_size import check_batch_sizes
+from megatron_neobert.checkpoint.integrity import sealed_at
 from megatron_neobert.checkpoint.layout import iteration_dir
 from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
@@ -23,6 +25,7 @@ from megatron_neobert.training.data_files import DataFiles
 from megatron_neobert.training.data_setup import build_data
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.evaluate import evaluate
+from megatron_neobert.training.goodput import GoodputAccount
 from megatron_neobert.training.metrics import step_flops
 from megatron_neobert.training.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
                                                    setup_model_and_optimizer)
@@ -30,6 +33,7 @@ from megatron_neobert.training.optimizer_step import TrainState, train_step
 from megatron_neobert.training.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.restarts import RestartReport, world_size_change
+from megatron_neobert.training.save_interval import SaveInterval
 from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_positions,
                                                   check_tensor_parallel_shapes, check_tokenizer_matches_checkpoint,
                                                   check_vocabulary, check_vocabulary_rows)
@@ -75,36 +79,41 @@ def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSig
     return None
 
 
-def should_save(settings: Settings, state: TrainState, stop: Optional[str]) -> bool:
-    """Save at the interval, at the end and when stopping early. At the interval a skipped step is
+def should_save(settings: Settings, state: TrainState, stop: Optional[str], interval_due: bool) -> bool:
+    """Save at the interval (`interval_due`: --save-interval's say), at the end and when stopping early. At the
+    interval a skipped step is
     not saved (its weights are those of the last good step, already saved or about to be); at the
     end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds
     the last finite state at the position the uninterrupted run would be at."""
-    save, save_interval = settings.checkpoint.save, settings.checkpoint.save_interval
-    if not save:
+    if not settings.checkpoint.save:
         return False
     if stop or state.iteration == settings.training.train_iters:
         return True
-    return bool(save_interval and state.iteration % save_interval == 0 and not state.skipped_in_a_row)
+    return interval_due and not state.skipped_in_a_row
 
 
 class Trainer:
     """The run's phases on this rank (on CPU inside `parallel.cpu.cpu_execution()`), over an initialised process
     group. `tokenizer`: the checked one (`run_checks.check_inputs`); `load_folder`: what --load held before the
-    run's start, in words (`startup_report.describe_folder`)."""
+    run's start, in words (`startup_report.describe_folder`); `account`: the wall time of this attempt so far, by
+    category (continued from the checkpoint the run resumes from)."""
 
     def __init__(self, settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
-                 handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str):
+                 handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str,
+                 account: GoodputAccount):
         self.settings, self.tokenizer, self.data_files = settings, tokenizer, data_files
         self.forward_step, self.handler, self.watchdog = forward_step, handler, watchdog
-        self.started, self.load_folder = started, load_folder
+        self.started, self.load_folder, self.account = started, load_folder, account
         self.state = TrainState()
+        self.saved_account = None  # the account of the checkpoint the run resumes from
+        self.first_step_reported = False
         self.history = {"train": collections.deque(maxlen=HISTORY_STEPS), "eval": [],
                         "exit": "skip-train" if settings.evaluation.skip_train else "finished"}
 
     def run(self) -> dict:
         """{"train": [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" |
-        "signal" | "exit-duration" | "exit-interval" | "skip-train", "skipped"}."""
+        "signal" | "exit-duration" | "exit-interval" | "skip-train", "skipped", "goodput": the job's account (a
+        snapshot), "save_interval": the last interval in iterations (auto's choice)}."""
         self.set_up()
         self.resume()
         training, evaluation = self.settings.training, self.settings.evaluation
@@ -119,17 +128,26 @@ class Trainer:
                 self.watchdog.at(self.state.iteration, "agreeing whether to stop")
                 stop = stop_reason(self.settings, self.state, self.handler, self.started)
                 self.finish_async_save(blocking=False)
-                if should_save(self.settings, self.state, stop):
+                due = self.save_interval.due(self.state.iteration, self.last_saved_iteration)
+                if should_save(self.settings, self.state, stop, due):
                     self.save()
                 if stop:
                     logger.info(f"stopping at iteration {self.state.iteration} ({stop})")
                     self.history["exit"] = stop
                     break
             self.profiler.stop()  # a run stopped inside the window still writes it
-            self.finish_async_save(blocking=True)
+            with self.timed("save", count=0):
+                self.finish_async_save(blocking=True)
+            logger.info(self.account.table(time.time()))
         finally:
             self.log.close()
         return self.finish()
+
+    @contextlib.contextmanager
+    def timed(self, category: str, count: int = 1):
+        began = time.time()
+        yield
+        self.account.add(category, time.time() - began, count)
 
     def set_up(self) -> None:
         """The checkpoint to start from (--load's, else --pretrained-checkpoint's), the model's shape, decided once
@@ -153,9 +171,11 @@ class Trainer:
         if self.checkpoint:
             check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
             check_model_shape(settings, shape.arch, self.checkpoint, self.common)
+        self.account.lap("checkpoint metadata, model shape and checks")
         _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(settings, shape.arch,
                                                                                   shape.padded_vocab_size)
         self.num_micro = num_micro_batches(settings)
+        self.account.lap("model-parallel groups, model and optimizer")
         logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
         logger.info(describe_layout(settings, shape, len(self.chunks), self.num_micro))
         for note in startup_notes(settings, shape):
@@ -173,6 +193,7 @@ class Trainer:
                             f"--finetune")
                 finetune = True
             self.state = self.load(finetune)
+            self.account.lap("checkpoint load", category="load")
             change = None if finetune else world_size_change(self.common, self.num_micro)
             if change:
                 logger.info(change)
@@ -180,10 +201,14 @@ class Trainer:
             logger.info(f"no checkpoint in {options.load} ({self.load_folder}): starting from scratch")
         self.restarts = RestartReport(self.state.iteration,
                                       datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
+        if self.checkpoint and self.saved_account:  # the job's account goes on
+            self.account.continue_from(self.saved_account, sealed_at(self.checkpoint), self.state.iteration,
+                                       self.restarts.failed_at)
         self.evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
         _, self.train_iter, self.valid_iter = build_data(
             settings, self.state.consumed_samples,
             self.evals_done * evaluation.eval_iters * training.global_batch_size, self.tokenizer)
+        self.account.lap("data sets and loaders")
         self.batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
                                                   training.micro_batch_size,
                                                   parallel_state.get_data_parallel_world_size())
@@ -195,6 +220,10 @@ class Trainer:
         self.async_saves = AsyncSaves() if options.async_save else None
         self.log = TrainingLog(settings, self.shape.arch, self.shape.padded_vocab_size)
         self.profiler = StepProfiler(settings)
+        self.save_interval = SaveInterval(options.save_interval, settings.logging.log_interval,
+                                          torch.distributed.get_world_size(), options.failure_rate_per_gpu_day)
+        self.last_saved_iteration = self.state.iteration
+        self.account.lap("logs, profiler")
         self.window_start = time.perf_counter()
 
     def load(self, finetune: bool) -> TrainState:
@@ -224,6 +253,7 @@ class Trainer:
             else:  # stage 2: new data or length; the old position means nothing there
                 logger.info(f"data settings differ from the checkpoint's: reading the new data "
                             f"from its start (checkpoint: {saved['data_stream']})")
+        self.saved_account = None if finetune else common["train_state"].get("goodput")
         logger.info(f"loaded {self.checkpoint} at iteration {state.iteration}")
         return state
 
@@ -231,6 +261,7 @@ class Trainer:
         """One optimizer step over the next global batch, counted, reported and kept in the history."""
         settings, state, shape = self.settings, self.state, self.shape
         self.watchdog.at(state.iteration + 1, "training step")
+        began = time.time()
         self.profiler.step_begins(state.iteration)
         batches = [next(self.train_iter) for _ in range(self.batch_sizes.get())]
         record = train_step(settings, self.chunks, self.optimizer, self.scheduler, batches, state, self.forward_step,
@@ -242,18 +273,26 @@ class Trainer:
         state.floating_point_operations += step_flops(shape.arch, record["tokens"], record["predicted"],
                                                       record["attended"], shape.padded_vocab_size)
         self.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+        took = time.time() - began
+        self.account.add("skipped" if record["skipped"] else "redone" if self.restarts.redoes(state.iteration)
+                         else "productive", took)
+        if not self.first_step_reported:
+            self.first_step_reported = True
+            logger.info(self.account.startup_line(took))
         self.restarts.step_done(state.iteration)
         self.history["train"].append(record)
         report = (state.iteration % settings.logging.log_interval == 0
                   or state.iteration == settings.training.train_iters)
-        self.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters)
+        self.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
+                      self.account)
         if report:
             self.window_start = time.perf_counter()
 
     def validate(self) -> None:
         self.watchdog.at(self.state.iteration, "evaluation")
-        stats = evaluate(self.chunks, self.valid_iter, self.num_micro, self.settings.evaluation.eval_iters,
-                         self.forward_step)
+        with self.timed("evaluation"):
+            stats = evaluate(self.chunks, self.valid_iter, self.num_micro, self.settings.evaluation.eval_iters,
+                             self.forward_step)
         result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=self.state.iteration,
                       consumed_samples=self.state.consumed_samples)
         self.history["eval"].append(result)
@@ -261,7 +300,19 @@ class Trainer:
 
     def save(self) -> None:
         """A checkpoint of this iteration (in the background with --async-save), once the parameters are finite
-        and the data files unchanged."""
+        and the data files unchanged; its blocking time in the account, then the save interval chosen again."""
+        with self.timed("save"):
+            self.write_checkpoint()
+        self.last_saved_iteration = self.state.iteration
+        self.save_interval.measured(self.account_snapshot(saving=False))
+
+    def account_snapshot(self, saving: bool) -> dict:
+        """Rank 0's account (megatron-core checks that the checkpoint's common state is the same on every rank)."""
+        snapshot = [self.account.snapshot(time.time(), saving)]
+        torch.distributed.broadcast_object_list(snapshot, src=0)
+        return snapshot[0]
+
+    def write_checkpoint(self) -> None:
         settings, options, state, shape = self.settings, self.settings.checkpoint, self.state, self.shape
         training, evaluation = settings.training, settings.evaluation
         self.watchdog.at(state.iteration, "checkpoint save")
@@ -284,12 +335,13 @@ class Trainer:
             options.save, state.iteration, self.chunks, self.optimizer, self.scheduler,
             dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
                  data_files=self.data_files.files, skipped_iters=state.skipped_iters,
-                 skipped_in_a_row=state.skipped_in_a_row),
+                 skipped_in_a_row=state.skipped_in_a_row, goodput=self.account_snapshot(saving=not self.async_saves)),
             saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
             save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
             async_saves=self.async_saves)
         resume_param_sync(self.chunks)
         if self.async_saves:
+            self.async_save_began = time.time()
             logger.info(f"writing the checkpoint of iteration {state.iteration} to {options.save} in the background "
                         f"(--async-save)")
         else:
@@ -306,9 +358,11 @@ class Trainer:
     def finish_async_save(self, blocking: bool) -> None:
         done = self.async_saves.finish(blocking) if self.async_saves else None
         if done is not None:
+            self.account.async_save_background += time.time() - self.async_save_began
             self.saved(done)
 
     def finish(self) -> dict:
         history = self.history
-        history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters)
+        history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters,
+                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=self.save_interval.every)
         return history

@@ -1,0 +1,122 @@
+"""The run's account of wall time (training/goodput.py): continued across resumes and restarts, saved in each
+checkpoint, and the save interval `--save-interval auto` chooses from it (training/save_interval.py)."""
+
+import pytest
+
+from megatron_neobert.checkpoint.state import read_checkpoint
+from megatron_neobert.errors import InputError
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.goodput import CATEGORIES, GoodputAccount
+from megatron_neobert.training.save_interval import SaveInterval
+from pretrain_cases import run_train, run_train_with_slow_saves, tiny_argv
+
+
+def account_of(attempt_started: float, **seconds_and_counts) -> GoodputAccount:
+    account = GoodputAccount(attempt_started)
+    for category, (seconds, count) in seconds_and_counts.items():
+        account.add(category, seconds, count)
+    return account
+
+
+def test_a_resumed_account_keeps_the_jobs_start_and_puts_the_gap_between_attempts():
+    first = account_of(1000.0, startup=(20.0, 1), productive=(50.0, 10), save=(5.0, 1))
+    # A blocking save's snapshot is taken as it begins; the save ended 4 s later (its manifest's time).
+    snapshot = first.snapshot(1100.0, saving=True)
+    resumed = GoodputAccount(1200.0)
+    resumed.continue_from(snapshot, saved_until=1104.0, saved_iteration=10)
+    assert (resumed.job_started, resumed.attempts) == (1000.0, 2)
+    assert resumed.seconds["save"] == 9.0 and resumed.counts["save"] == 2
+    assert resumed.seconds["failures"] == 96.0
+    assert resumed.seconds["other"] == 25.0  # the first attempt's time in no category, up to its snapshot
+    resumed.add("productive", 50.0, 10)
+    assert resumed.goodput(1300.0) == pytest.approx(100.0 / 300.0)
+    assert sum(resumed.snapshot(1300.0, saving=False)["seconds"][c] for c in CATEGORIES) == pytest.approx(300.0)
+    # Without the save's end (no manifest), all of it after the snapshot is between the attempts.
+    unsealed = GoodputAccount(1200.0)
+    unsealed.continue_from(snapshot, saved_until=None, saved_iteration=10)
+    assert unsealed.seconds["failures"] == 100.0 and unsealed.counts["save"] == 1
+    # An in-job restart knows the failed attempt's last step (iteration 14 at 1150): the 4 steps after the checkpoint
+    # stay productive (the restart redoes them, as "redone"), and the failure's time begins at that last step.
+    restarted = GoodputAccount(1200.0)
+    restarted.continue_from(snapshot, saved_until=1104.0, saved_iteration=10, failed_progress=(14, 1150.0))
+    assert restarted.seconds["productive"] == 96.0 and restarted.counts["productive"] == 14
+    assert restarted.seconds["failures"] == 50.0
+
+
+def test_the_end_table_has_a_row_per_category_and_the_jobs_wall_time():
+    account = account_of(0.0, startup=(10.0, 1), productive=(30.0, 6), redone=(6.0, 2), save=(2.0, 2))
+    table = account.table(60.0)
+    assert table.splitlines()[0] == "goodput 50.0%: where the job's time went"
+    rows = {line[:50].strip(): line[50:].split() for line in table.splitlines()[2:]}
+    assert rows["productive steps"] == ["30.0", "50.0%", "6"]
+    assert rows["steps redone after a restart"] == ["6.0", "10.0%", "2"]
+    assert rows["other"] == ["12.0", "20.0%"]
+    assert rows["total (wall time since the job's first start)"] == ["60.0", "100.0%", "1", "attempt(s)"]
+
+
+def an_account(save_s: float, step_s: float = 0.5) -> dict:
+    return account_of(0.0, startup=(30.0, 1), productive=(100 * step_s, 100), save=(2 * save_s, 2)).snapshot(
+        200.0, saving=False)
+
+
+def test_auto_chooses_from_the_measurements_alone_and_longer_for_slower_saves():
+    def choice(account):
+        return SaveInterval("auto", 10, 64, 4.7e-4).choose(account)
+
+    assert choice(an_account(10.0)) == choice(an_account(10.0))
+    interval, line = choice(an_account(10.0))
+    assert line.startswith(f"save interval (--save-interval auto): every {interval:,} iterations")
+    assert "at the previous interval 10" in line
+    assert choice(an_account(40.0))[0] == pytest.approx(2 * interval, abs=1)  # sqrt(4) times the interval
+    assert choice(an_account(10.0, step_s=1.0))[0] == pytest.approx(interval / 2, abs=1)
+    given = SaveInterval(100, 10, 64, 4.7e-4)
+    best, line = given.choose(an_account(10.0))
+    assert best == interval and "at --save-interval 100" in line
+    assert given.choose(an_account(10.0)) is None  # said once
+
+
+@pytest.mark.parametrize("flags,problem", [
+    (["--save-interval", "0"], "--save-interval 0: give a number of iterations above 0, or auto"),
+    (["--save-interval", "auto"], "--save-interval auto chooses when to save to --save: give it"),
+    (["--failure-rate-per-gpu-day", "0"], "--failure-rate-per-gpu-day 0.0: give a rate above 0")])
+def test_bad_save_interval_settings_are_refused_by_name(flags, problem, data):
+    with pytest.raises(InputError, match=problem):
+        parse_settings(tiny_argv(data[0], data[1], *flags))
+
+
+@pytest.mark.integration
+def test_the_account_goes_on_across_a_resume_and_is_saved_in_each_checkpoint(data, tmp_path):
+    root = str(tmp_path / "ckpt")
+    argv = tiny_argv(data[0], data[1], "--train-iters", "12", "--save", root, "--load", root, "--save-interval",
+                     "3", "--eval-interval", "3", "--split", "90,10,0")
+    first = run_on_ranks(run_train, 2, [*argv, "--exit-interval", "6"])[0]["goodput"]
+    history = run_on_ranks(run_train, 2, argv)[0]
+    job = history["goodput"]
+    assert history["iteration"] == 12
+    assert (first["attempts"], job["attempts"], job["job_started"]) == (1, 2, first["job_started"])
+    assert job["counts"]["productive"] == 12 and job["counts"]["redone"] == 0
+    assert (job["counts"]["save"], job["counts"]["evaluation"], job["counts"]["load"]) == (4, 4, 1)
+    assert job["seconds"]["productive"] > first["seconds"]["productive"] > 0
+    assert job["seconds"]["failures"] > 0  # the first attempt's end and the second's start
+    wall = job["taken_at"] - job["job_started"]
+    assert sum(job["seconds"][c] for c in CATEGORIES) == pytest.approx(wall)
+    _, common = read_checkpoint(root, 12, verify=False)
+    saved = common["train_state"]["goodput"]
+    assert saved["attempts"] == 2 and saved["job_started"] == first["job_started"]
+    assert saved["counts"]["productive"] == 12 and saved["counts"]["save"] == 3  # this save is not in its own
+
+
+@pytest.mark.integration
+def test_auto_saves_first_at_the_log_interval_then_waits_longer_for_slower_saves(data, tmp_path):
+    def interval(name: str, delay_s: float) -> int:
+        root = str(tmp_path / name)
+        # 1,000 failures per GPU-day: a mean time between failures of 86 s, so that the intervals fall in the run.
+        history = run_on_ranks(run_train_with_slow_saves, 1, tiny_argv(
+            data[0], data[1], "--train-iters", "8", "--save", root, "--save-interval", "auto",
+            "--failure-rate-per-gpu-day", "1000"), delay_s)[0]
+        assert read_checkpoint(root, 4, verify=False)[0] is not None  # the first save ends the first log interval
+        return history["save_interval"]
+
+    fast, slow = interval("fast", 0.0), interval("slow", 2.0)
+    assert slow > 1.5 * fast, (fast, slow)
