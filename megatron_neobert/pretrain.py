@@ -27,12 +27,18 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 @logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
 def main(argv: Optional[List[str]] = None) -> int:
+    from megatron_neobert.processes import process_start_time
+    from megatron_neobert.training.goodput import GoodputAccount
+
+    account = GoodputAccount(process_start_time())  # the start-up's parts from the process's start
+    account.lap("Python and the entry point")
     from megatron_neobert.training.arguments import parse_settings
 
     try:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)
+    account.lap("settings (with torch's import)")
     from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
     from megatron_neobert.training.train_log import configure_logging
 
@@ -41,13 +47,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         import_megatron_core()
     except TransformerEngineInstallError as err:
         return _report(err)
+    account.lap("megatron-core's import")
     from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.training.loop import train
     from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
 
+    account.lap("the trainer's modules")
     try:
         with cpu_execution():
-            history = train(settings)
+            history = train(settings, account=account)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)

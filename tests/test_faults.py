@@ -28,7 +28,8 @@ from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.checkpoint.integrity import MANIFEST
 from megatron_neobert.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.errors import TrainingError
-from megatron_neobert.checkpoint.lock import LOCK_NAME, SaveLock, process_start_ticks
+from megatron_neobert.checkpoint.lock import LOCK_NAME, SaveLock
+from megatron_neobert.processes import process_start_ticks
 from pretrain_cases import after_each_step, full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 from shared_runs import run_once
 

@@ -27,21 +27,11 @@ import torch
 from megatron_neobert.checkpoint.layout import (LATEST_MARKER, iteration_dir, read_latest_iteration,
                                                          saved_iterations)
 from megatron_neobert.errors import TrainingError
+from megatron_neobert.processes import process_start_ticks
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "writer.lock"
-
-
-def process_start_ticks(pid: int) -> Optional[str]:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
-    when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return stat[stat.rindex(")") + 2:].split()[19]  # fields after "pid (comm)", the 22nd overall
 
 
 def torchrun_run_id() -> Optional[str]:

@@ -24,11 +24,9 @@ the wall time. The account is saved in each checkpoint (`snapshot`) and continue
 goodput is that of the job since its first start, across restarts and requeues.
 """
 
-import os
 import time
 from typing import Dict, List, Optional, Tuple
 
-from megatron_neobert.checkpoint.lock import process_start_ticks
 
 # The wall-time categories, in the end-of-run table's order, with their rows' names.
 CATEGORIES = {"startup": "start-up", "load": "checkpoint load", "productive": "productive steps",
@@ -36,18 +34,6 @@ CATEGORIES = {"startup": "start-up", "load": "checkpoint load", "productive": "p
               "evaluation": "evaluation", "save": "checkpoint save (blocking)",
               "failures": "between attempts (detection, restart)", "other": "other"}
 COUNTED = ("productive", "redone", "skipped", "evaluation", "save", "load")
-
-
-def process_start_time() -> float:
-    """When this process started (epoch seconds): its age from /proc, so that the imports before any code of ours
-    ran are counted; the time of the call where /proc has no answer."""
-    try:
-        started_ticks = int(process_start_ticks(os.getpid()))
-        with open("/proc/uptime") as uptime:
-            age = float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - max(0.0, age)
-    except (OSError, TypeError, ValueError):
-        return time.time()
 
 
 class GoodputAccount:

@@ -8,12 +8,14 @@ history of the run.
 
 import contextlib
 import time
+from typing import Optional
 
 from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation, keep_write_results_with_the_rank
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
-from megatron_neobert.training.goodput import GoodputAccount, process_start_time
+from megatron_neobert.processes import process_start_time
+from megatron_neobert.training.goodput import GoodputAccount
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                       exit_with_launcher, forked_children_die_with_rank,
@@ -25,19 +27,22 @@ from megatron_neobert.training.step import ForwardStep, mlm_forward_step
 from megatron_neobert.training.trainer import Trainer
 
 
-def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step) -> dict:
+def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
+          account: Optional[GoodputAccount] = None) -> dict:
     """Train on every rank of the process group (on CPU inside `parallel.cpu.cpu_execution()`); returns {"train":
     [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" | "signal" |
     "exit-duration" | "exit-interval" | "skip-train",
     "skipped"}.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
-    function), for training and validation.
+    function), for training and validation; `account`: the start-up's account so far (the entry point's imports),
+    by default one of the whole process's time until now, as "imports".
     """
     started = time.time()
     found = DistributedState()
-    account = GoodputAccount(process_start_time())
-    account.lap("imports")
+    if account is None:
+        account = GoodputAccount(process_start_time())
+        account.lap("imports")
     try:
         history = _guarded_train(settings, forward_step, started, account)
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed

@@ -2,7 +2,7 @@
 training, their optimizer and learning-rate schedule, from the run's settings."""
 
 import random
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy
 import torch
@@ -42,10 +42,12 @@ def set_random_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: Optional[int] = None):
+def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: Optional[int] = None,
+                              lap: Callable[[str], None] = lambda part: None):
     """(transformer config, model chunks, optimizer, scheduler) of this rank, after initialising
     megatron-core's parallel state for the layout the settings ask for. `padded_vocab`: the embedding rows (a
-    loaded checkpoint's); default: the vocabulary padded as --make-vocab-size-divisible-by says."""
+    loaded checkpoint's); default: the vocabulary padded as --make-vocab-size-divisible-by says. `lap(part)` is
+    called as each part ends (the start-up's account)."""
     model, precision, parallel, training = settings.model, settings.precision, settings.parallel, settings.training
     vpp = None
     if parallel.num_layers_per_virtual_pipeline_stage:
@@ -54,6 +56,7 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
     initialize_model_parallel(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, vpp,
                               seed=None, distributed_timeout_minutes=settings.faults.distributed_timeout_minutes)
     set_random_seed(training.seed)  # the run's one seeding, once the pipeline rank is known
+    lap("model-parallel groups")
     dtype = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32
     optional = {}
     if model.recompute_granularity:
@@ -83,6 +86,7 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
         config.param_sync_func = [c.start_param_sync for c in chunks]
         if len(chunks) == 1:
             config.param_sync_func = config.param_sync_func[0]
+    lap("model")
     optimizer = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", decoupled_weight_decay=training.optimizer != "adam-l2", lr=training.lr,
         min_lr=training.min_lr, weight_decay=training.weight_decay, adam_beta1=training.adam_beta1,
@@ -93,7 +97,9 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
         log_num_zeros_in_grad=settings.logging.log_num_zeros_in_grad), chunks)
     if precision.fp16:  # the schedules multiply the loss by the loss scale before the backward pass
         config.grad_scale_func = optimizer.scale_loss
-    return config, chunks, optimizer, build_scheduler(training, optimizer)
+    scheduler = build_scheduler(training, optimizer)
+    lap("optimizer")
+    return config, chunks, optimizer, scheduler
 
 
 def finish_param_sync(chunks) -> None:

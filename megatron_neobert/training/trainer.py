@@ -172,14 +172,14 @@ class Trainer:
             check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
             check_model_shape(settings, shape.arch, self.checkpoint, self.common)
         self.account.lap("checkpoint metadata, model shape and checks")
-        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(settings, shape.arch,
-                                                                                  shape.padded_vocab_size)
+        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(
+            settings, shape.arch, shape.padded_vocab_size, self.account.lap)
         self.num_micro = num_micro_batches(settings)
-        self.account.lap("model-parallel groups, model and optimizer")
         logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
         logger.info(describe_layout(settings, shape, len(self.chunks), self.num_micro))
         for note in startup_notes(settings, shape):
             logger.info(note)
+        self.account.lap("kernels and layout lines")
 
     def resume(self) -> None:
         """The checkpoint loaded (a fine-tune start: the weights alone, at iteration 0) and the data read from the
