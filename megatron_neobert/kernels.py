@@ -13,12 +13,14 @@ says what is wrong in one line. Kept free of a top-level torch import: the tools
 """
 
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import sys
 import warnings
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 PACKAGES = {
@@ -28,6 +30,9 @@ PACKAGES = {
     "apex": "apex",
     "dali": "nvidia.dali",
 }
+# How the distributions of a package whose version is read without importing it are named, as their dist-info
+# folders begin (DALI's: nvidia-dali-cuda120, -cuda130, ...).
+DIST_INFO_PREFIXES = {"dali": "nvidia_dali"}
 
 
 @lru_cache(maxsize=None)
@@ -39,6 +44,22 @@ def probe(name: str) -> Optional[str]:
     except Exception:  # ImportError, or a build that does not match this torch/CUDA
         return None
     return str(getattr(module, "__version__", "unknown version"))
+
+
+def installed_version(name: str) -> Optional[str]:
+    """The version of an optional package in DIST_INFO_PREFIXES as its installed distribution says, without importing
+    it (DALI's import takes a second of every rank's start-up), or None when it is not installed; the import's answer
+    (`probe`) where no distribution names it."""
+    try:
+        spec = importlib.util.find_spec(PACKAGES[name])
+    except ModuleNotFoundError:  # its namespace package (nvidia) is not there either
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    site_packages = Path(spec.origin).parents[PACKAGES[name].count(".") + 1]
+    for dist_info in sorted(site_packages.glob(f"{DIST_INFO_PREFIXES[name]}*.dist-info")):
+        return importlib.metadata.Distribution.at(dist_info).version
+    return probe(name)
 
 
 def transformer_engine_available() -> bool:

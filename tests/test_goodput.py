@@ -96,6 +96,12 @@ def test_the_account_goes_on_across_a_resume_and_is_saved_in_each_checkpoint(dat
     assert history["iteration"] == 12
     assert (first["attempts"], job["attempts"], job["job_started"]) == (1, 2, first["job_started"])
     assert job["counts"]["productive"] == 12 and job["counts"]["redone"] == 0
+    # The second start-up, part by part: the load its own category, the rest start-up.
+    parts = dict(history["startup"])
+    assert list(parts)[:3] == ["imports", "input checks", "rendezvous"] and "checkpoint load" in parts
+    assert job["seconds"]["load"] == pytest.approx(parts["checkpoint load"])
+    assert job["seconds"]["startup"] - first["seconds"]["startup"] == pytest.approx(
+        sum(seconds for part, seconds in parts.items() if part != "checkpoint load"))
     assert (job["counts"]["save"], job["counts"]["evaluation"], job["counts"]["load"]) == (4, 4, 1)
     assert job["seconds"]["productive"] > first["seconds"]["productive"] > 0
     assert job["seconds"]["failures"] > 0  # the first attempt's end and the second's start

@@ -206,6 +206,22 @@ def test_kernel_report_names_the_fallbacks_on_cpu():
     assert report["optimizer"].startswith(names[mcore_optimizer.Adam.__module__.split(".")[0]])
 
 
+@pytest.mark.integration
+def test_the_kernels_line_names_dalis_version_without_importing_it_for_a_torch_loader():
+    """DALI's import takes a second of each rank's start-up: a run with the torch DataLoader reads its version from
+    its distribution, which says what the import would."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from megatron_neobert.model.kernel_report import kernel_report; "
+            "said = dict(p.split('=') for p in kernel_report('auto', 'torch')['available'].split(', '))['dali']; "
+            "imported = 'nvidia.dali' in sys.modules; from megatron_neobert.kernels import probe; "
+            "print(said, imported, probe('dali') or 'no')")
+    said, imported, version = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                             check=True).stdout.split()
+    assert imported == "False" and said == version
+
+
 @pytest.mark.parametrize("name, bf16, fp8", [
     ("NVIDIA H100 80GB HBM3", 989.0, 1979.0),  # SXM
     ("NVIDIA H100 PCIe", 756.0, 1513.0),

@@ -4,7 +4,8 @@ imports the other's layer."""
 
 from typing import Dict
 
-from megatron_neobert.kernels import PACKAGES, choose_transformer_impl, probe, transformer_engine_available
+from megatron_neobert.kernels import (PACKAGES, choose_transformer_impl, installed_version, probe,
+                                      transformer_engine_available)
 from megatron_neobert.model.attention import PACKED_KERNELS, packed_attention_backend
 
 
@@ -32,12 +33,15 @@ def kernel_report(transformer_impl: str = "auto", data_loader: str = "torch") ->
                   else "DALI requested but nvidia.dali does not import")
     else:
         loader = "torch DataLoader"
+    # DALI is not imported to say it is there when the run does not use it: its version is its distribution's.
+    unused = {"dali"} if data_loader != "dali" else set()
+    available = {n: installed_version(n) if n in unused else probe(n) for n in PACKAGES}
     return {
         "device": torch.cuda.get_device_name() if gpu else "CPU (gloo; megatron-core CUDA calls redirected)",
         "layers": layers,
         "optimizer": adam,
         "data loader": loader,
-        "available": ", ".join(f"{n}={probe(n) or 'no'}" for n in PACKAGES),
+        "available": ", ".join(f"{n}={version or 'no'}" for n, version in available.items()),
     }
 
 

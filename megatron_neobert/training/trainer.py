@@ -113,7 +113,8 @@ class Trainer:
     def run(self) -> dict:
         """{"train": [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" |
         "signal" | "exit-duration" | "exit-interval" | "skip-train", "skipped", "goodput": the job's account (a
-        snapshot), "save_interval": the last interval in iterations (auto's choice)}."""
+        snapshot), "save_interval": the last interval in iterations (auto's choice), "startup": [(part, seconds)] of
+        this attempt's start-up}."""
         self.set_up()
         self.resume()
         training, evaluation = self.settings.training, self.settings.evaluation
@@ -364,5 +365,6 @@ class Trainer:
     def finish(self) -> dict:
         history = self.history
         history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters,
-                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=self.save_interval.every)
+                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=self.save_interval.every,
+                       startup=list(self.account.startup_parts))
         return history
