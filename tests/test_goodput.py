@@ -126,3 +126,14 @@ def test_auto_saves_first_at_the_log_interval_then_waits_longer_for_slower_saves
 
     fast, slow = interval("fast", 0.0), interval("slow", 2.0)
     assert slow > 1.5 * fast, (fast, slow)
+
+
+def test_the_startup_benchmark_reads_the_start_up_line_back():
+    from tools.benchmark_startup import startup_parts
+
+    account = GoodputAccount(1000.0)
+    account.startup_parts = [("imports", 7.25), ("checkpoint metadata, model shape and checks", 0.03),
+                             ("checkpoint load", 0.5)]
+    parts = startup_parts("earlier lines\n" + account.startup_line(0.125) + "\nlater lines\n")
+    assert parts == {"imports": 7.25, "checkpoint metadata, model shape and checks": 0.03, "checkpoint load": 0.5,
+                     "total": 7.78, "first step": 0.12}

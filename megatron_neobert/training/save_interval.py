@@ -9,6 +9,7 @@ Daly 2006). C is the mean blocking save time of this run's account, M = 1 day / 
 import logging
 from typing import Optional, Tuple
 
+from megatron_neobert.training.metrics import format_duration
 from megatron_neobert.training.goodput_model import (RunCosts, costs_from_account, expected_goodput,
                                                      interval_iterations, mtbf_s)
 
@@ -22,10 +23,11 @@ def describe_choice(costs: RunCosts, mtbf: float, gpus: int, rate: float, chosen
     def goodput(iterations: int) -> str:
         return f"{100 * expected_goodput(costs, iterations * costs.step_s, mtbf):.1f}%"
 
-    return (f"every {chosen:,} iterations ({chosen * costs.step_s / 60:,.1f} min at {costs.step_s:.3f} s a step): "
-            f"blocking save {costs.save_s:.2f} s, mean time between failures {mtbf / 3600:,.1f} h "
-            f"({rate:.2e} per GPU-day x {gpus:,} GPUs); expected goodput {goodput(chosen)} at it, {goodput(other)} at "
-            f"{other_name} {other:,}")
+    return (f"every {chosen:,} iterations ({format_duration(chosen * costs.step_s)} of steps at {costs.step_s:.3f} s "
+            f"a step): blocking save {costs.save_s:.2f} s, mean time between failures {format_duration(mtbf)} "
+            f"({rate:.3g} per GPU-day x {gpus:,} GPUs), restart {costs.restart_s:.0f} s (start-up and load "
+            f"measured, {costs.detection_s:.0f} s to detect a failure assumed); expected goodput {goodput(chosen)} "
+            f"at it, {goodput(other)} at {other_name} {other:,}")
 
 
 class SaveInterval:
@@ -62,7 +64,8 @@ class SaveInterval:
             return None
         best = interval_iterations(costs, self.mtbf_s)
         if self.auto:
-            if best == self.every:
+            # Near its optimum the expected loss is flat: a change within a tenth is the measurements' noise.
+            if abs(best - self.every) <= self.every / 10:
                 return None
             previous, self.every = self.every, best
             return best, "save interval (--save-interval auto): " + describe_choice(
