@@ -29,10 +29,8 @@ from megatron_neobert.training.trainer import Trainer
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
           account: Optional[GoodputAccount] = None) -> dict:
-    """Train on every rank of the process group (on CPU inside `parallel.cpu.cpu_execution()`); returns {"train":
-    [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" | "signal" |
-    "exit-duration" | "exit-interval" | "skip-train",
-    "skipped"}.
+    """Train on every rank of the process group (on CPU inside `parallel.cpu.cpu_execution()`); returns the
+    history of `Trainer.run`.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
     function), for training and validation; `account`: the start-up's account so far (the entry point's imports),

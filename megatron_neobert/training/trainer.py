@@ -81,10 +81,9 @@ def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSig
 
 def should_save(settings: Settings, state: TrainState, stop: Optional[str], interval_due: bool) -> bool:
     """Save at the interval (`interval_due`: --save-interval's say), at the end and when stopping early. At the
-    interval a skipped step is
-    not saved (its weights are those of the last good step, already saved or about to be); at the
-    end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds
-    the last finite state at the position the uninterrupted run would be at."""
+    interval a skipped step is not saved (its weights are those of the last good step, already saved or about to
+    be); at the end it is: a skipped step changes no weight, optimizer or schedule state, so its checkpoint holds the
+    last finite state at the position the uninterrupted run would be at."""
     if not settings.checkpoint.save:
         return False
     if stop or state.iteration == settings.training.train_iters:
