@@ -2,7 +2,6 @@
 
 import math
 import re
-import time
 
 import pytest
 
@@ -30,9 +29,18 @@ def _console_removed_after():
         yield
 
 
-# A job 10 days old (the seconds the tests take change nothing of its figures), 40% of it productive steps.
-ACCOUNT = GoodputAccount(time.time() - 864000.0)
-ACCOUNT.add("productive", 345600.0, 100)
+class _TenDayOldJob(GoodputAccount):
+    """A job that began 10 days before each of its goodput's readings, 40% of it in productive steps."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.add("productive", 345600.0, 100)
+
+    def wall(self, now: float) -> float:
+        return 864000.0
+
+
+ACCOUNT = _TenDayOldJob()
 
 
 def _record(iteration, loss, lr, skipped=False):

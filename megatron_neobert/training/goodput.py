@@ -73,7 +73,8 @@ class GoodputAccount:
         self.async_save_background += saved["seconds"].get("async_save_background", 0.0)
         taken_at = saved["taken_at"]
         if saved.get("saving") and saved_until is not None:  # the save the snapshot was taken in
-            finished = min(max(saved_until, taken_at), self.attempt_started)
+            # Clamped: the hosts' clocks (and the manifest's file system's) may disagree a little.
+            finished = max(taken_at, min(saved_until, self.attempt_started))
             self.add("save", finished - taken_at)
             taken_at = finished
         if failed_progress is not None:

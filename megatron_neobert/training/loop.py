@@ -14,7 +14,6 @@ from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
-from megatron_neobert.processes import process_start_time
 from megatron_neobert.training.goodput import GoodputAccount
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
@@ -33,14 +32,12 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
     history of `Trainer.run`.
 
     `forward_step`: megatron-core's `forward_step_func` (batch iterator, model) -> (output, loss
-    function), for training and validation; `account`: the start-up's account so far (the entry point's imports),
-    by default one of the whole process's time until now, as "imports".
+    function), for training and validation; `account`: the start-up's account so far (the entry point's: its
+    imports), by default a new one from this call (a run called in a process that did other work before).
     """
     started = time.time()
     found = DistributedState()
-    if account is None:
-        account = GoodputAccount(process_start_time())
-        account.lap("imports")
+    account = account or GoodputAccount(time.time())
     try:
         history = _guarded_train(settings, forward_step, started, account)
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed

@@ -145,9 +145,9 @@ class Trainer:
 
     @contextlib.contextmanager
     def timed(self, category: str, count: int = 1):
-        began = time.time()
+        began = time.perf_counter()  # a duration: immune to the wall clock's steps
         yield
-        self.account.add(category, time.time() - began, count)
+        self.account.add(category, time.perf_counter() - began, count)
 
     def set_up(self) -> None:
         """The checkpoint to start from (--load's, else --pretrained-checkpoint's), the model's shape, decided once
@@ -261,7 +261,7 @@ class Trainer:
         """One optimizer step over the next global batch, counted, reported and kept in the history."""
         settings, state, shape = self.settings, self.state, self.shape
         self.watchdog.at(state.iteration + 1, "training step")
-        began = time.time()
+        began = time.perf_counter()
         self.profiler.step_begins(state.iteration)
         batches = [next(self.train_iter) for _ in range(self.batch_sizes.get())]
         record = train_step(settings, self.chunks, self.optimizer, self.scheduler, batches, state, self.forward_step,
@@ -273,7 +273,7 @@ class Trainer:
         state.floating_point_operations += step_flops(shape.arch, record["tokens"], record["predicted"],
                                                       record["attended"], shape.padded_vocab_size)
         self.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
-        took = time.time() - began
+        took = time.perf_counter() - began
         self.account.add("skipped" if record["skipped"] else "redone" if self.restarts.redoes(state.iteration)
                          else "productive", took)
         if not self.first_step_reported:
