@@ -438,10 +438,29 @@ def load_common_state(folder: str) -> dict:
                 f"saved by megatron-core 0.19 or later (its common state is in the .distcp files, there is no "
                 f"{COMMON_STATE_FILE}), which megatron-core {MEGATRON_CORE_VERSION} cannot read: load it with "
                 f"megatron-core 0.19 (CPython 3.12)")
-    with warnings.catch_warnings():
-        for message in NO_PROCESS_GROUP_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
-        return dist_checkpointing.load_common_state_dict(folder)
+    # 0.19 reads an older checkpoint's common.pt through its own load_common, and logs that this function of its
+    # is deprecated: a note about its API, not about the checkpoint, which it reads.
+    legacy_reader = logging.getLogger("megatron.core.dist_checkpointing.strategies.common")
+    quiet = _MessagesDropped("load_common is deprecated")
+    legacy_reader.addFilter(quiet)
+    try:
+        with warnings.catch_warnings():
+            for message in NO_PROCESS_GROUP_WARNINGS:
+                warnings.filterwarnings("ignore", message=message)
+            return dist_checkpointing.load_common_state_dict(folder)
+    finally:
+        legacy_reader.removeFilter(quiet)
+
+
+class _MessagesDropped(logging.Filter):
+    """A logger's records whose message holds `text`, dropped."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 class CheckpointReleaseError(ValueError):
@@ -499,13 +518,9 @@ NO_PROCESS_GROUP_WARNINGS = (".*torch.distributed is disabled, unavailable or un
                              ".*The argument order of load has been changed.*")
 
 
-class _SyncSaveDeprecation(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "MCore's async save is deprecated" not in record.getMessage()
-
-
 def drop_the_sync_save_deprecation() -> None:
     """From 0.19: megatron-core's log of every save no longer says its async writer is deprecated."""
     logger = logging.getLogger("megatron.core.dist_checkpointing.strategies.torch")
-    if RELEASE >= (0, 19) and not any(isinstance(f, _SyncSaveDeprecation) for f in logger.filters):
-        logger.addFilter(_SyncSaveDeprecation())
+    deprecation = "MCore's async save is deprecated"
+    if RELEASE >= (0, 19) and not any(getattr(f, "text", None) == deprecation for f in logger.filters):
+        logger.addFilter(_MessagesDropped(deprecation))
