@@ -62,8 +62,6 @@ class SaveInterval:
             costs = costs_from_account(account)
         except ValueError:  # no step or save measured yet (a run that saves before its first step)
             return None
-        if costs.save_s <= 0 or costs.step_s <= 0:  # a file system's clock behind this host's
-            return None
         best = interval_iterations(costs, self.mtbf_s)
         if self.auto:
             # Near its optimum the expected loss is flat: a change within a tenth is the measurements' noise.
