@@ -223,8 +223,13 @@ def test_pretrained_checkpoint_skip_train_and_no_save_rng(data, tmp_path):
                                            "none to run"):
         run_on_ranks(run_train, 1, _short_run(prefix, cache, tmp_path / "skip", "--train-iters", "4", "--load",
                                               str(pre), "--skip-train", "--eval-iters", "0"))
-    # --pretrained-checkpoint: an empty --load starts from its weights at iteration 0, as --finetune.
-    fine = tmp_path / "fine"
+    # --pretrained-checkpoint: an empty --load starts from its weights at iteration 0, as --finetune; a folder
+    # without a checkpoint is refused rather than trained from scratch.
+    fine, empty = tmp_path / "fine", tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError, match=rf"--pretrained-checkpoint {re.escape(str(empty))} holds no checkpoint"):
+        run_on_ranks(run_train, 1, _short_run(prefix, cache, fine, "--train-iters", "2", "--load", str(fine),
+                                              "--pretrained-checkpoint", str(empty)))
     tuned = run_on_ranks(run_train, 1, _short_run(prefix, cache, fine, "--train-iters", "2", "--load", str(fine),
                                                   "--pretrained-checkpoint", str(pre)))[0]
     scratch = run_on_ranks(run_train, 1, _short_run(prefix, cache, tmp_path / "scratch", "--train-iters", "2"))[0]
@@ -268,6 +273,17 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
 def test_pretrained_checkpoint_is_taken(tmp_path):
     pre = args_only_checkpoint(tmp_path / "pre")
     assert parse_settings(BASE + ["--pretrained-checkpoint", pre]).checkpoint.pretrained_checkpoint == pre
+
+
+def test_a_pretrained_checkpoint_folder_without_a_checkpoint_is_refused_before_the_run(tmp_path):
+    """Without a tokenizer flag the run takes the checkpoint's: the empty folder is found while parsing. (With one,
+    the trainer refuses it: test_pretrained_checkpoint_skip_train_and_no_save_rng.)"""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    i = BASE.index("--tokenizer-model")
+    with pytest.raises(ValueError, match=rf"--pretrained-checkpoint {re.escape(str(empty))} holds no checkpoint "
+                                         r"\(no latest_checkpointed_iteration.txt\)"):
+        parse_settings(BASE[:i] + BASE[i + 2:] + ["--pretrained-checkpoint", str(empty)])
 
 
 def test_use_checkpoint_args_does_not_claim_the_recipes_length(tmp_path):

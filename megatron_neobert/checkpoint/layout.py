@@ -14,7 +14,7 @@ import shutil
 from typing import List, Optional
 
 from megatron_neobert.atomic_write import write_text_atomic
-from megatron_neobert.errors import TrainingError
+from megatron_neobert.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ def find_checkpoint(root: str, step: Optional[int] = None) -> Optional[str]:
     if not is_complete(path):
         raise TrainingError(f"{root}/{LATEST_MARKER} names iteration {iteration}, but {path} is missing "
                             f"or incomplete (no metadata.json); refusing to load or to start over")
+    return path
+
+
+def find_pretrained_checkpoint(root: str) -> str:
+    """--pretrained-checkpoint's iteration folder. One that holds none is an error: the run would otherwise train
+    from scratch and exit 0, which is not what the flag asked for."""
+    path = find_checkpoint(root)
+    if path is None:
+        raise InputError(f"--pretrained-checkpoint {root} holds no checkpoint (no {LATEST_MARKER}): give the "
+                         f"folder a run saved with --save, or a converted checkpoint's")
     return path
 
 

@@ -8,6 +8,7 @@ Reads files only (the marker and the common state): every rank reads alike, befo
 import os
 from typing import Optional, Set, Tuple
 
+from megatron_neobert.checkpoint.layout import find_checkpoint, find_pretrained_checkpoint
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER
 from megatron_neobert.errors import InputError
 
@@ -35,7 +36,6 @@ def starting_checkpoint(values: dict) -> Optional[Tuple[str, dict]]:
     if not (load or pretrained) or not needed:  # the trainer reads and verifies it, collectively
         return None
     from megatron_neobert.kernels import import_megatron_core  # quietly, before the checkpoint code imports it
-    from megatron_neobert.checkpoint.layout import find_checkpoint
 
     import_megatron_core()
     from megatron_neobert.checkpoint.integrity import size_problem
@@ -43,9 +43,7 @@ def starting_checkpoint(values: dict) -> Optional[Tuple[str, dict]]:
 
     folder = find_checkpoint(load, values.get("ckpt_step")) if load and os.path.isdir(load) else None
     if folder is None and pretrained:
-        folder = find_checkpoint(pretrained)
-        if folder is None:
-            raise InputError(f"--pretrained-checkpoint {pretrained} holds no checkpoint")
+        folder = find_pretrained_checkpoint(pretrained)
     if folder is None:
         return None
     try:

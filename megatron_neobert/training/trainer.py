@@ -18,7 +18,7 @@ from megatron_neobert.model.kernel_report import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import micro_batch_calculator
 from megatron_neobert.training.batch_size import check_batch_sizes
 from megatron_neobert.checkpoint.integrity import sealed_at
-from megatron_neobert.checkpoint.layout import iteration_dir
+from megatron_neobert.checkpoint.layout import find_pretrained_checkpoint, iteration_dir
 from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
 from megatron_neobert.training.data_files import DataFiles
@@ -158,9 +158,8 @@ class Trainer:
                                         if options.load else (None, None))
         self.pretrained = self.checkpoint is None and options.pretrained_checkpoint is not None
         if self.pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
+            find_pretrained_checkpoint(options.pretrained_checkpoint)  # one that holds none is refused
             self.checkpoint, self.common = read_checkpoint(options.pretrained_checkpoint, None, verify)
-            if self.checkpoint is None:
-                raise TrainingError(f"--pretrained-checkpoint {options.pretrained_checkpoint} holds no checkpoint")
             logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint "
                         f"{self.checkpoint}")
         self.shape = shape = run_model_shape(settings, self.tokenizer.vocab_size, self.common)
