@@ -10,13 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 torch_release=${TORCH:-2.11.0}
 megatron_core=${MEGATRON_CORE:-0.19.2}
-python=
-for candidate in python3.12 ${PYENV_ROOT:-$HOME/.pyenv}/versions/3.12*/bin/python3.12; do
-    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-        python=$(command -v "$candidate")
-        break
-    fi
-done
+# shellcheck source=tests/find_python312.sh
+source tests/find_python312.sh
+python=$(find_python312)
 [ -n "$python" ] || { echo "error: the GPU host runs CPython 3.12, and none was found" >&2; exit 2; }
 scratch=$(mktemp -d)
 if [ "${KEEP:-0}" = 1 ]; then echo "scratch folder (kept): $scratch"; else trap 'rm -rf "$scratch"' EXIT; fi

@@ -8,14 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 release=${1:?usage: bash tests/check_torch_release.sh TORCH_RELEASE, e.g. 2.11.0}
-python=
-for candidate in "${PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 python3; do
-    if [ -n "$candidate" ] && "$candidate" -c "import venv, ensurepip" 2>/dev/null; then
-        python=$candidate
-        break
-    fi
-done
-[ -n "$python" ] || { echo "error: no Python with venv found (give one as PYTHON=...)" >&2; exit 2; }
+# shellcheck source=tests/find_python312.sh
+source tests/find_python312.sh
+python=${PYTHON:-$(find_python312)}
+python=${python:-python3}
+"$python" -c "import venv, ensurepip" 2>/dev/null ||
+    { echo "error: $python cannot make a venv (give another Python as PYTHON=...)" >&2; exit 2; }
 scratch=$(mktemp -d)
 if [ "${KEEP:-0}" = 1 ]; then echo "scratch folder (kept): $scratch"; else trap 'rm -rf "$scratch"' EXIT; fi
 mkdir "$scratch/src"
