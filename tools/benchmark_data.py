@@ -20,14 +20,16 @@
         [--layout-documents 20000000] [--blend-prefixes 1000] [--merge-documents 20000000] [--scratch DIR]
 """
 
+import dataclasses
 import os
 import sys
 import tempfile
 import time
+from typing import Optional
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
 
-from megatron_neobert.flags import ArgumentParser  # noqa: E402
+from megatron_neobert.flags import ArgumentParser, add_flags, setting  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
 
 
@@ -214,25 +216,27 @@ def blend_start(prefixes, tokenizer_model, folder):
     return trainer_build(flags), trainer_build(flags)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataBenchmarkFlags:
+    corpus: str = setting(SAMPLE_CORPUS, "RefinedWeb-style Parquet file to tokenize")
+    tokenizer_type: str = setting("HuggingFaceTokenizer", "as Megatron-LM's")
+    tokenizer_model: str = setting(SAMPLE_TOKENIZER, "Hugging Face name or folder")
+    workers: int = setting(2, "tokenizer worker processes")
+    seq_length: int = setting(1024, "sequence length of the batches compared")
+    micro_batch_size: int = setting(8, "sequences per batch")
+    repeats: int = setting(3, "best of N timings (the cores may be shared with other work)")
+    layout_documents: int = setting(20_000_000, "synthetic documents for the layout benchmark and the trainer's "
+                                                "build beside it (0: skip both)")
+    blend_prefixes: int = setting(1000, "corpora in the --data-args-path blend whose start is timed (0: skip it)")
+    merge_documents: int = setting(20_000_000, "documents in the merge timed against megatron-core's builder (0: "
+                                               "skip it)")
+    scratch: Optional[str] = setting(None, "folder for the synthetic corpora (sparse files; the default is a "
+                                           "temporary folder)")
+
+
 def main(argv=None):
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="RefinedWeb-style Parquet file to tokenize")
-    parser.add_argument("--tokenizer-type", default="HuggingFaceTokenizer", help="as Megatron-LM's")
-    parser.add_argument("--tokenizer-model", default=SAMPLE_TOKENIZER, help="Hugging Face name or folder")
-    parser.add_argument("--workers", type=int, default=2, help="tokenizer worker processes")
-    parser.add_argument("--seq-length", type=int, default=1024, help="sequence length of the batches compared")
-    parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per batch")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="best of N timings (the cores may be shared with other work)")
-    parser.add_argument("--layout-documents", type=int, default=20_000_000,
-                        help="synthetic documents for the layout benchmark and the trainer's build beside it (0: skip "
-                             "both)")
-    parser.add_argument("--blend-prefixes", type=int, default=1000,
-                        help="corpora in the --data-args-path blend whose start is timed (0: skip it)")
-    parser.add_argument("--merge-documents", type=int, default=20_000_000,
-                        help="documents in the merge timed against megatron-core's builder (0: skip it)")
-    parser.add_argument("--scratch", default=None,
-                        help="folder for the synthetic corpora (sparse files; the default is a temporary folder)")
+    add_flags(parser, DataBenchmarkFlags)
     args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
 
 # --quick: the first look on a GPU within 180 s (neobert-250m on an H100: about 2 minutes estimated, docs/gpu.md
@@ -151,38 +151,38 @@ def as_json(results: list, checks: List[TargetCheck], meta: dict) -> dict:
             "targets": [dataclasses.asdict(c) for c in checks]}
 
 
+@dataclasses.dataclass(frozen=True)
+class ThroughputFlags:
+    model_preset: str = setting("neobert-250m", "the architecture to time")
+    inference_seq_lengths: List[int] = setting([512, 1024, 2048, 4096, 8192], "inference sequence lengths")
+    inference_max_batch: int = setting(512, "largest inference batch tried (the largest that fits is used)")
+    inference_steps: int = setting(100, "timed steps per point (paper: 100)")
+    train_seq_lengths: List[int] = setting([1024, 4096], "training sequence lengths")
+    train_micro_batch: int = setting(32, "sequences per micro-batch")
+    train_tokens_per_micro_batch: Optional[int] = setting(
+        None, "instead of --train-micro-batch: this many tokens per micro-batch at each length")
+    train_micro_batches: int = setting(1, "micro-batches per step (gradient accumulation, as the trainer's global "
+                                          "batch)")
+    train_steps: int = setting(20, "timed training steps per variant")
+    fp8: bool = setting(False, "also FP8 (needs Transformer Engine on Hopper)")
+    compile: bool = setting(False, "also torch.compile'd variants, beside their eager models in the same run")
+    no_baselines: bool = setting(False, "skip ModernBERT-base and BERT-base")
+    skip_inference: bool = setting(False, "time training only")
+    skip_training: bool = setting(False, "time inference only")
+    quick: bool = setting(False, "lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile, every "
+                                 "row attempted (a failing one recorded with its error): under 3 minutes on an H100 "
+                                 "(flags given beside it win)")
+    cpu_smoke: bool = setting(False, "tiny preset and shapes so that the script runs in CI; figures mean nothing")
+    output_json: str = setting("throughput.json", "every measurement, the targets and the settings")
+    output_png: str = setting("throughput.png", "plot of the measurements")
+    markdown: Optional[str] = setting(None, "also write the table and the targets as Markdown, for README",
+                                      metavar="PATH")
+    no_plot: bool = setting(False, "write no --output-png")
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__)
-    p.add_argument("--model-preset", default="neobert-250m", help="the architecture to time")
-    p.add_argument("--inference-seq-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192],
-                   help="inference sequence lengths")
-    p.add_argument("--inference-max-batch", type=int, default=512,
-                   help="largest inference batch tried (the largest that fits is used)")
-    p.add_argument("--inference-steps", type=int, default=100, help="timed steps per point (paper: 100)")
-    p.add_argument("--train-seq-lengths", type=int, nargs="+", default=[1024, 4096], help="training sequence lengths")
-    p.add_argument("--train-micro-batch", type=int, default=32, help="sequences per micro-batch")
-    p.add_argument("--train-tokens-per-micro-batch", type=int, default=None,
-                   help="instead of --train-micro-batch: this many tokens per micro-batch at each length")
-    p.add_argument("--train-micro-batches", type=int, default=1,
-                   help="micro-batches per step (gradient accumulation, as the trainer's global batch)")
-    p.add_argument("--train-steps", type=int, default=20, help="timed training steps per variant")
-    p.add_argument("--fp8", action="store_true", help="also FP8 (needs Transformer Engine on Hopper)")
-    p.add_argument("--compile", action="store_true",
-                   help="also torch.compile'd variants, beside their eager models in the same run")
-    p.add_argument("--no-baselines", action="store_true", help="skip ModernBERT-base and BERT-base")
-    p.add_argument("--skip-inference", action="store_true", help="time training only")
-    p.add_argument("--skip-training", action="store_true", help="time inference only")
-    p.add_argument("--quick", action="store_true",
-                   help="lengths 1024 and 4096, 5 timed steps, 32k tokens per micro-batch, no compile, every row "
-                        "attempted (a failing one recorded with its error): under 3 minutes on an H100 (flags given "
-                        "beside it win)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="tiny preset and shapes so that the script runs in CI; figures mean nothing")
-    p.add_argument("--output-json", default="throughput.json", help="every measurement, the targets and the settings")
-    p.add_argument("--output-png", default="throughput.png", help="plot of the measurements")
-    p.add_argument("--markdown", default=None, metavar="PATH",
-                   help="also write the table and the targets as Markdown, for README")
-    p.add_argument("--no-plot", action="store_true", help="write no --output-png")
+    add_flags(p, ThroughputFlags)
     return p
 
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
-from megatron_neobert.flags import ArgumentParser
+from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
 
 DOCS_URL = "https://docs.python.org/3.11/"
@@ -212,14 +212,19 @@ def train_wordpiece(texts: List[str], out_dir: str, vocab_size: int = 8192,
                    "sep_token": "[SEP]", "unk_token": "[UNK]"}, f, indent=2)
 
 
+@dataclass(frozen=True)
+class SampleCorpusFlags:
+    html_dir: str = setting("/usr/share/doc/python3.11/html",
+                            "Python's HTML documentation (Debian's python3.11-doc package)")
+    max_chars: int = setting(6_000_000, "stop adding documents past this many characters")
+    vocab_size: int = setting(8192, "WordPiece vocabulary size")
+    corpus: str = setting(SAMPLE_CORPUS, "the Parquet file to write (RefinedWeb's fields)")
+    tokenizer_dir: str = setting(SAMPLE_TOKENIZER, "the tokenizer folder to write")
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(description=__doc__)
-    parser.add_argument("--html-dir", default="/usr/share/doc/python3.11/html",
-                        help="Python's HTML documentation (Debian's python3.11-doc package)")
-    parser.add_argument("--max-chars", type=int, default=6_000_000, help="stop adding documents past this many characters")
-    parser.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary size")
-    parser.add_argument("--corpus", default=SAMPLE_CORPUS, help="the Parquet file to write (RefinedWeb's fields)")
-    parser.add_argument("--tokenizer-dir", default=SAMPLE_TOKENIZER, help="the tokenizer folder to write")
+    add_flags(parser, SampleCorpusFlags)
     return parser
 
 
