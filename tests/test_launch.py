@@ -1,9 +1,15 @@
-"""The CPU fallback: automatic only for a CPU build of torch."""
+"""The CPU fallback: automatic only for a CPU build of torch; ranks on the CPU started as their caller would
+spawn them."""
+
+import os
+import sys
 
 import pytest
 import torch
 
-from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_cpu_fallback
+from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_cpu_fallback, run_on_ranks
+
+WORD = "NEOBERT_TEST_LAUNCH_WORD"
 
 
 def test_a_cuda_build_without_a_gpu_fails_unless_cpu_is_asked_for(monkeypatch):
@@ -20,3 +26,31 @@ def test_a_cpu_build_runs_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.delenv(ALLOW_CPU_ENV, raising=False)
     check_cpu_fallback()
+
+
+def say_and_mark(leave_a_mark: bool):
+    """What a rank sees: the caller's variable, and whether an earlier rank's change to a module is still there."""
+    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} says {os.environ.get(WORD)}", flush=True)
+    print(f"rank {os.environ['RANK']} on stderr", file=sys.stderr, flush=True)
+    found = getattr(torch, "_neobert_mark", None)
+    if leave_a_mark:
+        torch._neobert_mark = os.getpid()
+    return os.environ.get(WORD), found, os.getpid()
+
+
+@pytest.mark.integration
+def test_ranks_take_the_callers_environment_and_streams_and_nothing_of_earlier_ranks(monkeypatch, capfd):
+    """On the CPU the ranks are forked from a server that started with the first call's environment and streams:
+    each rank still sees the variables and writes to the streams of the call that starts it, and starts as clean as
+    a spawned rank."""
+    monkeypatch.setenv(WORD, "first")
+    first = run_on_ranks(say_and_mark, 2, True)
+    capfd.readouterr()
+    monkeypatch.setenv(WORD, "second")
+    second = run_on_ranks(say_and_mark, 2, False)
+    printed = capfd.readouterr()
+    assert [(word, found) for word, found, _ in first] == [("first", None)] * 2
+    assert [(word, found) for word, found, _ in second] == [("second", None)] * 2
+    assert sorted(printed.out.splitlines()) == ["rank 0 of 2 says second", "rank 1 of 2 says second"]
+    assert sorted(printed.err.splitlines()) == ["rank 0 on stderr", "rank 1 on stderr"]
+    assert len({pid for *_, pid in first + second} | {os.getpid()}) == 5
