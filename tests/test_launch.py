@@ -2,7 +2,6 @@
 spawn them."""
 
 import os
-import sys
 
 import pytest
 import torch
@@ -30,8 +29,9 @@ def test_a_cpu_build_runs_on_the_cpu(monkeypatch):
 
 def say_and_mark(leave_a_mark: bool):
     """What a rank sees: the caller's variable, and whether an earlier rank's change to a module is still there."""
-    print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} says {os.environ.get(WORD)}", flush=True)
-    print(f"rank {os.environ['RANK']} on stderr", file=sys.stderr, flush=True)
+    # One write a line: two ranks' lines must not interleave, however Python buffers (PYTHONUNBUFFERED).
+    os.write(1, f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} says {os.environ.get(WORD)}\n".encode())
+    os.write(2, f"rank {os.environ['RANK']} on stderr\n".encode())
     found = getattr(torch, "_neobert_mark", None)
     if leave_a_mark:
         torch._neobert_mark = os.getpid()
@@ -48,9 +48,11 @@ def test_ranks_take_the_callers_environment_and_streams_and_nothing_of_earlier_r
     capfd.readouterr()
     monkeypatch.setenv(WORD, "second")
     second = run_on_ranks(say_and_mark, 2, False)
+    print("the caller after its ranks", flush=True)  # written after theirs, not over them
     printed = capfd.readouterr()
     assert [(word, found) for word, found, _ in first] == [("first", None)] * 2
     assert [(word, found) for word, found, _ in second] == [("second", None)] * 2
-    assert sorted(printed.out.splitlines()) == ["rank 0 of 2 says second", "rank 1 of 2 says second"]
+    assert sorted(printed.out.splitlines()[:2]) == ["rank 0 of 2 says second", "rank 1 of 2 says second"]
+    assert printed.out.splitlines()[2:] == ["the caller after its ranks"]
     assert sorted(printed.err.splitlines()) == ["rank 0 on stderr", "rank 1 on stderr"]
     assert len({pid for *_, pid in first + second} | {os.getpid()}) == 5

@@ -7,7 +7,8 @@ import queue
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from multiprocessing import reduction
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.multiprocessing as mp
@@ -128,24 +129,36 @@ def _rank_context():
     return context
 
 
-def _take_callers_environment(environ: dict, caller_pid: int) -> None:
+class _HandedStream:
+    """One of the caller's standard streams, handed to a rank as multiprocessing hands over a socket: the rank gets
+    the same open file, its offset shared as a spawned rank's inherited stdout shares it (a reopened copy would write
+    where the caller writes next, and be overwritten). It arrives as a file descriptor number."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):  # runs while the rank is being started: the one time a descriptor can be handed over
+        return _received_descriptor, (reduction.DupFd(self.fd),)
+
+
+def _received_descriptor(handle) -> int:
+    return handle.detach()
+
+
+def _take_callers_environment(environ: dict, streams: Tuple[int, int]) -> None:
     """A rank forked from the server has the environment and the standard output and error the server had when it
-    started: it takes its caller's, as a spawned rank has them (a variable set since, a test's captured output).
-    Each stream is reopened from /proc; one that cannot be (a socket) stays the server's."""
+    started: it takes its caller's, as a spawned rank has them (a variable set since, a test's captured output)."""
     os.environ.clear()
     os.environ.update(environ)
-    for fd in (1, 2):
-        try:
-            stream = os.open(f"/proc/{caller_pid}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
-        except OSError:
-            continue
-        os.dup2(stream, fd)
-        os.close(stream)
+    for target, fd in zip((1, 2), streams):
+        if fd != target:  # a spawned rank's are its own already
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
-            results, environ: dict, caller_pid: int) -> None:
-    _take_callers_environment(environ, caller_pid)
+            results, environ: dict, streams: Tuple[int, int]) -> None:
+    _take_callers_environment(environ, streams)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)  # N ranks share the machine's cores
@@ -180,8 +193,9 @@ def run_on_ranks(fn: Callable, world_size: int, *args, timeout_s: float = 900, *
     # Spawned ranks import megatron-core as they unpickle `fn`, and the forkserver as it starts, before any code of
     # ours runs in them.
     os.environ["PYTHONWARNINGS"], before = quiet_import_warnings_option(), os.environ.get("PYTHONWARNINGS")
+    streams = (_HandedStream(1), _HandedStream(2))
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, dict(os.environ),
-                                               os.getpid()))
+                                               streams))
              for r in range(world_size)]
     try:
         for p in procs:
