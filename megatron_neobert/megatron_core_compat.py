@@ -32,11 +32,17 @@ What changed between the releases, one branch each:
     otherwise.
 14. `IMPORT_WARNINGS`, `QUIET_IMPORTS`, `drop_the_sync_save_deprecation`: 0.19's warnings that say nothing to a
     user of this package.
+
+What changed in torch under both releases:
+15. `placeholders_without_strides`: torch 2.15 gave a checkpoint's tensor metadata a `strides` field, which
+    megatron-core's placeholders pass on to `torch.empty`.
 Transformer Engine's path (the TE layers' arguments, FP8 recipes, THD attention) reads the same on 0.16 with TE
 2.9-2.11 and on 0.19 with TE 2.17: nothing to branch on there.
 """
 
 import contextlib
+import copy
+import dataclasses
 import errno
 import functools
 import importlib.metadata
@@ -524,3 +530,55 @@ def drop_the_sync_save_deprecation() -> None:
     deprecation = "MCore's async save is deprecated"
     if RELEASE >= (0, 19) and not any(getattr(f, "text", None) == deprecation for f in logger.filters):
         logger.addFilter(_MessagesDropped(deprecation))
+
+
+# 15. -----------------------------------------------------------------------------------------------------
+def placeholders_without_strides() -> None:
+    """megatron-core's placeholders for a checkpoint's tensors, made from the tensor metadata as torch wrote it up to
+    2.14. Applied by `checkpoint.state`'s import, the module every checkpoint read of ours goes through.
+
+    Upstream (dist_checkpointing/strategies/torch.py, 0.16.1 and 0.19.2 alike):
+    `TorchDistLoadShardedStrategy.load_tensors_metadata` builds each placeholder as
+    `torch.empty(size, **properties.__dict__, device='meta')`.
+    Why: torch 2.15 added the field `strides` to `TensorProperties` (set to None when it reads an older
+    checkpoint), which `torch.empty` does not take: every read of a checkpoint's tensor metadata (the export to
+    Hugging Face, a load whose strictness checks the keys) failed with TypeError. The placeholders are given the
+    properties without it: a tensor on the meta device holds no data, so its strides say nothing. A no-op on a torch
+    without the field. Reads the private `_get_filesystem_reader`, as upstream does, when no metadata is given.
+    """
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    if "strides" not in {field.name for field in dataclasses.fields(TensorProperties)}:
+        return
+    from megatron.core.dist_checkpointing.strategies import torch as torch_strategy
+
+    strategy = torch_strategy.TorchDistLoadShardedStrategy
+    original = strategy.load_tensors_metadata
+    if getattr(original, "drops_strides", False):
+        return
+
+    @functools.wraps(original)
+    def load_tensors_metadata(self, checkpoint_dir, metadata=None):
+        if metadata is None:
+            metadata = torch_strategy._get_filesystem_reader(checkpoint_dir).read_metadata()
+        return original(self, checkpoint_dir, _metadata_without_strides(metadata))
+
+    load_tensors_metadata.drops_strides = True
+    strategy.load_tensors_metadata = load_tensors_metadata
+
+
+def _metadata_without_strides(metadata):
+    """A shallow copy of a checkpoint's metadata whose tensor properties have no `strides` of their own (reading one
+    still answers None, the field's default): the caller's copy, which torch's own load reads, keeps them."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            properties = copy.copy(entry.properties)
+            properties.__dict__.pop("strides", None)
+            entry = dataclasses.replace(entry, properties=properties)
+        entries[key] = entry
+    stripped = copy.copy(metadata)
+    stripped.state_dict_metadata = entries
+    return stripped

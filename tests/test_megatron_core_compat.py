@@ -188,3 +188,33 @@ def test_model_parallel_groups_are_destroyed_and_every_reference_dropped(cpu_exe
     assert not [group for group in created if group in torch.distributed.distributed_c10d._world.pg_map]
     assert RotaryEmbedding.forward.cache_info().currsize == 0
     found.release()
+
+
+def test_tensor_metadata_of_torch_2_15_reads_as_placeholders(single_rank, tmp_path, monkeypatch):
+    """torch 2.15 writes (and reads back) a `strides` field in each tensor's metadata, which megatron-core passed on
+    to `torch.empty`: without the patch its metadata read fails there; with it, the placeholders have the saved
+    shapes and dtypes. On a torch without the field the patch leaves megatron-core's reader as it is."""
+    import dataclasses
+
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.strategies import torch as torch_strategy
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    import megatron_neobert.checkpoint.state  # noqa: F401  (its import applies the patch)
+
+    saved = {"weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": torch.tensor([7], dtype=torch.int64)}
+    dist_checkpointing.save({k: ShardedTensor.from_rank_offsets(k, v) for k, v in saved.items()}, str(tmp_path))
+
+    loaded = dist_checkpointing.load_tensors_metadata(str(tmp_path))
+    assert {k: (tuple(v.global_shape), v.dtype) for k, v in loaded.items()} == {
+        k: (tuple(v.shape), v.dtype) for k, v in saved.items()}
+
+    patched = torch_strategy.TorchDistLoadShardedStrategy.load_tensors_metadata
+    if "strides" not in {field.name for field in dataclasses.fields(TensorProperties)}:
+        assert not getattr(patched, "drops_strides", False)
+        return
+    assert patched.drops_strides
+    monkeypatch.setattr(torch_strategy.TorchDistLoadShardedStrategy, "load_tensors_metadata", patched.__wrapped__)
+    with pytest.raises(TypeError, match="strides"):
+        dist_checkpointing.load_tensors_metadata(str(tmp_path))

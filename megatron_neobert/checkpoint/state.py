@@ -55,7 +55,8 @@ from torch.distributed.checkpoint import CheckpointException
 
 from megatron_neobert.megatron_core_compat import (NO_PROCESS_GROUP_WARNINGS, CheckpointReleaseError,
                                                      async_calls_queue, async_save_arguments, async_save_strategy,
-                                                     load_common_state, prepare_torch_adam_for_state_load)
+                                                     load_common_state, placeholders_without_strides,
+                                                     prepare_torch_adam_for_state_load)
 from megatron_neobert.checkpoint.integrity import (check_space, require_manifest, seal_folder,
                                                             verify_checkpoint, write_verified_folder)
 from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
@@ -63,6 +64,10 @@ from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, 
 from megatron_neobert.errors import InputError, TrainingError
 
 logger = logging.getLogger(__name__)
+
+# Every checkpoint read of the package's (the trainer's, the converter's, the watcher's) comes through this module:
+# its import is where megatron-core learns to read the tensor metadata of torch 2.15 and later.
+placeholders_without_strides()
 
 # Megatron-LM's: args a Namespace, TP and PP sizes in them. torch.load(weights_only=True), inside megatron-core's
 # loads too, rebuilds the Namespace because megatron-core allows it at its own import (megatron/core/safe_globals.py).
