@@ -29,14 +29,10 @@ TOKENIZER=$(python -c "from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 SAMPLE_CORPUS=$(python -c "from megatron_neobert.data.assets import SAMPLE_CORPUS; print(SAMPLE_CORPUS)")
 
 echo "== 1/5 preprocess: tokenize the sample corpus into $WORK_DIR/data"
-python - "$WORK_DIR/data/sample" <<'PY'
-import sys
-from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
-from megatron_neobert.data.preprocess import preprocess_data
-stats = preprocess_data([SAMPLE_CORPUS], sys.argv[1], json_keys=["content"], tokenizer_model=SAMPLE_TOKENIZER,
-                        progress=False)
-print(stats.summary())
-PY
+# The command rather than the library: it imports megatron-core without its warnings about the GPU extensions it lacks.
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+python "$REPO/tools/preprocess_data.py" --input "$SAMPLE_CORPUS" --json-keys content \
+    --output-prefix "$WORK_DIR/data/sample" --tokenizer-model "$TOKENIZER" --no-progress
 
 echo "== 2/5 pre-train neobert-tiny for $TRAIN_ITERS steps ($WARMUP warmup) on $NPROC ranks (watch the loss fall)"
 source "$(dirname "${BASH_SOURCE[0]}")/cuda_env.sh" "$@"  # CUDA_DEVICE_MAX_CONNECTIONS with TP > 1
@@ -57,7 +53,6 @@ torchrun --nproc-per-node "$NPROC" --master-port "${MASTER_PORT:-29511}" --max-r
 CHECKPOINT=$WORK_DIR/checkpoints/iter_$(printf %07d "$(cat "$WORK_DIR/checkpoints/latest_checkpointed_iteration.txt")")
 echo "== 3/5 checkpoint: $CHECKPOINT (megatron-core distributed checkpoint, loads at any TP/PP)"
 
-REPO=$(cd "$(dirname "$0")/.." && pwd)
 echo "== 4/5 export to a Hugging Face folder: $WORK_DIR/hf"
 python "$REPO/tools/convert_checkpoint.py" --direction mcore-to-hf --load "$WORK_DIR/checkpoints" \
     --save "$WORK_DIR/hf" --tokenizer "$TOKENIZER" --overwrite --no-progress

@@ -135,9 +135,13 @@ def import_megatron_core() -> None:
         raise TransformerEngineInstallError(problem)
     from megatron_neobert.megatron_core_compat import IMPORT_WARNINGS, QUIET_IMPORTS
 
-    # The import also logs at INFO which Megatron-FSDP flavour it would use without TE: not what a run uses.
+    # The import also logs at INFO which Megatron-FSDP flavour it would use without TE: not what a run uses. Its
+    # tensor-parallel RNG imports torch's C++ extension builder, which warns on a CUDA build of torch without a CUDA
+    # runtime (a node without GPUs) that it would build against /usr/local: nothing of ours builds an extension.
     disabled = logging.root.manager.disable
     logging.disable(max(disabled, logging.INFO))
+    extension_builder = logging.getLogger("torch.utils.cpp_extension")
+    extension_builder.addFilter(_no_cuda_runtime_dropped)
     try:
         with warnings.catch_warnings():
             for message in _IMPORT_WARNINGS + IMPORT_WARNINGS:
@@ -147,3 +151,8 @@ def import_megatron_core() -> None:
                 importlib.import_module(module)
     finally:
         logging.disable(disabled)
+        extension_builder.removeFilter(_no_cuda_runtime_dropped)
+
+
+def _no_cuda_runtime_dropped(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("No CUDA runtime is found")

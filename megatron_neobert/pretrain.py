@@ -34,8 +34,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     account.lap("Python and the entry point")
     from megatron_neobert.training.arguments import parse_settings
 
+    from megatron_neobert.parallel.launch import check_gpus_for_training
+
     try:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
+        check_gpus_for_training()
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)
     account.lap("settings (with torch's import)")

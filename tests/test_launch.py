@@ -1,4 +1,4 @@
-"""The CPU fallback: automatic only for a CPU build of torch; ranks on the CPU started as their caller would
+"""Training on the CPU: automatic only for a CPU build of torch; ranks on the CPU started as their caller would
 spawn them."""
 
 import os
@@ -6,25 +6,27 @@ import os
 import pytest
 import torch
 
-from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_cpu_fallback, run_on_ranks
+from megatron_neobert.errors import TrainingError
+from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_gpus_for_training, run_on_ranks
 
 WORD = "NEOBERT_TEST_LAUNCH_WORD"
 
 
-def test_a_cuda_build_without_a_gpu_fails_unless_cpu_is_asked_for(monkeypatch):
+def test_a_cuda_build_without_a_gpu_does_not_train_unless_cpu_is_asked_for(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv(ALLOW_CPU_ENV, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
-    with pytest.raises(RuntimeError, match=f"CUDA 12.9 but sees no GPU.*CUDA_VISIBLE_DEVICES=7.*{ALLOW_CPU_ENV}=1"):
-        check_cpu_fallback()
+    with pytest.raises(TrainingError, match=f"CUDA 12.9 but sees no GPU.*CUDA_VISIBLE_DEVICES=7.*{ALLOW_CPU_ENV}=1"):
+        check_gpus_for_training()
     monkeypatch.setenv(ALLOW_CPU_ENV, "1")
-    check_cpu_fallback()
+    check_gpus_for_training()
 
 
-def test_a_cpu_build_runs_on_the_cpu(monkeypatch):
+def test_a_cpu_build_trains_on_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.delenv(ALLOW_CPU_ENV, raising=False)
-    check_cpu_fallback()
+    check_gpus_for_training()
 
 
 def say_and_mark(leave_a_mark: bool):

@@ -13,29 +13,32 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.multiprocessing as mp
 
+from megatron_neobert.errors import TrainingError
 from megatron_neobert.kernels import quiet_import_warnings_option
 from megatron_neobert.megatron_core_compat import destroy_model_parallel_groups
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.parallel.rendezvous import attempt_store, uses_agent_store
 
-# Set to 1 to run on the CPU with a CUDA build of torch that sees no GPU.
+# Set to 1 to train on the CPU with a CUDA build of torch that sees no GPU.
 ALLOW_CPU_ENV = "NEOBERT_ALLOW_CPU"
 
 
-def check_cpu_fallback() -> None:
-    """A CPU build of torch runs on the CPU. A CUDA build that sees no GPU is a broken node (no
-    GPUs in the container, a wrong CUDA_VISIBLE_DEVICES): that fails unless asked for."""
-    if torch.version.cuda is None or os.environ.get(ALLOW_CPU_ENV) == "1":
+def check_gpus_for_training() -> None:
+    """Training where a CUDA build of torch sees no GPU is a broken node (a container started without GPUs, a wrong
+    CUDA_VISIBLE_DEVICES): refused, unless asked for, so that a run meant for GPUs never crawls on the CPU unnoticed.
+    A CPU build of torch trains on the CPU. Only the trainer asks: conversion, export, evaluation and the benchmarks'
+    CPU modes are ordinary work on a node without GPUs (a login node, a CPU job), whatever torch's build."""
+    if torch.version.cuda is None or torch.cuda.is_available() or os.environ.get(ALLOW_CPU_ENV) == "1":
         return
-    raise RuntimeError(
+    raise TrainingError(
         f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
-        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); was the container "
-        f"started with GPUs? To run on the CPU anyway, set {ALLOW_CPU_ENV}=1")
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): was the container started "
+        f"with GPUs? To train on the CPU anyway, set {ALLOW_CPU_ENV}=1")
 
 
 def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distributed.Store] = None) -> None:
-    """Initialise torch.distributed: NCCL on GPUs, gloo on CPU (see `check_cpu_fallback`; megatron-core's CUDA
-    calls then need `parallel.cpu.cpu_execution`, which the caller switches on).
+    """Initialise torch.distributed: NCCL on GPUs, gloo on the CPU (megatron-core's CUDA calls then need
+    `parallel.cpu.cpu_execution`, which the caller switches on).
 
     Ranks meet through `store` when given (`run_on_ranks`), else through torchrun's environment
     (RANK, MASTER_ADDR/MASTER_PORT): on the agent's store under a name of this attempt's own when torchrun
@@ -50,7 +53,6 @@ def init_distributed(timeout_minutes: float = 30, store: Optional[torch.distribu
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         backend = "nccl"
     else:
-        check_cpu_fallback()
         backend = "gloo"
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     timeout = timedelta(minutes=timeout_minutes)
