@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from typing import List, Optional
 
-from megatron_neobert.cli import megatron_runtime
+from megatron_neobert.cli import console_logging, megatron_runtime
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
 
@@ -49,6 +49,7 @@ def parse_args(argv=None):
     return args
 
 
+@console_logging("%(levelname)s %(name)s: %(message)s")  # the kernels line of its exports, once
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
