@@ -367,7 +367,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
     (`iter_0000000/`, marker, common args), written by TP x PP ranks."""
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.parallel.launch import run_on_ranks
+    from megatron_neobert.parallel.launch import preload_on_ranks, run_on_ranks
 
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if dtype not in DTYPES:
@@ -423,6 +423,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
         common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
+        preload_on_ranks(__name__)  # the ranks run save_target_layout: this module's imports, once
         run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)
