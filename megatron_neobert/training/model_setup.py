@@ -50,7 +50,7 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
     called as each part ends (the start-up's account)."""
     model, precision, parallel, training = settings.model, settings.precision, settings.parallel, settings.training
     vpp = None
-    if parallel.num_layers_per_virtual_pipeline_stage:
+    if parallel.num_layers_per_virtual_pipeline_stage:  # a split that divides: run_checks.check_parallel_shape
         vpp = arch.num_layers // (parallel.pipeline_model_parallel_size
                                   * parallel.num_layers_per_virtual_pipeline_stage)
     initialize_model_parallel(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, vpp,

@@ -34,8 +34,8 @@ from megatron_neobert.training.process_guards import ExitSignalHandler, Progress
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.restarts import RestartReport, world_size_change
 from megatron_neobert.training.save_interval import SaveInterval
-from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_positions,
-                                                  check_tensor_parallel_shapes, check_tokenizer_matches_checkpoint,
+from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_parallel_shape,
+                                                  check_positions, check_tokenizer_matches_checkpoint,
                                                   check_vocabulary, check_vocabulary_rows)
 from megatron_neobert.training.schedule import checkpoint_schedule_note
 from megatron_neobert.training.settings import Settings
@@ -165,7 +165,7 @@ class Trainer:
         self.shape = shape = run_model_shape(settings, self.tokenizer.vocab_size, self.common)
         check_vocabulary(self.tokenizer, shape.arch)
         check_positions(settings, shape.arch)
-        check_tensor_parallel_shapes(settings, shape.arch)
+        check_parallel_shape(settings, shape)
         check_vocabulary_rows(settings, shape, self.checkpoint)
         if self.checkpoint:
             check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
