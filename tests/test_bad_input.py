@@ -106,7 +106,7 @@ def test_a_checkpoint_of_another_shape_is_named_before_the_model_is_built(data, 
                                                "--num-layers", "3", "--save", str(save)))
     assert not (tmp_path / "new").exists()
     assert line == (f"error: checkpoint {root}/iter_0000001 holds a model of another shape (num_layers 2 there, 3 "
-                    f"here; hidden_size 64 there, 128 here; this run: --model-preset neobert-tiny and its overrides): give "
+                    f"here; hidden_size 64 there, 128 here; this run: model preset neobert-tiny and its overrides): give "
                     f"the checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 

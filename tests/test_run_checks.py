@@ -9,7 +9,7 @@ import pytest
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.model import parallel_shape_problems
+from megatron_neobert.model import ModelShape, parallel_shape_problems
 from megatron_neobert.model.config import PRESETS, get_arch
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.errors import InputError, TrainingError
@@ -70,24 +70,29 @@ def test_a_tokenizer_of_another_vocabulary_than_the_checkpoints_is_refused():
                                                                     tokenizer_model="bert-base-uncased"))
 
 
+def shape_of(arch, base="model preset neobert-tiny") -> ModelShape:
+    return ModelShape(arch, arch.vocab_size, None, base)
+
+
 def test_a_checkpoint_of_another_shape_names_every_difference():
-    settings = settings_of("--model-preset", "neobert-tiny")
-    check_model_shape(settings, TINY, "ckpt", saved())
+    check_model_shape(shape_of(TINY), "ckpt", saved())
     other = dataclasses.replace(TINY, num_layers=2, activation="gelu")
     with pytest.raises(InputError) as err:
-        check_model_shape(settings, other, "ckpt", saved())
+        check_model_shape(shape_of(other), "ckpt", saved())
     assert str(err.value).startswith("checkpoint ckpt holds a model of another shape (num_layers 4 there, 2 here; "
-                                     "activation swiglu there, gelu here; this run: --model-preset neobert-tiny")
+                                     "activation swiglu there, gelu here; this run: model preset neobert-tiny")
+    # Where the shape came from, as resolve_model_shape says: with --use-checkpoint-args, the checkpoint.
+    with pytest.raises(InputError, match="; this run: the checkpoint's shape and its overrides\\)"):
+        check_model_shape(shape_of(other, "the checkpoint's shape"), "ckpt", saved())
     # The vocabulary rows and the RoPE length are not the shape; a checkpoint without our args is megatron-core's.
-    check_model_shape(settings, dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64), "ckpt", saved())
-    check_model_shape(settings, other, "ckpt", {"args": argparse.Namespace()})
+    check_model_shape(shape_of(dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64)), "ckpt", saved())
+    check_model_shape(shape_of(other), "ckpt", {"args": argparse.Namespace()})
 
 
 def test_learned_positions_are_part_of_the_shape():
-    settings = settings_of("--model-preset", "ablation-m0")
     m0 = get_arch("ablation-m0")
     with pytest.raises(InputError, match=f"max_sequence_length {m0.max_sequence_length} there, 64 here"):
-        check_model_shape(settings, dataclasses.replace(m0, max_sequence_length=64), "ckpt", saved(m0))
+        check_model_shape(shape_of(dataclasses.replace(m0, max_sequence_length=64)), "ckpt", saved(m0))
 
 
 def test_rope_records_the_longest_length_trained_at():

@@ -84,9 +84,10 @@ def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
                          f"{tokenizer.vocab_size} or use a smaller tokenizer")
 
 
-def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, common: dict) -> None:
+def check_model_shape(shape: ModelShape, checkpoint: str, common: dict) -> None:
     """A checkpoint loads only into a model of its own shape; compared from its args before the model
     is built (megatron-core would stop in the load with a "Global shape mismatch" on one tensor)."""
+    arch = shape.arch
     saved = checkpoint_args(common).get("arch")
     if saved is None:  # a checkpoint without our args: megatron-core's own check applies
         return
@@ -96,7 +97,7 @@ def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, co
                if saved.get(name) != getattr(arch, name)]
     if differs:
         raise InputError(f"checkpoint {checkpoint} holds a model of another shape ({'; '.join(differs)}; "
-                         f"this run: --model-preset {settings.model.model_preset} and its overrides): give the "
+                         f"this run: {shape.base} and its overrides): give the "
                          f"checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 

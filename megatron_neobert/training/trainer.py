@@ -169,10 +169,9 @@ class Trainer:
         check_vocabulary_rows(settings, shape, self.checkpoint)
         if self.checkpoint:
             check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
-            check_model_shape(settings, shape.arch, self.checkpoint, self.common)
+            check_model_shape(shape, self.checkpoint, self.common)
         self.account.lap("checkpoint metadata, model shape and checks")
-        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(
-            settings, shape.arch, shape.padded_vocab_size, self.account.lap)
+        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(settings, shape, self.account.lap)
         self.num_micro = num_micro_batches(settings)
         logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
         logger.info(describe_layout(settings, shape, len(self.chunks), self.num_micro))
