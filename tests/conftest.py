@@ -7,11 +7,9 @@ import torch
 # Spawned ranks import the helpers in tests/ by module name.
 sys.path.insert(0, os.path.dirname(__file__))
 from shared_runs import run_once  # noqa: E402
+from rank_preload import TRAINER_AND_CONVERTER  # noqa: E402
 from megatron_neobert.parallel.launch import preload_on_ranks  # noqa: E402
 
-# The ranks the tests start run the trainer and the converter: the server that CPU ranks are forked from imports
-# them once, whichever test of a worker starts ranks first.
-TRAINER_AND_CONVERTER = ("megatron_neobert.training.trainer", "megatron_neobert.conversion.convert")
 preload_on_ranks(*TRAINER_AND_CONVERTER)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

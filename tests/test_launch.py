@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import TRAINER_AND_CONVERTER
+from rank_preload import TRAINER_AND_CONVERTER
 
 from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_cpu_fallback, run_on_ranks
 
