@@ -1,6 +1,9 @@
+from typing import Sequence
+
+
 class TrainingError(RuntimeError):
-    """A fault the trainer explains in one line (raised alike on every rank): the entry point
-    prints it without a traceback and exits with status 1."""
+    """A fault the trainer explains in one line, or one line a problem (`one_line_each`), raised alike on every rank:
+    the entry point prints it without a traceback and exits with status 1."""
 
 
 class InputError(TrainingError, ValueError):
@@ -12,3 +15,9 @@ def refuse(condition: bool, message: str) -> None:
     """Raise `InputError(message)` when `condition` holds: the settings' checks, one line each."""
     if condition:
         raise InputError(message)
+
+
+def one_line_each(problems: Sequence[str]) -> str:
+    """The message of an error with several problems: the entry points print `error: {message}`, so each problem
+    gets its own `error:` line."""
+    return "\nerror: ".join(problems)

@@ -7,6 +7,10 @@ import torch
 # Spawned ranks import the helpers in tests/ by module name.
 sys.path.insert(0, os.path.dirname(__file__))
 from shared_runs import run_once  # noqa: E402
+from rank_preload import TRAINER_AND_CONVERTER  # noqa: E402
+from megatron_neobert.parallel.launch import preload_on_ranks  # noqa: E402
+
+preload_on_ranks(*TRAINER_AND_CONVERTER)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The CPU tests also run with a CUDA build of torch on machines without a GPU.

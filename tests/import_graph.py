@@ -4,15 +4,18 @@
     python tests/import_graph.py --edges    # every edge: importer -> imported (line, and whether lazy)
 
 Every ``import`` counts, at module level or inside a function (a function-level import only hides a cycle until
-the function runs). An edge goes to the module named, not to the packages above it: Python initializes a module's
-parent packages before the module, so those edges never close a cycle on their own.
+the function runs), and so does a module's name written in a string ("megatron_neobert.x.y", or a name in it:
+"megatron_neobert.x.y.f"), which some code imports by name (importlib, a list of modules to preload). An edge goes
+to the module named, not to the packages above it: Python initializes a module's parent packages before the module,
+so those edges never close a cycle on their own.
 """
 
 import argparse
 import ast
 import dataclasses
+import re
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "megatron_neobert"
 
@@ -21,6 +24,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "megatron_neobert"
 class Import:
     line: int
     lazy: bool  # inside a function, so it runs on the first call rather than at import time
+    in_string: bool = False  # a module's name in a string, imported by name rather than by an import statement
 
 
 Graph = Dict[str, Dict[str, List[Import]]]  # importer -> {imported module -> the statements importing it}
@@ -49,10 +53,19 @@ def _imported_modules(node: ast.AST, module: str, is_package: bool, modules: Dic
     return [name for name in dict.fromkeys(named) if name in modules]
 
 
-def _lazy_import_nodes(tree: ast.Module) -> Set[int]:
-    """ids of the import nodes inside a function body (at any depth)."""
+def _module_named_in(text: str, modules: Dict[str, Path]) -> Optional[str]:
+    """The package module a string names, itself or by a name in it ("pkg.a.b.f": pkg.a.b); None for a string that
+    names none, or only the package (a logger's name)."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", text):
+        return None
+    parts = text.split(".")
+    return next((".".join(parts[:n]) for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in modules), None)
+
+
+def _lazy_nodes(tree: ast.Module) -> Set[int]:
+    """ids of the nodes inside a function body (at any depth)."""
     return {id(inner) for outer in ast.walk(tree) if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef))
-            for inner in ast.walk(outer) if isinstance(inner, (ast.Import, ast.ImportFrom))}
+            for inner in ast.walk(outer)}
 
 
 def import_graph(package_dir: Path = PACKAGE_DIR) -> Graph:
@@ -61,14 +74,18 @@ def import_graph(package_dir: Path = PACKAGE_DIR) -> Graph:
     graph = {}
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        lazy = _lazy_import_nodes(tree)
+        lazy = _lazy_nodes(tree)
         edges = graph.setdefault(module, {})
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names, in_string = _imported_modules(node, module, path.name == "__init__.py", modules), False
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names, in_string = [name for name in [_module_named_in(node.value, modules)] if name], True
+            else:
                 continue
-            for name in _imported_modules(node, module, path.name == "__init__.py", modules):
+            for name in names:
                 if name != module:
-                    edges.setdefault(name, []).append(Import(node.lineno, id(node) in lazy))
+                    edges.setdefault(name, []).append(Import(node.lineno, id(node) in lazy, in_string))
         for imports in edges.values():
             imports.sort(key=lambda imp: imp.line)
     return graph
@@ -113,9 +130,13 @@ def describe_cycle(graph: Graph, component: List[str], package_dir: Path = PACKA
         where = files[importer].relative_to(package_dir.parent)
         for target, imports in sorted(graph[importer].items()):
             if target in component:
-                lines += [f"  {where}:{imp.line} imports {target}{' (in a function)' if imp.lazy else ''}"
+                lines += [f"  {where}:{imp.line} {_how(imp)} {target}{' (in a function)' if imp.lazy else ''}"
                           for imp in imports]
     return "\n".join(lines)
+
+
+def _how(imp: Import) -> str:
+    return "names in a string" if imp.in_string else "imports"
 
 
 def main():
@@ -126,7 +147,8 @@ def main():
     if args.edges:
         for importer in sorted(graph):
             for target, imports in sorted(graph[importer].items()):
-                lines = ", ".join(f"{imp.line}{' in a function' if imp.lazy else ''}" for imp in imports)
+                lines = ", ".join(f"{imp.line}{' in a function' if imp.lazy else ''}"
+                                  f"{' in a string' if imp.in_string else ''}" for imp in imports)
                 print(f"{importer} -> {target}  (line {lines})")
     components = strongly_connected(graph)
     print(f"{len(graph)} modules, {sum(map(len, graph.values()))} edges, {len(components)} cycles")

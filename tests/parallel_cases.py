@@ -10,7 +10,7 @@ from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import unwrap_model
 
-from megatron_neobert.model import NeoBERTArch, transformer_config
+from megatron_neobert.model import NeoBERTArch, padded_vocab_size, transformer_config
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.model.chunks import build_model_chunks
@@ -44,7 +44,8 @@ def setup(layout: Layout, arch: NeoBERTArch = TEST_ARCH, ddp: bool = True):
                                 pipeline_dtype=torch.float32)
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=layout.distributed_optimizer,
                                                grad_reduce_in_fp32=True) if ddp else None
-    return config, build_model_chunks(arch, config, "local", ddp_config)
+    return config, build_model_chunks(arch, config, "local", padded_vocab_size(arch.vocab_size, layout.tp),
+                                      ddp_config)
 
 
 def save_initial_weights(ckpt_dir: str, arch: NeoBERTArch = TEST_ARCH):

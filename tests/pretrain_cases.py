@@ -152,8 +152,8 @@ def read_weights(argv: list, checkpoint_dirs: list) -> list:
 
     settings = parse_settings(argv)
     initialize_model_parallel(1, 1)
-    arch = run_model_shape(settings).arch
-    chunks = build_model_chunks(arch, transformer_config(arch), "local")
+    shape = run_model_shape(settings)
+    chunks = build_model_chunks(shape.arch, transformer_config(shape.arch), "local", shape.padded_vocab_size)
     weights = []
     for path in checkpoint_dirs:
         load_model_state(chunks, dist_checkpointing.load(model_sharded_state_dict(chunks), path))

@@ -53,7 +53,7 @@ def fails_in_one_line(capsys, argv) -> str:
                  marks=pytest.mark.skipif(transformer_engine_available(), reason="Transformer Engine imports here")),
     (["--ckpt-format", "torch"], "--ckpt-format torch: only torch_dist is written and read"),
     # Before megatron-core builds the model (its ValueError, a traceback): the run's shape against its TP size.
-    (["--tensor-model-parallel-size", "8"], "--num-attention-heads 4 (--model-preset neobert-tiny) at "
+    (["--tensor-model-parallel-size", "8"], "--num-attention-heads 4 (model preset neobert-tiny) at "
      "--tensor-model-parallel-size 8: each rank computes whole heads, and 8 does not divide 4; use "
      "--tensor-model-parallel-size 1, 2 or 4"),
     (["--overlap-param-gather"], "--overlap-param-gather needs --use-distributed-optimizer"),
@@ -61,6 +61,18 @@ def fails_in_one_line(capsys, argv) -> str:
 ])
 def test_bad_flags_and_files_end_in_one_line(data, capsys, extra, message):
     assert message in fails_in_one_line(capsys, tiny_argv(*data, *extra))
+
+
+def test_each_problem_of_the_parallel_split_is_its_own_error_line(data, capsys):
+    """Before megatron-core builds the model (a traceback at its first problem), every problem of the split."""
+    assert main(tiny_argv(*data, "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "3")) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert error_lines(err) == [
+        "error: --num-attention-heads 4 (model preset neobert-tiny) at --tensor-model-parallel-size 8: each rank "
+        "computes whole heads, and 8 does not divide 4; use --tensor-model-parallel-size 1, 2 or 4",
+        "error: --num-layers 2 (model preset neobert-tiny) at --pipeline-model-parallel-size 3: each stage holds an "
+        "equal share of the layers, and 3 does not divide 2; use --num-layers 3, or --pipeline-model-parallel-size 2"]
 
 
 def test_the_recipe_warmup_in_a_short_run_names_the_flag_that_fixes_it(data, capsys):
@@ -94,7 +106,7 @@ def test_a_checkpoint_of_another_shape_is_named_before_the_model_is_built(data, 
                                                "--num-layers", "3", "--save", str(save)))
     assert not (tmp_path / "new").exists()
     assert line == (f"error: checkpoint {root}/iter_0000001 holds a model of another shape (num_layers 2 there, 3 "
-                    f"here; hidden_size 64 there, 128 here; this run: --model-preset neobert-tiny and its overrides): give "
+                    f"here; hidden_size 64 there, 128 here; this run: model preset neobert-tiny and its overrides): give "
                     f"the checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 

@@ -418,7 +418,10 @@ def test_hf_to_mcore_bad_input(round_trip, tmp_path, config, hf_weights):
         hf_to_mcore(round_trip[0] / "mcore", tmp_path / "a")
     with pytest.raises(ConversionError, match=r"neobert-250m: num_layers=4 \(preset: 28\), hidden_size=64"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "b", model_preset="neobert-250m")
-    with pytest.raises(ConversionError, match="does not divide 4 layers"):
+    with pytest.raises(ConversionError, match=r"^--num-layers 4 \(the model in .*official\) at "
+                                              r"--pipeline-model-parallel-size 3: each stage holds an equal share of "
+                                              r"the layers, and 3 does not divide 4; use "
+                                              r"--pipeline-model-parallel-size 2 or 4$"):
         hf_to_mcore(round_trip[0] / "official", tmp_path / "c", pipeline_model_parallel_size=3)
     bad = dict(hf_weights, **{"model.encoder.weight": torch.zeros(VOCAB_SIZE + 5, 64)})
     with pytest.raises(ConversionError, match="vocab size mismatch"):

@@ -11,7 +11,7 @@ import torch
 from execution_checks import (LAYER_LINEARS, PLANTED_ITEM, PLANTED_TOLIST, LinearPrecisions, assert_linears_ran,
                               assert_packed_kernel_ran, packed_kernels, planted_host_reads, profiled_step, runtime_call)
 from megatron_neobert.evaluation.throughput import mlm_batch
-from megatron_neobert.model import get_arch
+from megatron_neobert.model import resolve_model_shape
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.model_setup import setup_model_and_optimizer
@@ -19,8 +19,9 @@ from megatron_neobert.training.step import run_micro_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "cpu_execution")
 
-ARCH = get_arch("neobert-tiny", num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
-                vocab_size=512)
+SHAPE = resolve_model_shape("neobert-tiny", dict(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                                  ffn_hidden_size=128, vocab_size=512))
+ARCH = SHAPE.arch
 SEQ, MICRO_BATCH = 32, 2
 
 
@@ -28,7 +29,7 @@ def trainer_chunks(*flags):
     """This process's model chunks as the trainer sets them up (DDP, optimizer hooks), on the local spec."""
     settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
                                "--lr-warmup-iters", "0", "--transformer-impl", "local", *flags])
-    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH)
+    _, chunks, _, _ = setup_model_and_optimizer(settings, SHAPE)
     return chunks
 
 

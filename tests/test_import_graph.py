@@ -1,7 +1,7 @@
 """The package's import graph (tests/import_graph.py) has no cycles: each module can be read, tested and moved
 without the modules that import it."""
 
-from import_graph import PACKAGE_DIR, describe_cycle, import_graph, strongly_connected
+from import_graph import PACKAGE_DIR, Import, describe_cycle, import_graph, strongly_connected
 
 # The one cycle kept: the loader imports the DALI loader inside a function, only when --dataloader-type dali asks
 # for it, so that nvidia-dali stays optional; the DALI loader reuses the loader's sampler and collate function.
@@ -16,7 +16,8 @@ def test_no_import_cycles():
 
 
 # The package's folders and top-level modules, lowest first: a module imports from its own layer or the ones below,
-# never from above (a lazy import counts too: it runs when its function does).
+# never from above (a lazy import counts too: it runs when its function does; so does a module named in a string,
+# which some code imports by name).
 LAYERS = (
     ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes"),
     ("checkpoint",),  # where checkpoints are and what they hold: for data, conversion and training alike
@@ -57,13 +58,19 @@ def test_the_graph_follows_relative_lazy_and_submodule_imports(tmp_path):
         "b.py": "def f():\n    from pkg.sub.c import g\n",       # in a function, a name from a module
         "sub/__init__.py": "from .c import g\n",                  # a package's relative import
         "sub/c.py": "from ..a import x\ng = 1\n",                 # two levels up
+        # modules named in strings: a module, a name in one (in a function); the package alone, another package's
+        # module and words name none
+        "d.py": 'PRELOAD = ["pkg.a"]\ndef f():\n    return "pkg.sub.c.g", "pkg", "pkgx.a", "pkg.a is here"\n',
     }
     for name, text in files.items():
         (package / name).write_text(text)
     graph = import_graph(package)
     assert {m: sorted(t) for m, t in graph.items()} == {
-        "pkg": [], "pkg.a": ["pkg.b"], "pkg.b": ["pkg.sub.c"], "pkg.sub": ["pkg.sub.c"], "pkg.sub.c": ["pkg.a"]}
+        "pkg": [], "pkg.a": ["pkg.b"], "pkg.b": ["pkg.sub.c"], "pkg.sub": ["pkg.sub.c"], "pkg.sub.c": ["pkg.a"],
+        "pkg.d": ["pkg.a", "pkg.sub.c"]}
     assert [imp.lazy for imp in graph["pkg.b"]["pkg.sub.c"]] == [True]
+    assert graph["pkg.d"] == {"pkg.a": [Import(1, lazy=False, in_string=True)],
+                              "pkg.sub.c": [Import(3, lazy=True, in_string=True)]}
     assert strongly_connected(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
     assert describe_cycle(graph, ["pkg.a", "pkg.b", "pkg.sub.c"], package).splitlines() == [
         "  pkg/a.py:1 imports pkg.b",

@@ -2,9 +2,11 @@
 spawn them."""
 
 import os
+import sys
 
 import pytest
 import torch
+from rank_preload import TRAINER_AND_CONVERTER
 
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.parallel.launch import ALLOW_CPU_ENV, check_gpus_for_training, run_on_ranks
@@ -58,3 +60,15 @@ def test_ranks_take_the_callers_environment_and_streams_and_nothing_of_earlier_r
     assert printed.out.splitlines()[2:] == ["the caller after its ranks"]
     assert sorted(printed.err.splitlines()) == ["rank 0 on stderr", "rank 1 on stderr"]
     assert len({pid for *_, pid in first + second} | {os.getpid()}) == 5
+
+
+def imported_already(names):
+    return [name in sys.modules for name in names]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, ranks are spawned: each imports for itself")
+def test_cpu_ranks_start_with_the_modules_their_callers_preload():
+    """The trainer and the converter, named by conftest.py, were imported once by the server the ranks are forked
+    from: a rank starts with them (this module imports neither) instead of spending seconds importing them."""
+    assert run_on_ranks(imported_already, 2, TRAINER_AND_CONVERTER) == [[True, True]] * 2

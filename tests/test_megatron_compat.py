@@ -317,8 +317,7 @@ def _step_with(optimizer_name, argv_extra=()):
     settings = parse_settings(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
                                          "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
                                          "--adam-beta2", "0.999", *argv_extra))
-    arch = run_model_shape(settings).arch
-    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch, 8192)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, run_model_shape(settings))
     _, batches, _ = build_data(settings, 0, 0)
     model = unwrap_model(chunks[0])
     names = {p: n for n, p in model.named_parameters()}
@@ -353,14 +352,13 @@ def test_bf16_on_a_cpu_computes_in_bf16_and_the_start_up_says_so(single_rank):
 
     settings = parse_settings(_mock_argv("--bf16", "--lr-warmup-iters", "0", "--train-iters", "10"))
     shape = run_model_shape(settings)
-    arch = shape.arch
     assert startup_notes(settings, shape)[-1] == (
         "precision: bf16 weights and activations (linear layers, attention and norms compute in bf16, on the CPU as "
         "on a GPU); fp32 main weights, gradient reduction and optimizer state (--bf16)")
     plain = parse_settings(_mock_argv())
     assert startup_notes(plain, shape)[-1] == ("precision: fp32 weights, activations, gradients and optimizer state "
                                               "(the default without a GPU; --bf16 runs bf16 here too)")
-    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch, 8192)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, shape)
     layers = ("ColumnParallelLinear", "RowParallelLinear", "RMSNorm", "BidirectionalAttention")
     computed = set()
     for module in unwrap_model(chunks[0]).modules():

@@ -184,7 +184,7 @@ def _model(argv):
     from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
 
     settings = parse_settings(BASE + argv)
-    _, chunks, _, _ = setup_model_and_optimizer(settings, run_model_shape(settings).arch, 8192)
+    _, chunks, _, _ = setup_model_and_optimizer(settings, run_model_shape(settings))
     return unwrap_model(chunks[0])
 
 

@@ -108,6 +108,19 @@ def test_schedule_matches_the_recipe():
         assert lr_at(s, step) == pytest.approx(6e-5)
 
 
+@pytest.mark.parametrize("phase, first", [("resume", "set_up"), ("step", "set_up"), ("validate", "set_up"),
+                                          ("save", "set_up"), ("finish", "resume")])
+def test_a_trainer_phase_called_out_of_order_names_the_phase_to_run_first(phase, first):
+    """Each phase reads what set_up or resume made: called before it, it says which, not an AttributeError."""
+    from megatron_neobert.training.trainer import Trainer
+
+    settings = parse_settings(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0"])
+    trainer = Trainer(settings, tokenizer=None, data_files=None, forward_step=None, handler=None, watchdog=None,
+                      started=0.0, load_folder="", account=None)
+    with pytest.raises(RuntimeError, match=f"^Trainer.{first} has not run: "):
+        getattr(trainer, phase)()
+
+
 def make_iteration(root, it, complete=True):
     path = iteration_dir(str(root), it)
     os.makedirs(path)

@@ -9,14 +9,14 @@ import pytest
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
+from megatron_neobert.model import ModelShape, parallel_shape_problems
 from megatron_neobert.model.config import PRESETS, get_arch
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.errors import InputError, TrainingError
 from megatron_neobert.training.model_setup import run_model_shape
 from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_positions, check_tensor_parallel_shapes,
-                                                  check_tokenizer_matches_checkpoint, check_vocabulary,
-                                                  tensor_parallel_shape_error)
+                                                  check_parallel_shape, check_positions,
+                                                  check_tokenizer_matches_checkpoint, check_vocabulary)
 
 TINY = get_arch("neobert-tiny")
 
@@ -70,24 +70,29 @@ def test_a_tokenizer_of_another_vocabulary_than_the_checkpoints_is_refused():
                                                                     tokenizer_model="bert-base-uncased"))
 
 
+def shape_of(arch, base="model preset neobert-tiny") -> ModelShape:
+    return ModelShape(arch, arch.vocab_size, None, base)
+
+
 def test_a_checkpoint_of_another_shape_names_every_difference():
-    settings = settings_of("--model-preset", "neobert-tiny")
-    check_model_shape(settings, TINY, "ckpt", saved())
+    check_model_shape(shape_of(TINY), "ckpt", saved())
     other = dataclasses.replace(TINY, num_layers=2, activation="gelu")
     with pytest.raises(InputError) as err:
-        check_model_shape(settings, other, "ckpt", saved())
+        check_model_shape(shape_of(other), "ckpt", saved())
     assert str(err.value).startswith("checkpoint ckpt holds a model of another shape (num_layers 4 there, 2 here; "
-                                     "activation swiglu there, gelu here; this run: --model-preset neobert-tiny")
+                                     "activation swiglu there, gelu here; this run: model preset neobert-tiny")
+    # Where the shape came from, as resolve_model_shape says: with --use-checkpoint-args, the checkpoint.
+    with pytest.raises(InputError, match="; this run: the checkpoint's shape and its overrides\\)"):
+        check_model_shape(shape_of(other, "the checkpoint's shape"), "ckpt", saved())
     # The vocabulary rows and the RoPE length are not the shape; a checkpoint without our args is megatron-core's.
-    check_model_shape(settings, dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64), "ckpt", saved())
-    check_model_shape(settings, other, "ckpt", {"args": argparse.Namespace()})
+    check_model_shape(shape_of(dataclasses.replace(TINY, vocab_size=9000, max_sequence_length=64)), "ckpt", saved())
+    check_model_shape(shape_of(other), "ckpt", {"args": argparse.Namespace()})
 
 
 def test_learned_positions_are_part_of_the_shape():
-    settings = settings_of("--model-preset", "ablation-m0")
     m0 = get_arch("ablation-m0")
     with pytest.raises(InputError, match=f"max_sequence_length {m0.max_sequence_length} there, 64 here"):
-        check_model_shape(settings, dataclasses.replace(m0, max_sequence_length=64), "ckpt", saved(m0))
+        check_model_shape(shape_of(dataclasses.replace(m0, max_sequence_length=64)), "ckpt", saved(m0))
 
 
 def test_rope_records_the_longest_length_trained_at():
@@ -147,17 +152,24 @@ REFUSALS = {False: {tp: {preset: HEADS if tp == 8 else None for preset in PRESET
                    8: dict.fromkeys(PRESETS, HEADS)}}
 
 
+def tensor_parallel_problem(arch, tp, fp8, preset):
+    """The one line of `arch`'s problems at TP `tp` (PP 1): its tensor-parallel split's, or None."""
+    problems = parallel_shape_problems(arch, f"model preset {preset}", tp, fp8=fp8)
+    assert len(problems) <= 1, problems
+    return problems[0] if problems else None
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_at_tp_1_2_4_8_is_refused_before_the_build_naming_the_flag_and_valid_values(preset, tp, fp8):
     arch = get_arch(preset)
-    error = tensor_parallel_shape_error(arch, tp, fp8, preset)
+    error = tensor_parallel_problem(arch, tp, fp8, preset)
     expected = REFUSALS[fp8][tp][preset]
     if expected is None:
         assert error is None
         return
-    assert error.startswith(f"{expected} ") and f" (--model-preset {preset}) at --tensor-model-parallel-size {tp}: " \
+    assert error.startswith(f"{expected} ") and f" (model preset {preset}) at --tensor-model-parallel-size {tp}: " \
         in error, error
     # Each value it suggests mends the rule it names: the run passes, or is refused for another rule.
     suggestions = re.findall(r"(--[a-z-]+) (\d+(?:, \d+)*(?: or \d+)?)", error.split("; use ", 1)[1])
@@ -165,27 +177,68 @@ def test_every_preset_at_tp_1_2_4_8_is_refused_before_the_build_naming_the_flag_
     for flag, values in suggestions:
         for value in map(int, re.split(", | or ", values)):
             if flag == "--tensor-model-parallel-size":
-                again = tensor_parallel_shape_error(arch, value, fp8, preset)
+                again = tensor_parallel_problem(arch, value, fp8, preset)
             else:
                 field = {"--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size"}[flag]
-                again = tensor_parallel_shape_error(dataclasses.replace(arch, **{field: value}), tp, fp8, preset)
+                again = tensor_parallel_problem(dataclasses.replace(arch, **{field: value}), tp, fp8, preset)
             assert again is None or not again.startswith(expected), (error, flag, value, again)
 
 
 def test_the_fp8_refusals_name_the_width_on_a_rank():
-    assert tensor_parallel_shape_error(get_arch("neobert-tiny"), 1, True, "neobert-tiny") == (
-        "--fp8-format: --ffn-hidden-size 344 (--model-preset neobert-tiny) at --tensor-model-parallel-size 1: the "
+    assert tensor_parallel_problem(get_arch("neobert-tiny"), 1, True, "neobert-tiny") == (
+        "--fp8-format: --ffn-hidden-size 344 (model preset neobert-tiny) at --tensor-model-parallel-size 1: the "
         "MLP width per rank, 344, is not a multiple of 16 (Transformer Engine's FP8 GEMMs); use --ffn-hidden-size "
         "336 or 352, or drop --fp8-format")
-    assert tensor_parallel_shape_error(get_arch("ablation-m7"), 4, True, "ablation-m7") == (
-        "--fp8-format: --hidden-size 1056 (--model-preset ablation-m7) at --tensor-model-parallel-size 4: the "
+    assert tensor_parallel_problem(get_arch("ablation-m7"), 4, True, "ablation-m7") == (
+        "--fp8-format: --hidden-size 1056 (model preset ablation-m7) at --tensor-model-parallel-size 4: the "
         "attention width per rank, 264 (the QKV output 792), is not a multiple of 16 (Transformer Engine's FP8 "
         "GEMMs); use --hidden-size 960 or 1152, or --tensor-model-parallel-size 1 or 2, or drop --fp8-format")
 
 
+def parallel_shape_error(*flags) -> str:
+    """What check_parallel_shape says of neobert-250m (28 layers, 12 heads) with `flags`, '' when it passes."""
+    settings = settings_of("--model-preset", "neobert-250m", *flags)
+    try:
+        check_parallel_shape(settings, run_model_shape(settings))
+    except InputError as err:
+        return str(err)
+    return ""
+
+
 def test_a_runs_shape_is_checked_against_its_tp_size_as_an_input_error():
-    tiny_at = lambda tp: settings_of("--model-preset", "neobert-tiny", "--tensor-model-parallel-size", tp)  # noqa: E731
-    check_tensor_parallel_shapes(tiny_at("4"), TINY)
-    with pytest.raises(InputError, match="^--num-attention-heads 4 \\(--model-preset neobert-tiny\\) at "
-                                         "--tensor-model-parallel-size 8: "):
-        check_tensor_parallel_shapes(tiny_at("8"), TINY)
+    assert parallel_shape_error("--tensor-model-parallel-size", "4") == ""
+    assert parallel_shape_error("--tensor-model-parallel-size", "8").startswith(
+        "--num-attention-heads 12 (model preset neobert-250m) at --tensor-model-parallel-size 8: ")
+
+
+def test_28_layers_at_pipeline_size_3_are_refused_naming_the_sizes_that_divide():
+    assert parallel_shape_error("--pipeline-model-parallel-size", "3") == (
+        "--num-layers 28 (model preset neobert-250m) at --pipeline-model-parallel-size 3: each stage holds an equal "
+        "share of the layers, and 3 does not divide 28; use --num-layers 27 or 30, or --pipeline-model-parallel-size "
+        "2 or 4")
+    for pp in ("2", "4", "7"):
+        assert parallel_shape_error("--pipeline-model-parallel-size", pp) == ""
+    assert parallel_shape_error("--pipeline-model-parallel-size", "3", "--num-layers", "30") == ""
+
+
+def test_virtual_stages_that_do_not_divide_a_stages_layers_are_refused():
+    assert parallel_shape_error("--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage",
+                                "2") == (
+        "--num-layers-per-virtual-pipeline-stage 2 (model preset neobert-250m: 28 layers, 7 a stage at "
+        "--pipeline-model-parallel-size 4): each stage's layers split into virtual stages of equal size, and 2 does "
+        "not divide 7; use --num-layers-per-virtual-pipeline-stage 1 or 7")
+    assert parallel_shape_error("--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                                "7") == ""  # 14 a stage: 2 virtual stages of 7
+    assert parallel_shape_error("--num-layers-per-virtual-pipeline-stage", "7") == (
+        "--num-layers-per-virtual-pipeline-stage 7 at --pipeline-model-parallel-size 1: virtual stages interleave the "
+        "stages of a pipeline, and there is one; use --pipeline-model-parallel-size 2 or more, or drop "
+        "--num-layers-per-virtual-pipeline-stage")
+
+
+def test_the_converter_is_offered_layouts_only():
+    """A model converted as it is keeps its sizes: only the parallel sizes that fit are suggested."""
+    assert parallel_shape_problems(get_arch("neobert-250m"), "the model in f", 8, 3, resizable=False) == [
+        "--num-attention-heads 12 (the model in f) at --tensor-model-parallel-size 8: each rank computes whole heads, "
+        "and 8 does not divide 12; use --tensor-model-parallel-size 1, 2 or 4",
+        "--num-layers 28 (the model in f) at --pipeline-model-parallel-size 3: each stage holds an equal share of the "
+        "layers, and 3 does not divide 28; use --pipeline-model-parallel-size 2 or 4"]

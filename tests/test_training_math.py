@@ -85,7 +85,7 @@ def _logits(model, batch):
 def reference_run(argv, before: dict) -> dict:
     """The plain loop from `before`: per step its loss, gradient norm, the two Megatron-LM BERT losses it does not
     use, and the weights after the last step."""
-    from megatron_neobert.model import padded_vocab_size, transformer_config
+    from megatron_neobert.model import transformer_config
     from megatron_neobert.training.data_setup import build_data
     from megatron_neobert.model.chunks import build_model_chunks
     from megatron_neobert.training.model_setup import run_model_shape
@@ -93,9 +93,9 @@ def reference_run(argv, before: dict) -> dict:
     settings = parse_settings(argv)
     training = settings.training
     tokenizer, batches, _ = build_data(settings, 0, 0)
-    arch = run_model_shape(settings, tokenizer.vocab_size).arch
-    model = build_model_chunks(arch, transformer_config(arch), "local",
-                               padded_vocab=padded_vocab_size(arch.vocab_size, 1))[0]
+    shape = run_model_shape(settings, tokenizer.vocab_size)
+    arch = shape.arch
+    model = build_model_chunks(arch, transformer_config(arch), "local", shape.padded_vocab_size)[0]
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(before[name])

@@ -188,6 +188,22 @@ def test_suite_errors_name_what_is_wrong(tmp_path):
         buckets=None, batch_size=32)}
 
 
+def test_every_task_group_is_complete():
+    """Each group's record declares exactly the settings its function reads (a setting read but not declared would
+    be a KeyError in the first evaluation, hours into a run; one declared but not read, a setting that does
+    nothing); its file settings are among them, and none is both required and defaulted."""
+    import inspect
+
+    from megatron_neobert.evaluation.watch import TASK_GROUPS
+
+    assert sorted(TASK_GROUPS) == ["glue", "mteb", "pseudo_perplexity"]
+    for name, group in TASK_GROUPS.items():
+        read = set(re.findall(r"\bs\[[\"'](\w+)[\"']\]", inspect.getsource(group.run)))
+        assert read == set(group.settings), name
+        assert set(group.paths) <= set(group.settings), name
+        assert not set(group.required) & set(group.defaults), name
+
+
 def test_a_folder_without_checkpoints_is_refused_or_waited_for(tmp_path):
     """A run's --save before its first save is waited for, with a line (before: silently); with --once, or a
     folder that cannot become a run's --save, it is an error saying what is there."""

@@ -36,14 +36,15 @@ from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.conversion.hf_format import TOKENIZER_FILES, read_hf_folder, write_hf_folder
 from megatron_neobert.conversion.state_dict_mapping import hf_state_dict_from_mcore, mcore_state_dict_from_hf
 from megatron_neobert.defaults import CONVERSION_DTYPES, torch_dtypes
-from megatron_neobert.model import PRESETS, VOCAB_PADDING_MULTIPLE, NeoBERTArch, get_arch, padded_vocab_size
+from megatron_neobert.model import (PRESETS, VOCAB_PADDING_MULTIPLE, NeoBERTArch, get_arch, padded_vocab_size,
+                                    parallel_shape_problems)
 from megatron_neobert.model_source import check_model_source
 from megatron_neobert.progress import progress_bar
 from megatron_neobert.checkpoint.layout import iteration_dir, resolve_checkpoint_dir, write_latest_marker
 from megatron_neobert.checkpoint.state import (CHECKPOINT_VERSION, checkpoint_args, load_model_state,
                                                         megatron_deprecations_hidden, megatron_lm_args,
                                                         model_sharded_state_dict, read_common_state)
-from megatron_neobert.errors import TrainingError
+from megatron_neobert.errors import TrainingError, one_line_each
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
     (`iter_0000000/`, marker, common args), written by TP x PP ranks."""
     from megatron.core import dist_checkpointing
 
-    from megatron_neobert.parallel.launch import run_on_ranks
+    from megatron_neobert.parallel.launch import preload_on_ranks, run_on_ranks
 
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if dtype not in DTYPES:
@@ -384,9 +385,9 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
         raise ConversionError(f"{src} has no MLM head (decoder.weight/bias): pre-training needs one")
     arch = shape_bridge_call(shape_bridge.arch_for_hf_config, config)
     check_preset(arch, model_preset, f"{src} (arch {arch})")
-    if arch.num_layers % pp or arch.num_attention_heads % tp or arch.ffn_hidden_size % tp:
-        raise ConversionError(f"TP={tp} x PP={pp} does not divide {arch.num_layers} layers, "
-                              f"{arch.num_attention_heads} heads and FFN width {arch.ffn_hidden_size}")
+    problems = parallel_shape_problems(arch, f"the model in {src}", tp, pp, resizable=False)
+    if problems:
+        raise ConversionError(one_line_each(problems))
     padded = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
     tokenizer_vocab_size = None
     if tokenizer is None and any((src / f).is_file() for f in TOKENIZER_FILES):
@@ -423,6 +424,7 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
         common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
+        preload_on_ranks(__name__)  # the ranks run save_target_layout: this module's imports, once
         run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
                      dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
         shutil.rmtree(stage)

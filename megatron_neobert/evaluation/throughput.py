@@ -23,7 +23,7 @@ import torch
 
 from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.loader import masked_position_list
-from megatron_neobert.model import NeoBERTArch, padded_vocab_size
+from megatron_neobert.model import ModelShape, NeoBERTArch, padded_vocab_size
 from megatron_neobert.training.metrics import attended_pairs, peak_tflops, step_flops
 
 logger = logging.getLogger(__name__)
@@ -313,10 +313,10 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
     return step
 
 
-def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, compiled: bool,
+def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, compiled: bool,
                          losses: List[float]) -> Callable:
-    """The trainer's step, built by the trainer's own set-up from its flags; each step appends its loss to
-    `losses`."""
+    """The trainer's step for the model's `shape`, built by the trainer's own set-up from its flags; each step
+    appends its loss to `losses`."""
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.arguments import parse_settings
@@ -329,7 +329,7 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     settings = parse_settings(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, arch)
+    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, shape)
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.
@@ -353,14 +353,16 @@ def _megatron_train_step(arch: NeoBERTArch, batches: List[dict], fp8: bool, comp
 def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], steps: int, device) -> Measurement:
     reference = row.model.startswith("reference")
     losses = None if reference else []
+    # Ours pads the vocabulary as the trainer does at TP 1 (--make-vocab-size-divisible-by's default).
+    shape = ModelShape(arch, padded_vocab_size(arch.vocab_size), preset=None, base="the benchmark's arch")
     step = (_reference_train_step(arch, batches, device, row.compiled) if reference
-            else _megatron_train_step(arch, batches, row.precision == "fp8", row.compiled, losses))
+            else _megatron_train_step(shape, batches, row.precision == "fp8", row.compiled, losses))
     seconds = time_per_step(step, steps, WARMUP_STEPS[row.compiled])
     real = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["tokens"].numel() for b in batches)
     # The reference's head runs on every position, ours on the masked ones; each one's FLOPs count
     # what it computes (on real tokens), at the vocabulary size it computes.
     predicted = real if reference else sum(int((b["labels"] != -100).sum()) for b in batches)
-    vocab = arch.vocab_size if reference else padded_vocab_size(arch.vocab_size)
+    vocab = arch.vocab_size if reference else shape.padded_vocab_size
     # Synthetic tokens are >= 5: none is padding (id 0), so every packed piece is a document.
     pairs = sum(int(attended_pairs(b, pad_id=0)) for b in batches)
     tflops = step_flops(arch, real, predicted, pairs, vocab) / seconds / 1e12

@@ -33,59 +33,6 @@ RESULTS = "downstream.jsonl"
 PLOT = "downstream.png"
 EVENT_SUFFIX = ".downstream"  # our own event file: the trainer's are never opened for writing
 
-# Task groups a suite may name: the settings it must give, and the others' defaults.
-REQUIRED = {"pseudo_perplexity": ("texts",), "glue": ("data_dir", "tasks"), "mteb": ("tasks",)}
-GROUP_DEFAULTS = {
-    "pseudo_perplexity": dict(text_field="text", num_texts=None, max_length=512, min_length=2, buckets=None,
-                              batch_size=32),
-    "glue": dict(max_train_examples=256, epochs=1, batch_size=16, learning_rate=1e-4, weight_decay=0.01,
-                 max_length=128, seed=0),
-    "mteb": dict(dtype="float32", batch_size=32, max_length=None, instructions=True),
-}
-# Settings that name files: relative to the suite file's folder.
-_PATHS = {("pseudo_perplexity", "texts"), ("glue", "data_dir"), ("mteb", "tasks")}
-
-
-# --------------------------------------------------------------------------------------------------------
-# The suite
-# --------------------------------------------------------------------------------------------------------
-
-
-def load_suite(path) -> Dict[str, dict]:
-    """{group: settings} from a YAML suite file; unknown groups or settings and missing required ones are
-    errors naming them."""
-    import yaml
-
-    path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"suite {path}: expected a mapping of task groups ({', '.join(GROUP_DEFAULTS)})")
-    suite = {}
-    for group, given in raw.items():
-        if group not in GROUP_DEFAULTS:
-            raise ValueError(f"suite {path}: unknown task group {group!r} (known: {', '.join(GROUP_DEFAULTS)})")
-        given = given or {}
-        known = [*REQUIRED[group], *GROUP_DEFAULTS[group]]
-        unknown = sorted(set(given) - set(known))
-        if unknown:
-            raise ValueError(f"suite {path}: {group} has unknown settings {unknown} (known: {sorted(known)})")
-        settings = {**GROUP_DEFAULTS[group], **given}
-        missing = [k for k in REQUIRED[group] if settings.get(k) is None]
-        if missing:
-            raise ValueError(f"suite {path}: {group} needs {', '.join(missing)}")
-        for name in [n for g, n in _PATHS if g == group]:
-            value = settings[name]
-            resolve = lambda p: str((path.parent / p).resolve())  # noqa: E731
-            settings[name] = [resolve(p) for p in value] if isinstance(value, list) else resolve(value)
-        suite[group] = settings
-    return suite
-
-
-def settings_hash(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 # --------------------------------------------------------------------------------------------------------
 # Task groups: an exported folder in, (task, metric, value) rows out
 # --------------------------------------------------------------------------------------------------------
@@ -136,7 +83,74 @@ def run_mteb(hf_dir: Path, s: dict, device: str, workdir: Path) -> List[Tuple[st
     return [(f"mteb/{name}", "main_score", v["main_score"]) for name, v in sorted(summary["tasks"].items())]
 
 
-RUNNERS: Dict[str, Callable] = {"pseudo_perplexity": run_pseudo_perplexity, "glue": run_glue, "mteb": run_mteb}
+@dataclass(frozen=True)
+class TaskGroup:
+    """What a suite's task group is: the function that scores an exported folder with the group's settings, the
+    settings a suite must give, the others with their defaults, and those that name files (relative to the suite
+    file's folder)."""
+
+    run: Callable[[Path, dict, str, Path], List[Tuple[str, str, float]]]
+    required: Tuple[str, ...]
+    defaults: Dict[str, object]
+    paths: Tuple[str, ...]
+
+    @property
+    def settings(self) -> Tuple[str, ...]:
+        return (*self.required, *self.defaults)
+
+
+TASK_GROUPS: Dict[str, TaskGroup] = {
+    "pseudo_perplexity": TaskGroup(
+        run_pseudo_perplexity, required=("texts",), paths=("texts",),
+        defaults=dict(text_field="text", num_texts=None, max_length=512, min_length=2, buckets=None, batch_size=32)),
+    "glue": TaskGroup(
+        run_glue, required=("data_dir", "tasks"), paths=("data_dir",),
+        defaults=dict(max_train_examples=256, epochs=1, batch_size=16, learning_rate=1e-4, weight_decay=0.01,
+                      max_length=128, seed=0)),
+    "mteb": TaskGroup(
+        run_mteb, required=("tasks",), paths=("tasks",),
+        defaults=dict(dtype="float32", batch_size=32, max_length=None, instructions=True)),
+}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The suite
+# --------------------------------------------------------------------------------------------------------
+
+
+def load_suite(path) -> Dict[str, dict]:
+    """{group: settings} from a YAML suite file; unknown groups or settings and missing required ones are
+    errors naming them."""
+    import yaml
+
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"suite {path}: expected a mapping of task groups ({', '.join(TASK_GROUPS)})")
+    suite = {}
+    for group, given in raw.items():
+        if group not in TASK_GROUPS:
+            raise ValueError(f"suite {path}: unknown task group {group!r} (known: {', '.join(TASK_GROUPS)})")
+        task_group, given = TASK_GROUPS[group], given or {}
+        unknown = sorted(set(given) - set(task_group.settings))
+        if unknown:
+            raise ValueError(f"suite {path}: {group} has unknown settings {unknown} "
+                             f"(known: {sorted(task_group.settings)})")
+        settings = {**task_group.defaults, **given}
+        missing = [k for k in task_group.required if settings.get(k) is None]
+        if missing:
+            raise ValueError(f"suite {path}: {group} needs {', '.join(missing)}")
+        for name in task_group.paths:
+            value = settings[name]
+            resolve = lambda p: str((path.parent / p).resolve())  # noqa: E731
+            settings[name] = [resolve(p) for p in value] if isinstance(value, list) else resolve(value)
+        suite[group] = settings
+    return suite
+
+
+def settings_hash(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -351,7 +365,7 @@ class Run:
 
     def _evaluate(self, group: str, iteration: int, args: dict, checkpoint: str, weights: str, workdir: Path):
         started = time.time()
-        scores = RUNNERS[group](workdir / "hf", self.suite[group], self.device, workdir)
+        scores = TASK_GROUPS[group].run(workdir / "hf", self.suite[group], self.device, workdir)
         seconds = round(time.time() - started, 1)
         samples = args.get("consumed_train_samples")
         tokens = samples * args["seq_length"]  # sequence positions read, padding included, as Megatron counts

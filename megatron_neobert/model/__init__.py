@@ -4,7 +4,7 @@ from typing import Optional
 
 from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch, swiglu_width, transformer_config
 from megatron_neobert.model.shape import (VOCAB_PADDING_MULTIPLE, ModelShape, padded_vocab_size,
-                                          resolve_model_shape)
+                                          parallel_shape_problems, resolve_model_shape)
 
 
 def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_process: bool = True,
@@ -23,4 +23,5 @@ def build_model(arch: NeoBERTArch, config, pre_process: bool = True, post_proces
 
 
 __all__ = ["PRESETS", "VOCAB_PADDING_MULTIPLE", "ModelShape", "NeoBERTArch", "build_model", "get_arch",
-           "padded_vocab_size", "resolve_model_shape", "swiglu_width", "transformer_config"]
+           "padded_vocab_size", "parallel_shape_problems", "resolve_model_shape", "swiglu_width",
+           "transformer_config"]

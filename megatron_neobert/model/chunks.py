@@ -10,16 +10,15 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.transformer.module import Float16Module
 
-from megatron_neobert.model import NeoBERTArch, build_model, padded_vocab_size
+from megatron_neobert.model import NeoBERTArch, build_model
 
 
-def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
-                       ddp_config: Optional[DistributedDataParallelConfig] = None,
-                       padded_vocab: Optional[int] = None) -> List[torch.nn.Module]:
+def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str, padded_vocab: int,
+                       ddp_config: Optional[DistributedDataParallelConfig] = None) -> List[torch.nn.Module]:
     """This rank's NeoBERT model chunks: one per virtual pipeline stage (one without VPP).
 
-    `padded_vocab`: rows of the embedding and output layer; default: the vocabulary padded to a
-    multiple of 128 x TP. A loaded checkpoint's own size must be passed (its rows are fixed).
+    `padded_vocab`: rows of the embedding and output layer, the run's `ModelShape.padded_vocab_size` (a loaded
+    checkpoint's own: its rows are fixed).
 
     With `ddp_config` each chunk is wrapped in megatron-core DDP (grad buffers, bucketed
     reduce(-scatter)) and `config` gets the hooks the pipeline schedules call (and, with Transformer
@@ -29,13 +28,11 @@ def build_model_chunks(arch: NeoBERTArch, config, transformer_impl: str,
         # TE's linears add their weight gradients straight into DDP's fp32 main_grad buffers.
         config.gradient_accumulation_fusion = True
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    vocab = padded_vocab or padded_vocab_size(arch.vocab_size, tp)
     chunks = []
     for vp_stage in range(vpp):
         vp = vp_stage if vpp > 1 else None
         chunk = build_model(
-            arch, config, transformer_impl=transformer_impl, vocab_size=vocab, vp_stage=vp,
+            arch, config, transformer_impl=transformer_impl, vocab_size=padded_vocab, vp_stage=vp,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp))
         if torch.cuda.is_available():

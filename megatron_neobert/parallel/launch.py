@@ -115,19 +115,27 @@ class DistributedState:
         gc.collect()
 
 
-# What every rank imports, done once in the server that CPU ranks are forked from (`_rank_context`).
-RANK_PRELOAD = ("megatron_neobert.training.trainer", "megatron_neobert.conversion.convert")
+# The modules named by `preload_on_ranks`, for the server that CPU ranks are forked from to import as it starts.
+_preloaded: List[str] = []
+
+
+def preload_on_ranks(*modules: str) -> None:
+    """Name modules that the ranks of `run_on_ranks` will run (the trainer, the converter), for the server that CPU
+    ranks are forked from to import once as it starts, at this process's first `run_on_ranks`: a rank then starts
+    in under a second, where importing torch, megatron-core and the trainer itself takes seconds. Named after the
+    server has started, they are imported by each rank. The callers name them: this layer knows none above it."""
+    _preloaded.extend(name for name in modules if name not in _preloaded)
 
 
 def _rank_context():
     """How the ranks start. On the CPU they are forked from a server that has imported torch, megatron-core and the
-    trainer once (multiprocessing's forkserver, kept for the life of this process): a rank starts in under a second
-    where a spawned one spends seconds importing, and as clean as a spawned one, since the server did nothing but
-    import. With a GPU they are spawned: a fresh interpreter each, so that no process before them has touched CUDA."""
+    modules named by `preload_on_ranks` once (multiprocessing's forkserver, kept for the life of this process), and
+    as clean as a spawned one, since the server did nothing but import. With a GPU they are spawned: a fresh
+    interpreter each, so that no process before them has touched CUDA."""
     if torch.cuda.is_available():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(list(RANK_PRELOAD))
+    context.set_forkserver_preload([__name__, *_preloaded])  # its `_worker` runs every rank
     return context
 
 

@@ -11,7 +11,7 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.transformer.enums import AttnBackend
 
-from megatron_neobert.model import ModelShape, NeoBERTArch, padded_vocab_size, resolve_model_shape, transformer_config
+from megatron_neobert.model import ModelShape, resolve_model_shape, transformer_config
 from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.state import checkpoint_args
@@ -42,15 +42,14 @@ def set_random_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_vocab: Optional[int] = None,
-                              lap: Callable[[str], None] = lambda part: None):
-    """(transformer config, model chunks, optimizer, scheduler) of this rank, after initialising
-    megatron-core's parallel state for the layout the settings ask for. `padded_vocab`: the embedding rows (a
-    loaded checkpoint's); default: the vocabulary padded as --make-vocab-size-divisible-by says. `lap(part)` is
-    called as each part ends (the start-up's account)."""
+def setup_model_and_optimizer(settings: Settings, shape: ModelShape, lap: Callable[[str], None] = lambda part: None):
+    """(transformer config, model chunks, optimizer, scheduler) of this rank for the model's `shape`, after
+    initialising megatron-core's parallel state for the layout the settings ask for. `lap(part)` is called as each
+    part ends (the start-up's account)."""
     model, precision, parallel, training = settings.model, settings.precision, settings.parallel, settings.training
+    arch = shape.arch
     vpp = None
-    if parallel.num_layers_per_virtual_pipeline_stage:
+    if parallel.num_layers_per_virtual_pipeline_stage:  # a split that divides: run_checks.check_parallel_shape
         vpp = arch.num_layers // (parallel.pipeline_model_parallel_size
                                   * parallel.num_layers_per_virtual_pipeline_stage)
     initialize_model_parallel(parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size, vpp,
@@ -79,9 +78,7 @@ def setup_model_and_optimizer(settings: Settings, arch: NeoBERTArch, padded_voca
         grad_reduce_in_fp32=True, overlap_grad_reduce=parallel.overlap_grad_reduce,
         overlap_param_gather=parallel.overlap_param_gather, bucket_size=parallel.ddp_bucket_size,
         use_distributed_optimizer=parallel.use_distributed_optimizer)
-    padded_vocab = padded_vocab or padded_vocab_size(arch.vocab_size, parallel.tensor_model_parallel_size,
-                                                     model.make_vocab_size_divisible_by)
-    chunks = build_model_chunks(arch, config, model.transformer_impl, ddp_config, padded_vocab)
+    chunks = build_model_chunks(arch, config, model.transformer_impl, shape.padded_vocab_size, ddp_config)
     if parallel.overlap_param_gather:  # the schedules start each chunk's parameter all-gather
         config.param_sync_func = [c.start_param_sync for c in chunks]
         if len(chunks) == 1:

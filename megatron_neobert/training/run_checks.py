@@ -1,28 +1,22 @@
 """Checks at the start of a run that would otherwise fail deep inside a step or a load."""
 
-import math
 import os
 import re
-from typing import List, Optional
+from typing import Optional
 
 from megatron_neobert.data import checks as data_checks
 from megatron_neobert.data.indexed import IndexedDataError, check_sizes
 from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.data.trainer_datasets import data_sources
-from megatron_neobert.model import ModelShape, NeoBERTArch
+from megatron_neobert.model import ModelShape, NeoBERTArch, parallel_shape_problems
 from megatron_neobert.checkpoint.state import checkpoint_args
-from megatron_neobert.errors import InputError, TrainingError
+from megatron_neobert.errors import InputError, TrainingError, one_line_each
 from megatron_neobert.training.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).
 TENSOR_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization",
                        "activation", "position_embedding_type", "add_bias_linear")
-# Transformer Engine's FP8 GEMMs take operands whose last dimension is a multiple of 16 (transformer_engine.pytorch.
-# utils.assert_dim_for_fp8_exec; cuBLASLt's FP8 kernels need 16-byte rows): every width of a layer's linears on a
-# tensor-parallel rank, as the forward's inner dimension or the backward's.
-FP8_WIDTH_MULTIPLE = 16
-TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes suggested: within one 8-GPU node
 # Settings that decide the layout of the optimizer state in a checkpoint: (section, name).
 OPTIMIZER_SETUP = (("precision", "bf16"), ("parallel", "use_distributed_optimizer"))
 
@@ -90,9 +84,10 @@ def check_vocabulary(tokenizer: MLMTokenizer, arch: NeoBERTArch) -> None:
                          f"{tokenizer.vocab_size} or use a smaller tokenizer")
 
 
-def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, common: dict) -> None:
+def check_model_shape(shape: ModelShape, checkpoint: str, common: dict) -> None:
     """A checkpoint loads only into a model of its own shape; compared from its args before the model
     is built (megatron-core would stop in the load with a "Global shape mismatch" on one tensor)."""
+    arch = shape.arch
     saved = checkpoint_args(common).get("arch")
     if saved is None:  # a checkpoint without our args: megatron-core's own check applies
         return
@@ -102,7 +97,7 @@ def check_model_shape(settings: Settings, arch: NeoBERTArch, checkpoint: str, co
                if saved.get(name) != getattr(arch, name)]
     if differs:
         raise InputError(f"checkpoint {checkpoint} holds a model of another shape ({'; '.join(differs)}; "
-                         f"this run: --model-preset {settings.model.model_preset} and its overrides): give the "
+                         f"this run: {shape.base} and its overrides): give the "
                          f"checkpoint's sizes, or --use-checkpoint-args to take them from it")
 
 
@@ -159,59 +154,12 @@ def check_optimizer_setup(settings: Settings, checkpoint: str, common: dict) -> 
                             f"schedule and data position still load)")
 
 
-def _one_of(values) -> str:
-    values = [str(v) for v in values]
-    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]
-
-
-def _nearest_multiples(value: int, step: int) -> str:
-    below, above = value // step * step, -(-value // step) * step
-    return _one_of([below, above] if below else [above])
-
-
-def _shape_problems(arch: NeoBERTArch, tp: int, fp8: bool) -> List[tuple]:
-    """(flag, its value, what is wrong, the step of its valid values or None, an FP8 rule) of each rule `arch`
-    breaks at tensor-parallel size `tp`, in the order megatron-core and Transformer Engine would meet them."""
-    heads, ffn = arch.num_attention_heads, arch.ffn_hidden_size
-    attention = heads * arch.kv_channels  # the QKV GEMM's output is 3 x this; linear_proj's input is this
-    rules = [(heads % tp, "--num-attention-heads", heads, f"each rank computes whole heads, and {tp} does not divide "
-              f"{heads}", None, False),
-             (ffn % tp, "--ffn-hidden-size", ffn, f"each rank holds an equal share of the MLP, and {tp} does not "
-              f"divide {ffn}", tp, False)]
-    if fp8:
-        rules += [(attention // tp % FP8_WIDTH_MULTIPLE, "--hidden-size", arch.hidden_size,
-                   f"the attention width per rank, {attention // tp} (the QKV output {3 * attention // tp}), is not "
-                   f"a multiple of {FP8_WIDTH_MULTIPLE}", math.lcm(FP8_WIDTH_MULTIPLE * tp, heads), True),
-                  (ffn // tp % FP8_WIDTH_MULTIPLE, "--ffn-hidden-size", ffn, f"the MLP width per rank, {ffn // tp}, is "
-                   f"not a multiple of {FP8_WIDTH_MULTIPLE}", FP8_WIDTH_MULTIPLE * tp, True)]
-    return [rule[1:] for rule in rules if rule[0]]
-
-
-def tensor_parallel_shape_error(arch: NeoBERTArch, tp: int, fp8: bool, preset: str) -> Optional[str]:
-    """Why `arch` cannot run at tensor-parallel size `tp` (with `fp8`: in Transformer Engine's FP8 GEMMs), in one
-    line naming the flag and its nearest valid values, or None when it can."""
-    problems = _shape_problems(arch, tp, fp8)
-    if not problems:
-        return None
-    flag, value, why, step, fp8_rule = problems[0]
-    # The sizes that fit; where none does with FP8 and the rule broken is not FP8's, those that fit without it
-    # (the FP8 check then names what else to change).
-    sizes = [size for size in TP_SIZES if not _shape_problems(arch, size, fp8)]
-    if not sizes and not fp8_rule:
-        sizes = [size for size in TP_SIZES if not _shape_problems(arch, size, False)]
-    fixes = ([f"{flag} {_nearest_multiples(value, step)}"] if step else []) + (
-        [f"--tensor-model-parallel-size {_one_of(sizes)}"] if sizes else [])
-    if fp8_rule:
-        fixes.append("drop --fp8-format")
-    head, tail = ("--fp8-format: ", " (Transformer Engine's FP8 GEMMs)") if fp8_rule else ("", "")
-    return (f"{head}{flag} {value} (--model-preset {preset}) at --tensor-model-parallel-size {tp}: {why}{tail}; "
-            f"use {', or '.join(fixes)}")
-
-
-def check_tensor_parallel_shapes(settings: Settings, arch: NeoBERTArch) -> None:
-    """The run's final shape against its tensor-parallel size (and FP8), before any model is built: megatron-core
-    would stop in the build, Transformer Engine in the first FP8 GEMM."""
-    error = tensor_parallel_shape_error(arch, settings.parallel.tensor_model_parallel_size,
-                                        settings.precision.fp8_format is not None, settings.model.model_preset)
-    if error:
-        raise InputError(error)
+def check_parallel_shape(settings: Settings, shape: ModelShape) -> None:
+    """The run's final shape against its parallel layout (and FP8), before any model is built; each problem one
+    `error:` line."""
+    parallel = settings.parallel
+    problems = parallel_shape_problems(
+        shape.arch, shape.base, parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
+        parallel.num_layers_per_virtual_pipeline_stage, fp8=settings.precision.fp8_format is not None)
+    if problems:
+        raise InputError(one_line_each(problems))

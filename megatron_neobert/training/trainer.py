@@ -6,14 +6,16 @@ lock) are around it, in `loop.py`.
 
 import collections
 import contextlib
+import dataclasses
 import datetime
 import logging
 import time
-from typing import Optional
+from typing import Any, Iterator, List, Optional
 
 import torch
 from megatron.core import parallel_state
 
+from megatron_neobert.model import ModelShape
 from megatron_neobert.model.kernel_report import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import micro_batch_calculator
 from megatron_neobert.training.batch_size import check_batch_sizes
@@ -34,8 +36,8 @@ from megatron_neobert.training.process_guards import ExitSignalHandler, Progress
 from megatron_neobert.training.profiling import StepProfiler
 from megatron_neobert.training.restarts import RestartReport, world_size_change
 from megatron_neobert.training.save_interval import SaveInterval
-from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_positions,
-                                                  check_tensor_parallel_shapes, check_tokenizer_matches_checkpoint,
+from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_parallel_shape,
+                                                  check_positions, check_tokenizer_matches_checkpoint,
                                                   check_vocabulary, check_vocabulary_rows)
 from megatron_neobert.training.schedule import checkpoint_schedule_note
 from megatron_neobert.training.settings import Settings
@@ -91,11 +93,44 @@ def should_save(settings: Settings, state: TrainState, stop: Optional[str], inte
     return interval_due and not state.skipped_in_a_row
 
 
+@dataclasses.dataclass(frozen=True)
+class SetUp:
+    """What `Trainer.set_up` decided and built."""
+
+    checkpoint: Optional[str]  # the iteration folder the run starts from (None: from scratch)
+    common: Optional[dict]  # its common state
+    pretrained: bool  # it is --pretrained-checkpoint's: its weights alone load, as with --finetune
+    shape: ModelShape
+    chunks: List[Any]  # this rank's model chunks, one per virtual pipeline stage
+    optimizer: Any
+    scheduler: Any
+    num_micro: int  # micro-batches per data-parallel rank of a whole global batch (a validation step's)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopParts:
+    """What `Trainer.resume` made for the step loop, from the position the run resumes at."""
+
+    restarts: RestartReport
+    evals_done: int  # validations before that position
+    train_iter: Iterator
+    valid_iter: Optional[Iterator]  # None without a validation split
+    batch_sizes: Any  # megatron-core's micro-batch calculator (--rampup-batch-size)
+    async_saves: Optional[AsyncSaves]  # with --async-save
+    log: TrainingLog
+    profiler: StepProfiler
+    save_interval: SaveInterval
+
+
 class Trainer:
     """The run's phases on this rank (on CPU inside `parallel.cpu.cpu_execution()`), over an initialised process
     group. `tokenizer`: the checked one (`run_checks.check_inputs`); `load_folder`: what --load held before the
     run's start, in words (`startup_report.describe_folder`); `account`: the wall time of this attempt so far, by
-    category (continued from the checkpoint the run resumes from)."""
+    category (continued from the checkpoint the run resumes from).
+
+    Its whole state is declared here: what `set_up` makes (`setup`), what `resume` makes (`loop`), and what the
+    steps and saves change. A phase that needs one of the two before it exists raises a RuntimeError naming the phase
+    to run first."""
 
     def __init__(self, settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
                  handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str,
@@ -103,11 +138,29 @@ class Trainer:
         self.settings, self.tokenizer, self.data_files = settings, tokenizer, data_files
         self.forward_step, self.handler, self.watchdog = forward_step, handler, watchdog
         self.started, self.load_folder, self.account = started, load_folder, account
+        self._setup: Optional[SetUp] = None
+        self._loop: Optional[LoopParts] = None
         self.state = TrainState()
-        self.saved_account = None  # the account of the checkpoint the run resumes from
+        self.saved_account: Optional[dict] = None  # the account of the checkpoint the run resumes from
         self.first_step_reported = False
+        self.last_saved_iteration = 0  # of the last save, or the iteration the run resumed at
+        self.window_start = 0.0  # when the train log's window of steps began (perf_counter)
+        self.async_save_began = 0.0  # when the save in flight began (time.time)
         self.history = {"train": collections.deque(maxlen=HISTORY_STEPS), "eval": [],
                         "exit": "skip-train" if settings.evaluation.skip_train else "finished"}
+
+    @property
+    def setup(self) -> SetUp:
+        if self._setup is None:
+            raise RuntimeError("Trainer.set_up has not run: it comes first (Trainer.run holds the phases' order)")
+        return self._setup
+
+    @property
+    def loop(self) -> LoopParts:
+        if self._loop is None:
+            raise RuntimeError("Trainer.resume has not run: it comes after set_up and before the steps, validations "
+                               "and saves (Trainer.run holds the phases' order)")
+        return self._loop
 
     def run(self) -> dict:
         """{"train": [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" |
@@ -122,25 +175,25 @@ class Trainer:
                 self.validate()
             while not evaluation.skip_train and self.state.iteration < training.train_iters:
                 self.step()
-                if self.valid_iter is not None and evaluation.eval_interval \
+                if self.loop.valid_iter is not None and evaluation.eval_interval \
                         and self.state.iteration % evaluation.eval_interval == 0:
                     self.validate()
                 self.watchdog.at(self.state.iteration, "agreeing whether to stop")
                 stop = stop_reason(self.settings, self.state, self.handler, self.started)
                 self.finish_async_save(blocking=False)
-                due = self.save_interval.due(self.state.iteration, self.last_saved_iteration)
+                due = self.loop.save_interval.due(self.state.iteration, self.last_saved_iteration)
                 if should_save(self.settings, self.state, stop, due):
                     self.save()
                 if stop:
                     logger.info(f"stopping at iteration {self.state.iteration} ({stop})")
                     self.history["exit"] = stop
                     break
-            self.profiler.stop()  # a run stopped inside the window still writes it
+            self.loop.profiler.stop()  # a run stopped inside the window still writes it
             with self.timed("save", count=0):
                 self.finish_async_save(blocking=True)
             logger.info(self.account.table(time.time()))
         finally:
-            self.log.close()
+            self.loop.log.close()
         return self.finish()
 
     @contextlib.contextmanager
@@ -154,98 +207,97 @@ class Trainer:
         and then checked, and this rank's model chunks, optimizer and schedule."""
         settings, options = self.settings, self.settings.checkpoint
         verify = not options.no_verify_checkpoint
-        self.checkpoint, self.common = (read_checkpoint(options.load, options.ckpt_step, verify)
-                                        if options.load else (None, None))
-        self.pretrained = self.checkpoint is None and options.pretrained_checkpoint is not None
-        if self.pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
+        checkpoint, common = read_checkpoint(options.load, options.ckpt_step, verify) if options.load else (None, None)
+        pretrained = checkpoint is None and options.pretrained_checkpoint is not None
+        if pretrained:  # as Megatron-LM: a run that has not saved yet starts from these weights
             find_pretrained_checkpoint(options.pretrained_checkpoint)  # one that holds none is refused
-            self.checkpoint, self.common = read_checkpoint(options.pretrained_checkpoint, None, verify)
-            logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint "
-                        f"{self.checkpoint}")
-        self.shape = shape = run_model_shape(settings, self.tokenizer.vocab_size, self.common)
+            checkpoint, common = read_checkpoint(options.pretrained_checkpoint, None, verify)
+            logger.info(f"no checkpoint in --load {options.load}: starting from --pretrained-checkpoint {checkpoint}")
+        shape = run_model_shape(settings, self.tokenizer.vocab_size, common)
         check_vocabulary(self.tokenizer, shape.arch)
         check_positions(settings, shape.arch)
-        check_tensor_parallel_shapes(settings, shape.arch)
-        check_vocabulary_rows(settings, shape, self.checkpoint)
-        if self.checkpoint:
-            check_tokenizer_matches_checkpoint(self.tokenizer, self.checkpoint, self.common)
-            check_model_shape(settings, shape.arch, self.checkpoint, self.common)
+        check_parallel_shape(settings, shape)
+        check_vocabulary_rows(settings, shape, checkpoint)
+        if checkpoint:
+            check_tokenizer_matches_checkpoint(self.tokenizer, checkpoint, common)
+            check_model_shape(shape, checkpoint, common)
         self.account.lap("checkpoint metadata, model shape and checks")
-        _, self.chunks, self.optimizer, self.scheduler = setup_model_and_optimizer(
-            settings, shape.arch, shape.padded_vocab_size, self.account.lap)
-        self.num_micro = num_micro_batches(settings)
+        _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, shape, self.account.lap)
+        num_micro = num_micro_batches(settings)
         logger.info(format_report(kernel_report(settings.model.transformer_impl, settings.data.data_loader)))
-        logger.info(describe_layout(settings, shape, len(self.chunks), self.num_micro))
+        logger.info(describe_layout(settings, shape, len(chunks), num_micro))
         for note in startup_notes(settings, shape):
             logger.info(note)
         self.account.lap("kernels and layout lines")
+        self._setup = SetUp(checkpoint, common, pretrained, shape, chunks, optimizer, scheduler, num_micro)
 
     def resume(self) -> None:
         """The checkpoint loaded (a fine-tune start: the weights alone, at iteration 0) and the data read from the
         run's position; then the step loop's companions (batch ramp, logs, profiler, asynchronous saves)."""
-        settings, options = self.settings, self.settings.checkpoint
+        settings, options, setup = self.settings, self.settings.checkpoint, self.setup
         training, evaluation = settings.training, settings.evaluation
-        if self.checkpoint:
-            finetune = options.finetune or self.pretrained
-            if not finetune and not holds_training_state(self.common):
-                logger.info(f"{self.checkpoint} holds model weights only: starting from iteration 0 as with "
+        if setup.checkpoint:
+            finetune = options.finetune or setup.pretrained
+            if not finetune and not holds_training_state(setup.common):
+                logger.info(f"{setup.checkpoint} holds model weights only: starting from iteration 0 as with "
                             f"--finetune")
                 finetune = True
             self.state = self.load(finetune)
             self.account.lap("checkpoint load", category="load")
-            change = None if finetune else world_size_change(self.common, self.num_micro)
+            change = None if finetune else world_size_change(setup.common, setup.num_micro)
             if change:
                 logger.info(change)
         elif options.load:
             logger.info(f"no checkpoint in {options.load} ({self.load_folder}): starting from scratch")
-        self.restarts = RestartReport(self.state.iteration,
-                                      datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
-        if self.checkpoint and self.saved_account:  # the job's account goes on
-            self.account.continue_from(self.saved_account, sealed_at(self.checkpoint), self.state.iteration,
-                                       self.restarts.failed_at)
-        self.evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
-        _, self.train_iter, self.valid_iter = build_data(
-            settings, self.state.consumed_samples,
-            self.evals_done * evaluation.eval_iters * training.global_batch_size, self.tokenizer)
+        restarts = RestartReport(self.state.iteration,
+                                 datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
+        if setup.checkpoint and self.saved_account:  # the job's account goes on
+            self.account.continue_from(self.saved_account, sealed_at(setup.checkpoint), self.state.iteration,
+                                       restarts.failed_at)
+        evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
+        _, train_iter, valid_iter = build_data(settings, self.state.consumed_samples,
+                                               evals_done * evaluation.eval_iters * training.global_batch_size,
+                                               self.tokenizer)
         self.account.lap("data sets and loaders")
-        self.batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
-                                                  training.micro_batch_size,
-                                                  parallel_state.get_data_parallel_world_size())
-        self.batch_sizes.update(self.state.consumed_samples, consistency_check=True)
-        if evaluation.skip_train and self.valid_iter is None:
+        batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
+                                             training.micro_batch_size, parallel_state.get_data_parallel_world_size())
+        batch_sizes.update(self.state.consumed_samples, consistency_check=True)
+        if evaluation.skip_train and valid_iter is None:
             raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to "
                                 "run: give a validation split (--split or --valid-data-path) and --eval-iters and "
                                 "--eval-interval above 0")
-        self.async_saves = AsyncSaves() if options.async_save else None
-        self.log = TrainingLog(settings, self.shape.arch, self.shape.padded_vocab_size)
-        self.profiler = StepProfiler(settings)
-        self.save_interval = SaveInterval(options.save_interval, settings.logging.log_interval,
-                                          torch.distributed.get_world_size(), options.failure_rate_per_gpu_day)
+        self._loop = LoopParts(
+            restarts, evals_done, train_iter, valid_iter, batch_sizes,
+            async_saves=AsyncSaves() if options.async_save else None,
+            log=TrainingLog(settings, setup.shape.arch, setup.shape.padded_vocab_size), profiler=StepProfiler(settings),
+            save_interval=SaveInterval(options.save_interval, settings.logging.log_interval,
+                                       torch.distributed.get_world_size(), options.failure_rate_per_gpu_day))
         self.last_saved_iteration = self.state.iteration
         self.account.lap("logs, profiler")
         self.window_start = time.perf_counter()
 
     def load(self, finetune: bool) -> TrainState:
         """The checkpoint's weights (and unless `finetune` its optimizer, schedule, RNG and data position)."""
-        settings, options, common = self.settings, self.settings.checkpoint, self.common
+        settings, options, setup = self.settings, self.settings.checkpoint, self.setup
+        checkpoint, common = setup.checkpoint, setup.common
         if not (finetune or options.no_load_optim):
-            check_optimizer_setup(settings, self.checkpoint, common)
-        flags_schedule = self.scheduler.state_dict()
+            check_optimizer_setup(settings, checkpoint, common)
+        flags_schedule = setup.scheduler.state_dict()
         keeps_position = not finetune and common["train_state"]["data_stream"] == data_stream(settings)
         if not finetune:  # before the load: data that changed is refused at once
-            self.data_files.check_resume(common["train_state"].get("data_files"), self.checkpoint, keeps_position,
+            self.data_files.check_resume(common["train_state"].get("data_files"), checkpoint, keeps_position,
                                          options.allow_data_change)
-        load_checkpoint(self.checkpoint, common, self.chunks, self.optimizer, self.scheduler,
+        load_checkpoint(checkpoint, common, setup.chunks, setup.optimizer, setup.scheduler,
                         load_optimizer=not options.no_load_optim, load_rng=not options.no_load_rng,
                         finetune=finetune, strict=options.dist_ckpt_strictness)
-        note = None if finetune else checkpoint_schedule_note(flags_schedule, self.scheduler.state_dict())
+        note = None if finetune else checkpoint_schedule_note(flags_schedule, setup.scheduler.state_dict())
         if note:
             logger.info(note)
         state = TrainState()
         if not finetune:
             saved = common["train_state"]
             state = TrainState(iteration=common["iteration"], skipped_iters=saved["skipped_iters"],
-                               skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=self.checkpoint,
+                               skipped_in_a_row=saved.get("skipped_in_a_row", 0), last_checkpoint=checkpoint,
                                floating_point_operations=common.get("num_floating_point_operations_so_far", 0.0))
             if keeps_position:
                 state.consumed_samples = saved["consumed_samples"]
@@ -253,49 +305,50 @@ class Trainer:
                 logger.info(f"data settings differ from the checkpoint's: reading the new data "
                             f"from its start (checkpoint: {saved['data_stream']})")
         self.saved_account = None if finetune else common["train_state"].get("goodput")
-        logger.info(f"loaded {self.checkpoint} at iteration {state.iteration}")
+        logger.info(f"loaded {checkpoint} at iteration {state.iteration}")
         return state
 
     def step(self) -> None:
         """One optimizer step over the next global batch, counted, reported and kept in the history."""
-        settings, state, shape = self.settings, self.state, self.shape
+        settings, state, setup, loop = self.settings, self.state, self.setup, self.loop
         self.watchdog.at(state.iteration + 1, "training step")
         began = time.perf_counter()
-        self.profiler.step_begins(state.iteration)
-        batches = [next(self.train_iter) for _ in range(self.batch_sizes.get())]
-        record = train_step(settings, self.chunks, self.optimizer, self.scheduler, batches, state, self.forward_step,
-                            self.tokenizer.pad_id)
-        self.batch_sizes.update(state.consumed_samples, consistency_check=True)
-        if self.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
+        loop.profiler.step_begins(state.iteration)
+        batches = [next(loop.train_iter) for _ in range(loop.batch_sizes.get())]
+        record = train_step(settings, setup.chunks, setup.optimizer, setup.scheduler, batches, state,
+                            self.forward_step, self.tokenizer.pad_id)
+        loop.batch_sizes.update(state.consumed_samples, consistency_check=True)
+        if loop.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
             logger.info(f"ramping up batch size from {record['global_batch_size']} to "
-                        f"{self.batch_sizes.get_current_global_batch_size()}")
-        state.floating_point_operations += step_flops(shape.arch, record["tokens"], record["predicted"],
-                                                      record["attended"], shape.padded_vocab_size)
-        self.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+                        f"{loop.batch_sizes.get_current_global_batch_size()}")
+        state.floating_point_operations += step_flops(setup.shape.arch, record["tokens"], record["predicted"],
+                                                      record["attended"], setup.shape.padded_vocab_size)
+        loop.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
         took = time.perf_counter() - began
-        self.account.add("skipped" if record["skipped"] else "redone" if self.restarts.redoes(state.iteration)
+        self.account.add("skipped" if record["skipped"] else "redone" if loop.restarts.redoes(state.iteration)
                          else "productive", took)
         if not self.first_step_reported:
             self.first_step_reported = True
             logger.info(self.account.startup_line(took))
-        self.restarts.step_done(state.iteration)
+        loop.restarts.step_done(state.iteration)
         self.history["train"].append(record)
         report = (state.iteration % settings.logging.log_interval == 0
                   or state.iteration == settings.training.train_iters)
-        self.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
+        loop.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
                       self.account)
         if report:
             self.window_start = time.perf_counter()
 
     def validate(self) -> None:
+        setup, loop = self.setup, self.loop
         self.watchdog.at(self.state.iteration, "evaluation")
         with self.timed("evaluation"):
-            stats = evaluate(self.chunks, self.valid_iter, self.num_micro, self.settings.evaluation.eval_iters,
+            stats = evaluate(setup.chunks, loop.valid_iter, setup.num_micro, self.settings.evaluation.eval_iters,
                              self.forward_step)
         result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=self.state.iteration,
                       consumed_samples=self.state.consumed_samples)
         self.history["eval"].append(result)
-        self.log.evaluation(result)
+        loop.log.evaluation(result)
 
     def save(self) -> None:
         """A checkpoint of this iteration (in the background with --async-save), once the parameters are finite
@@ -303,7 +356,7 @@ class Trainer:
         with self.timed("save"):
             self.write_checkpoint()
         self.last_saved_iteration = self.state.iteration
-        self.save_interval.measured(self.account_snapshot(saving=False))
+        self.loop.save_interval.measured(self.account_snapshot(saving=False))
 
     def account_snapshot(self, saving: bool) -> dict:
         """Rank 0's account (megatron-core checks that the checkpoint's common state is the same on every rank)."""
@@ -312,12 +365,13 @@ class Trainer:
         return snapshot[0]
 
     def write_checkpoint(self) -> None:
-        settings, options, state, shape = self.settings, self.settings.checkpoint, self.state, self.shape
-        training, evaluation = settings.training, settings.evaluation
+        settings, options, state = self.settings, self.settings.checkpoint, self.state
+        setup, loop = self.setup, self.loop
+        training, evaluation, shape, chunks = settings.training, settings.evaluation, setup.shape, setup.chunks
         self.watchdog.at(state.iteration, "checkpoint save")
         self.finish_async_save(blocking=True)  # one save in flight at a time
-        finish_param_sync(self.chunks)
-        if not params_are_finite(self.chunks):
+        finish_param_sync(chunks)
+        if not params_are_finite(chunks):
             raise TrainingError(f"iteration {state.iteration}: the model's parameters are not finite: not saving "
                                 f"them; the checkpoint to resume from stays {state.last_checkpoint or 'none'}")
         self.data_files.check_unchanged(state.iteration)
@@ -326,20 +380,20 @@ class Trainer:
             hf_intermediate_size=shape.hf_intermediate_size, tokenizer_vocab_size=self.tokenizer.vocab_size,
             data_parallel_size=parallel_state.get_data_parallel_world_size(),
             world_size=torch.distributed.get_world_size(),
-            virtual_pipeline_model_parallel_size=len(self.chunks) if len(self.chunks) > 1 else None,
+            virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
-            consumed_valid_samples=(self.evals_done + len(self.history["eval"])) * evaluation.eval_iters
+            consumed_valid_samples=(loop.evals_done + len(self.history["eval"])) * evaluation.eval_iters
             * training.global_batch_size)
         save_checkpoint(
-            options.save, state.iteration, self.chunks, self.optimizer, self.scheduler,
+            options.save, state.iteration, chunks, setup.optimizer, setup.scheduler,
             dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
                  data_files=self.data_files.files, skipped_iters=state.skipped_iters,
-                 skipped_in_a_row=state.skipped_in_a_row, goodput=self.account_snapshot(saving=not self.async_saves)),
+                 skipped_in_a_row=state.skipped_in_a_row, goodput=self.account_snapshot(saving=not loop.async_saves)),
             saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
             save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
-            async_saves=self.async_saves)
-        resume_param_sync(self.chunks)
-        if self.async_saves:
+            async_saves=loop.async_saves)
+        resume_param_sync(chunks)
+        if loop.async_saves:
             self.async_save_began = time.time()
             logger.info(f"writing the checkpoint of iteration {state.iteration} to {options.save} in the background "
                         f"(--async-save)")
@@ -355,14 +409,15 @@ class Trainer:
         logger.info(f"saved checkpoint at iteration {iteration} to {self.settings.checkpoint.save}")
 
     def finish_async_save(self, blocking: bool) -> None:
-        done = self.async_saves.finish(blocking) if self.async_saves else None
+        async_saves = self.loop.async_saves
+        done = async_saves.finish(blocking) if async_saves else None
         if done is not None:
             self.account.async_save_background += time.time() - self.async_save_began
             self.saved(done)
 
     def finish(self) -> dict:
-        history = self.history
+        history, loop = self.history, self.loop
         history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters,
-                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=self.save_interval.every,
+                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=loop.save_interval.every,
                        startup=list(self.account.startup_parts))
         return history

@@ -6,7 +6,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron_neobert.evaluation.throughput import mlm_batch
-from megatron_neobert.model import build_model, get_arch, transformer_config
+from megatron_neobert.model import build_model, resolve_model_shape, transformer_config
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.kernels import transformer_engine_available
 from megatron_neobert.model.layer_specs import _LOCAL_TO_TE_CHECKPOINT_KEYS
@@ -24,8 +24,9 @@ needs_te = needs("te", GPU and transformer_engine_available(), "a GPU and Transf
 needs_fp8 = needs("fp8", GPU and torch.cuda.get_device_capability() >= (8, 9), "FP8 tensor cores (sm89+)")
 
 # Multiples of 16 everywhere (FP8 GEMMs), small enough to run in seconds.
-ARCH = get_arch("neobert-tiny", num_layers=2, hidden_size=128, num_attention_heads=4, ffn_hidden_size=256,
-                vocab_size=1024)
+SHAPE = resolve_model_shape("neobert-tiny", dict(num_layers=2, hidden_size=128, num_attention_heads=4,
+                                                  ffn_hidden_size=256, vocab_size=1024))
+ARCH = SHAPE.arch
 SEQ, MICRO_BATCH = 128, 4
 
 

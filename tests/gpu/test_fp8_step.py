@@ -11,7 +11,7 @@ import torch
 from execution_checks import LAYER_LINEARS, LinearPrecisions, assert_linears_ran
 from megatron_neobert.evaluation.throughput import FP8_COMPARED_FROM_STEP, fp8_loss_gap, mlm_micro_batches
 from megatron_neobert.parallel.launch import run_on_ranks
-from gpu_cases import ARCH, MICRO_BATCH, SEQ, needs_fp8, needs_te
+from gpu_cases import ARCH, MICRO_BATCH, SEQ, SHAPE, needs_fp8, needs_te
 
 pytestmark = [needs_te, pytest.mark.integration]
 
@@ -31,7 +31,7 @@ def losses_over_steps(fp8: bool, packed: bool):
              "--lr-decay-style", "constant"]
     flags += ["--fp8-format", "hybrid"] if fp8 else []
     settings = parse_settings(flags)
-    _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, ARCH)
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, SHAPE)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     batches = mlm_micro_batches(SEQ, MICRO_BATCH, 2, ARCH.vocab_size, packed, 0.2, device)
     precisions = LinearPrecisions(chunks)

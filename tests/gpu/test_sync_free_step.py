@@ -15,7 +15,7 @@ from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_va
 from megatron_neobert.training.arguments import parse_settings
 from megatron_neobert.training.model_setup import setup_model_and_optimizer
 from megatron_neobert.training.step import run_micro_batches
-from gpu_cases import ARCH, MICRO_BATCH, SEQ, batch, needs, needs_fp8, needs_gpu, needs_te
+from gpu_cases import MICRO_BATCH, SEQ, SHAPE, batch, needs, needs_fp8, needs_gpu, needs_te
 
 pytestmark = needs_gpu
 
@@ -27,7 +27,7 @@ def warm_trainer_step(monkeypatch, impl: str, packed: bool, kernel=None, flags=(
         monkeypatch.setenv(PACKED_ATTENTION_ENV, kernel)  # before the build, which fixes the kernel
     settings = parse_settings(["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
                                "--bf16", "--transformer-impl", impl, "--lr-warmup-iters", "0", *flags])
-    _, chunks, _, _ = setup_model_and_optimizer(settings, ARCH)
+    _, chunks, _, _ = setup_model_and_optimizer(settings, SHAPE)
     batches = [batch(packed, seed=i, pinned=True) for i in range(2)]
     run_micro_batches(chunks, batches, forward_only=False)
     torch.cuda.synchronize()
