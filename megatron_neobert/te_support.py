@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -68,42 +69,34 @@ def _chain(node: ast.AST) -> Optional[List[str]]:
 
 
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception"}
-# A failed import of these means no TE at all, not an older one: never optional
+# A failed import of these means no TE at all, not an older one
 _TE_ITSELF = {TE, TE + ".pytorch"}
 _VERSION_CHECK = "is_te_min_version"  # megatron-core's test of the installed TE's version
 
 
-def _bound_names(statements: Sequence[ast.stmt]) -> set:
-    names = set()
-    for node in (n for statement in statements for n in ast.walk(statement)):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
-    return names
+def _imports_te_itself(statements: Sequence[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Import) and {a.name for a in n.names} & _TE_ITSELF
+               or isinstance(n, ast.ImportFrom) and n.module == TE and any(a.name == "pytorch" for a in n.names)
+               for statement in statements for n in ast.walk(statement))
 
 
 def _optional_nodes(tree: ast.Module) -> set:
-    """The nodes whose TE names megatron-core does without: `try` blocks with an ImportError handler that has a
-    fallback (binds a name the block binds, `except ImportError: SplitAlongDim = None`) or tolerates the failure
-    (`pass`), and both branches of an `if` on `is_te_min_version(...)`, of which the TE's version picks one. A handler
-    that only records that TE is absent (`HAVE_TE = False`) is no fallback: what its block imports is needed. The
-    import of TE or its PyTorch package is needed either way."""
+    """The nodes whose TE names megatron-core does without: a `try` block with an ImportError handler asks whether
+    this TE has a feature (`from transformer_engine.pytorch.attention import _SplitAlongDim`), unless it imports TE or
+    its PyTorch package itself, which asks whether TE is installed (`import transformer_engine as te` with
+    `HAVE_TE = False` as the handler): what that one imports is needed. Both branches of an `if` on
+    `is_te_min_version(...)` are optional too: the TE's version picks one."""
     statements = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Try):
-            handlers = [h for h in node.handlers if h.type is None or {n.id for n in ast.walk(h.type)
-                                                                        if isinstance(n, ast.Name)} & _IMPORT_ERRORS]
-            if any(all(isinstance(s, ast.Pass) for s in h.body) or _bound_names(h.body) & _bound_names(node.body)
-                   for h in handlers):
+            if not _imports_te_itself(node.body) and any(
+                    h.type is None or {n.id for n in ast.walk(h.type) if isinstance(n, ast.Name)} & _IMPORT_ERRORS
+                    for h in node.handlers):
                 statements += node.body
         elif isinstance(node, ast.If) and any(isinstance(n, ast.Call) and _chain(n.func) == [_VERSION_CHECK]
                                               for n in ast.walk(node.test)):
             statements += node.body + node.orelse
-    return {id(n) for statement in statements for n in ast.walk(statement)
-            if not (isinstance(n, ast.Import) and {a.name for a in n.names} <= _TE_ITSELF)}
+    return {id(n) for statement in statements for n in ast.walk(statement)}
 
 
 class _ModuleScan:
@@ -178,6 +171,12 @@ class _ModuleScan:
                 yield base if method == "__init__" else f"{base}.{method}", [kw.arg for kw in node.keywords if kw.arg]
 
 
+def _parse(path: Path) -> ast.Module:
+    with warnings.catch_warnings():  # megatron-core's invalid escapes in docstrings are its own to fix
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(path.read_text(), str(path))
+
+
 def _as_lists(names: Dict[str, set]) -> Dict[str, List[str]]:
     return {name: sorted(names[name]) for name in sorted(names)}
 
@@ -186,7 +185,7 @@ def scan_te_api(root: Path) -> Dict[str, List[str]]:
     """The TE names the Python files under `root` use ({dotted name: keywords passed to it}), read with `ast`."""
     found: Dict[str, set] = {}
     for path in sorted(Path(root).rglob("*.py")):
-        for name, keywords in _ModuleScan(ast.parse(path.read_text(), str(path))).scan().items():
+        for name, keywords in _ModuleScan(_parse(path)).scan().items():
             found.setdefault(name, set()).update(keywords)
     return _as_lists(found)
 
@@ -197,11 +196,11 @@ def project_te_api(project_root: Path, megatron_core_root: Path) -> Dict[str, Li
     found = {name: set(keywords) for name, keywords in scan_te_api(project_root).items()}
     wrappers = set()
     for path in sorted(Path(project_root).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             if isinstance(node, ast.ImportFrom) and node.module == TE_WRAPPERS:
                 wrappers.update(alias.name for alias in node.names)
     source = Path(megatron_core_root, *TE_WRAPPERS.split(".")[2:]).with_suffix(".py")
-    module = _ModuleScan(ast.parse(source.read_text(), str(source)))
+    module = _ModuleScan(_parse(source))
     classes = {node.name: node for node in module.tree.body if isinstance(node, ast.ClassDef)}
     while wrappers:
         cls = classes[wrappers.pop()]
@@ -212,9 +211,12 @@ def project_te_api(project_root: Path, megatron_core_root: Path) -> Dict[str, Li
 
 
 def shipped_api(release: str) -> Dict[str, List[str]]:
-    """The TE names a supported megatron-core release needs, with those of this project's layers on it."""
+    """What the choice checks of a TE for a supported megatron-core release: every name the release needs (a missing
+    one fails its import), and the keywords of the calls this project's layers make. The release's other calls are
+    not checked: its features that the model does not use may pass newer keywords (0.19.2's generalized tensor
+    parallelism passes `gather_along_first_dim(output_tensor=)`, which TE 2.17.1 lacks)."""
     lists = json.loads(api_path(release).read_text())
-    needed = {name: set(keywords) for name, keywords in lists["megatron_core"].items()}
+    needed = {name: set() for name in lists["megatron_core"]}
     for name, keywords in lists["project"].items():
         needed.setdefault(name, set()).update(keywords)
     return _as_lists(needed)
