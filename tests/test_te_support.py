@@ -1,6 +1,6 @@
-"""The Dockerfile's choice of megatron-core (megatron_neobert.te_support) over the TE versions of NVIDIA's images, each a
-fake `transformer_engine` package that provides what the case says; the shipped lists of TE names against a fresh
-read of the installed megatron-core."""
+"""The Dockerfile's choice of megatron-core (megatron_neobert.te_support) over the TE versions of NVIDIA's images,
+each a fake `transformer_engine` package that provides what the case says; the shipped lists of TE names against a
+fresh read of the installed megatron-core."""
 
 import json
 import os
@@ -168,7 +168,7 @@ def test_shipped_list_is_the_installed_megatron_cores():
     """Fails when a maintainer bumps megatron-core without `python -m megatron_neobert.te_support --write`."""
     release, root = te_support.installed_megatron_core()
     shipped = json.loads(te_support.api_path(release).read_text())
-    assert shipped["megatron_core"] == te_support.scan_te_api(root), f"regenerate: python -m {te_support.__name__} --write"
+    assert shipped["megatron_core"] == te_support.scan_te_api(root), f"python -m {te_support.__name__} --write"
     assert shipped["project"] == te_support.project_te_api(Path(te_support.__file__).parent, root)
 
 
