@@ -18,7 +18,7 @@ def test_no_import_cycles():
 # The package's folders and top-level modules, lowest first: a module imports from its own layer or the ones below,
 # never from above (a lazy import counts too: it runs when its function does).
 LAYERS = (
-    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes"),
+    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes", "te_support"),
     ("checkpoint",),  # where checkpoints are and what they hold: for data, conversion and training alike
     ("model_source", "kernels"),
     ("hf", "model"),
