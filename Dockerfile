@@ -7,12 +7,15 @@
 #   docker build --build-arg NGC_IMAGE=nvcr.io/nvidia/pytorch:25.11-py3 -t megatron-neobert:mc0.16 .  # 0.16.1
 #   docker run --gpus all --ipc=host --rm -it -v $PWD/data:/data megatron-neobert bash examples/quickstart.sh
 #
-# The pairs this project supports (megatron_core_compat.py), by the container's TE (docs/gpu.md):
-#   TE >=2.9,<2.12 -> megatron-core 0.16.1 (its declared range; NGC 25.11 carries TE 2.9 on CUDA 13.0)
-#   TE 2.17.x      -> megatron-core 0.19.2 (CPython >=3.12; NVIDIA tested 0.19 with TE 2.17.1 and
-#                     nvidia-resiliency-ext 0.6 in NGC PyTorch 26.06, whose asynchronous saves it uses)
-# MEGATRON_CORE=auto picks by that table; 0.16.1 or 0.19.2 forces one (the checks still apply). Any other TE fails
-# the build here, not the first training step.
+# Which megatron-core (megatron_neobert/te_support.py, docs/gpu.md): the newest supported release whose needs the
+# container's TE meets: CPython (0.19.2: >=3.12), TE's base release at or above the oldest tested (0.19.2: 2.17;
+# 0.16.1: 2.9) and below a declared bound (0.16.1: <2.12, so 2.12.0a0 is refused), and every TE name the release
+# needs, with the keywords this project's layers pass, there on import (no GPU needed). So 25.11 -> 0.16.1; 26.06,
+# 26.08, 26.09 and later -> 0.19.2. Run on a GPU: NGC 25.11 (TE 2.9) with 0.16.1; TE 2.17.1 with 0.19.2 on the GPU
+# host; NGC 26.06 (TE 2.17.1) with 0.19.2 is the pair NVIDIA tested. Only read, not run: 26.08, 26.09 (TE 2.19.0),
+# TE 2.20.2.
+# MEGATRON_CORE=auto picks; 0.16.1 or 0.19.2 checks that one alone. A TE that fits none fails the build here, not the
+# first training step.
 ARG NGC_IMAGE=nvcr.io/nvidia/pytorch:26.06-py3
 FROM ${NGC_IMAGE}
 ARG MEGATRON_CORE=auto
@@ -31,39 +34,8 @@ for dist in md.distributions():
         print(f"{name}=={dist.version}")
 PY
 
-# Which megatron-core: from the container's TE and CPython, or MEGATRON_CORE; written to /tmp/megatron-core.txt.
-RUN python - <<'PY'
-import importlib.metadata as md, os, sys
-from packaging.version import Version
-PAIRS = {  # megatron-core: (lowest TE, TE below this, lowest CPython)
-    "0.16.1": (Version("2.9.0a0"), Version("2.12.0"), (3, 10)),
-    "0.19.2": (Version("2.17.0a0"), Version("2.18.0"), (3, 12)),
-}
-try:
-    te = Version(md.version("transformer-engine"))
-except md.PackageNotFoundError:
-    raise SystemExit(f"{os.environ.get('NGC_IMAGE', 'this image')} has no Transformer Engine: use an NGC PyTorch image")
-te_release = Version(te.base_version)  # 2.9.0a0+abc.nv25.11 -> 2.9.0
-want = os.environ.get("MEGATRON_CORE", "auto")
-fits = lambda mc: PAIRS[mc][0] <= te < PAIRS[mc][1] or PAIRS[mc][0] <= te_release < PAIRS[mc][1]
-if want == "auto":
-    picks = [mc for mc in PAIRS if fits(mc)]
-    if not picks:
-        raise SystemExit(f"transformer_engine {te} fits no supported megatron-core "
-                         + "; ".join(f"{mc}: TE >={lo},<{hi}" for mc, (lo, hi, _) in PAIRS.items())
-                         + ": pick another --build-arg NGC_IMAGE (docs/gpu.md)")
-    want = picks[-1]
-elif want not in PAIRS:
-    raise SystemExit(f"MEGATRON_CORE={want}: auto, or one of {', '.join(PAIRS)}")
-elif not fits(want):
-    lo, hi, _ = PAIRS[want]
-    raise SystemExit(f"transformer_engine {te} is outside megatron-core {want}'s range >={lo},<{hi}")
-if sys.version_info[:2] < PAIRS[want][2]:
-    raise SystemExit(f"megatron-core {want} needs CPython >={'.'.join(map(str, PAIRS[want][2]))}, "
-                     f"this image has {sys.version.split()[0]}")
-open("/tmp/megatron-core.txt", "w").write(want)
-print(f"transformer_engine {te} | CPython {sys.version.split()[0]} -> megatron-core {want}")
-PY
+# Which megatron-core: written to /tmp/megatron-core.txt, each release refused in one line.
+RUN python -m megatron_neobert.te_support --megatron-core "$MEGATRON_CORE" --choose /tmp/megatron-core.txt
 
 RUN cat /tmp/container-builds.txt \
     && pip install --no-cache-dir --constraint /tmp/container-builds.txt \
