@@ -1,5 +1,5 @@
 """The pre-training run: the process guards (pre-emption signals, the launcher's death, bus errors of changed data
-files, the progress watchdog, the --save lock) around the `Trainer`'s phases, after the inputs are checked and the
+files, the progress watchdog and its check of the other hosts, the --save lock) around the `Trainer`'s phases, after the inputs are checked and the
 process group is made.
 
 `train(settings)` runs on every rank of an initialised (or torchrun) process group and returns the
@@ -10,7 +10,10 @@ import contextlib
 import time
 from typing import Optional
 
+import torch
+
 from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation, keep_write_results_with_the_rank
+from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
@@ -62,7 +65,12 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         forked_children_die_with_rank()
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         drop_the_sync_save_deprecation()
-        watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
+        hosts = None
+        if faults.host_check_after_s > 0 and torch.distributed.get_world_size() > 1:
+            hosts = HostAnswers()  # a collective: every rank's settings agree
+            guards.callback(hosts.close)
+        watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes,
+                                                         faults.host_check_after_s, hosts))
         load_folder = describe_folder(settings.checkpoint.load)  # before the lock: it may make the folder
         lock = claim_save_dir(settings.checkpoint)
         if lock:
