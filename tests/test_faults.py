@@ -443,15 +443,16 @@ IDLE_S = {"first step": 9.0, "refused before training": 8.0}
 
 class Job:
     """A torchrun agent (by default `torchrun --standalone --nproc-per-node 2 -m megatron_neobert.pretrain ...`) in
-    its own session; its output (stdout and stderr) collected line by line, each with the time it came."""
+    its own session; its output (stdout and stderr) collected line by line, each with the time it came. `prefix`: a
+    command that runs torchrun's in its place (exec: the agent keeps its pid), such as another host's namespace."""
 
     def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain"),
-                 launcher=("--standalone", "--nproc-per-node", "2")):
+                 launcher=("--standalone", "--nproc-per-node", "2"), prefix=()):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         self.nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
+            [*prefix, sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         self.lines, self.times, self.sessions = [], [], set()
         threading.Thread(target=self._read, daemon=True).start()
