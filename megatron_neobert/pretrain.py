@@ -26,10 +26,9 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 @logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron_neobert.processes import process_start_time
     from megatron_neobert.training.goodput import GoodputAccount
 
-    account = GoodputAccount(process_start_time())  # the start-up's parts from the process's start
+    account = GoodputAccount.from_launch()  # from SLURM's or the launcher's start, else the process's
     account.lap("Python and the entry point")
     from megatron_neobert.training.arguments import parse_settings
 

@@ -742,7 +742,7 @@ def test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job(data, tmp_pa
     assert "taking over the lock of pid" in job.output
     # The end-of-run table: the 16 steps once each as productive, the redone ones again, both attempts' time.
     table = {row[:50].strip(): row[50:].split() for row in job.output[job.output.index("where the job's time went"):]
-             .splitlines()[2:12]}
+             .splitlines()[2:13]}
     assert table["productive steps"][2] == "16" and table["steps redone after a restart"][2] == str(redone)
     assert float(table["between attempts (detection, restart)"][0]) > 0
     assert table["total (wall time since the job's first start)"][2] == "2"

@@ -7,6 +7,7 @@ history of the run.
 """
 
 import contextlib
+import logging
 import time
 from typing import Optional
 
@@ -17,7 +18,7 @@ from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
-from megatron_neobert.training.goodput import GoodputAccount
+from megatron_neobert.training.goodput import GoodputAccount, write_final_account
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                       exit_with_launcher, forked_children_die_with_rank,
@@ -27,6 +28,8 @@ from megatron_neobert.training.settings import Settings
 from megatron_neobert.training.startup_report import describe_folder
 from megatron_neobert.training.step import ForwardStep, mlm_forward_step
 from megatron_neobert.training.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
@@ -46,7 +49,14 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed
         found.release()
         raise
+    rank = torch.distributed.get_rank()
     found.release()  # what the run created goes with it (each gloo group holds threads and sockets)
+    now = time.time()  # the last moment before the exit: the final account ends here
+    history["goodput"] = account.close(now)
+    if rank == 0:
+        logger.info(account.table(now))
+        write_final_account(account, now, history["iteration"], settings.checkpoint.save,
+                            settings.logging.tensorboard_dir)
     return history
 
 
