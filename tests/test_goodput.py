@@ -62,7 +62,7 @@ def test_the_jobs_clock_starts_at_slurms_or_the_launchers_start_and_ends_at_the_
     own, parent = process_start_time(), process_start_time(os.getppid())
     assert launch_parts({}, own) == []
     assert launch_parts({"TORCHELASTIC_RUN_ID": "x"}, own) == [(LAUNCHER_PART, pytest.approx(parent, abs=0.05))]
-    slurm = {"TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_START_TIME": str(int(parent) - 60)}
+    slurm = {"TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_START_TIME": str(int(parent) - 60), "GROUP_WORLD_SIZE": "3"}
     assert launch_parts(slurm, own) == [("SLURM job start to the launcher", int(parent) - 60),
                                         (LAUNCHER_PART, pytest.approx(parent, abs=0.05))]
     # A scheduler's clock ahead of this host's: no part begins after the next one.
@@ -77,6 +77,7 @@ def test_the_jobs_clock_starts_at_slurms_or_the_launchers_start_and_ends_at_the_
     account.run_ended = account.job_started + 100.0
     final = account.close(account.job_started + 102.5)
     assert final["seconds"]["shutdown"] == 2.5 and final["rendezvous_s"] == account.rendezvous_s
+    assert final["nodes"] == 3 and GoodputAccount.from_launch({}).snapshot(0.0, saving=False)["nodes"] == 1
     assert sum(final["seconds"][c] for c in CATEGORIES) == pytest.approx(102.5)
     # A checkpoint's account from before the shutdown row and the rendezvous: continued as it is.
     older = account_of(0.0, productive=(10.0, 2)).snapshot(20.0, saving=False)

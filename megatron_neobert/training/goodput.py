@@ -86,6 +86,7 @@ class GoodputAccount:
         self.startup_parts: List[Tuple[str, float]] = []  # this attempt's, for its start-up line
         self.last_lap = attempt_started
         self.rendezvous_s = 0.0  # the job's RENDEZVOUS_PARTS, in start-up
+        self.nodes = 1  # this attempt's launchers (torchrun's agents): the goodput model's rendezvous per node
         self.run_ended: Optional[float] = None  # the run's last step, save and table done: the shutdown begins
 
     @classmethod
@@ -95,6 +96,7 @@ class GoodputAccount:
         process_started = process_start_time() or time.time()
         parts = launch_parts(environ, process_started)
         account = cls(parts[0][1] if parts else process_started)
+        account.nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's: the agents in the rendezvous
         for (part, _), ended in zip(parts, [at for _, at in parts[1:]] + [process_started]):
             account.lap(part, at=ended)
         return account
@@ -169,7 +171,7 @@ class GoodputAccount:
         attempt adds from the checkpoint's files)."""
         return {"job_started": self.job_started, "taken_at": now, "attempts": self.attempts, "saving": saving,
                 "seconds": {**self._with_other(now), "async_save_background": self.async_save_background},
-                "counts": dict(self.counts), "rendezvous_s": self.rendezvous_s}
+                "counts": dict(self.counts), "rendezvous_s": self.rendezvous_s, "nodes": self.nodes}
 
     def scalars(self, now: float) -> List[Tuple[str, float]]:
         """TensorBoard's goodput/ tags: the goodput and each category's seconds so far."""
