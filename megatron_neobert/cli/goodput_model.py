@@ -32,7 +32,8 @@ class GoodputFlags:
     load_s: Optional[float] = setting(None, "seconds of a checkpoint load (default: the account's)")
     rendezvous_node_s: Optional[float] = setting(
         None, f"seconds of an attempt's rendezvous (launchers and process groups) per node of {GPUS_PER_NODE} GPUs, "
-              "assumed linear in the nodes (default: the account's rendezvous_s per attempt and node; 0 with stated costs)")
+              "assumed linear in the nodes (default: the account's rendezvous_s per attempt and node; 0 with stated "
+              "costs)")
     detection_s: float = setting(60.0, "seconds from a failure to the restart's start (the launcher notices it)")
     gpus: List[int] = setting([64, 1024, 16384], "job sizes, one row each")
     days: float = setting(54.0, "wall time of the run")

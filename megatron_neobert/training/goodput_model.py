@@ -115,7 +115,8 @@ def expected_goodput(costs: RunCosts, gpus: int, tau: float, mtbf: float) -> flo
     failures every `mtbf` seconds on average (Young 1974, Daly 2006, to first order in 1/M).
 
     Without failures the run is cycles of tau of work and C (`save_s`) of saving: a share tau/(tau+C) is work. A
-    failure costs the restart R (detection + start-up + rendezvous + load) and the work since the last completed save; it strikes
+    failure costs the restart R (detection + start-up + rendezvous + load) and the work since the last completed save;
+    it strikes
     uniformly within a cycle, so on average (tau+C)/2 of the cycle is lost. With 1/M failures per second of wall time,
     a share (R + (tau+C)/2)/M of it is lost:
 
