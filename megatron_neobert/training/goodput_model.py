@@ -116,9 +116,8 @@ def expected_goodput(costs: RunCosts, gpus: int, tau: float, mtbf: float) -> flo
 
     Without failures the run is cycles of tau of work and C (`save_s`) of saving: a share tau/(tau+C) is work. A
     failure costs the restart R (detection + start-up + rendezvous + load) and the work since the last completed save;
-    it strikes
-    uniformly within a cycle, so on average (tau+C)/2 of the cycle is lost. With 1/M failures per second of wall time,
-    a share (R + (tau+C)/2)/M of it is lost:
+    it strikes uniformly within a cycle, so on average (tau+C)/2 of the cycle is lost. With 1/M failures per second of
+    wall time, a share (R + (tau+C)/2)/M of it is lost:
 
         G(tau) = tau/(tau+C) * (1 - (R + (tau+C)/2) / M),   clipped to [0, 1].
 
