@@ -56,7 +56,13 @@ if [ "${SLURM_TASK_PER_GPU:-0}" = 1 ]; then
 fi
 # torchrun forwards SIGTERM (--exit-signal's default) to the ranks and kills them --shutdown-timeout
 # seconds later: longer than a save. The c10d rendezvous lets the job go on at another number of nodes.
+# Its timeouts bound what a lost node costs (docs/training.md, "A host cut off"): a node is gone after 3 missed
+# heartbeats of 5 s; a round that has MIN nodes waits 15 s for more (torch: 30); a round still short of MIN nodes
+# fails after RDZV_JOIN_TIMEOUT (torch: 600), at a start as after a lost node: raise it where nodes start minutes
+# apart; store reads give up after 60 s.
+RDZV_CONF=join_timeout=${RDZV_JOIN_TIMEOUT:-60},last_call_timeout=15,read_timeout=60,keep_alive_interval=5
+RDZV_CONF=$RDZV_CONF,keep_alive_max_attempt=3
 exec torchrun --nproc-per-node "$GPUS_PER_NODE" --nnodes "$NNODES" \
     --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" \
-    --max-restarts "$MAX_RESTARTS" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" \
+    --max-restarts "$MAX_RESTARTS" --shutdown-timeout "${SHUTDOWN_TIMEOUT:-300}" --rdzv-conf "$RDZV_CONF" \
     -m megatron_neobert.pretrain "${ARGS[@]}" "$@"

@@ -14,7 +14,6 @@ import time
 import traceback
 from typing import List, Optional
 
-from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.cli import logging_kept
 from megatron_neobert.errors import TrainingError
 
@@ -27,10 +26,9 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 @logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron_neobert.processes import process_start_time
     from megatron_neobert.training.goodput import GoodputAccount
 
-    account = GoodputAccount(process_start_time())  # the start-up's parts from the process's start
+    account = GoodputAccount.from_launch()  # from SLURM's or the launcher's start, else the process's
     account.lap("Python and the entry point")
     from megatron_neobert.training.arguments import parse_settings
 
@@ -79,6 +77,8 @@ def _report(err: Exception) -> int:
 
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0:
+        from megatron_neobert.training.process_guards import tell_the_launcher
+
         print(f"error: {err}", file=sys.stderr, flush=True)
         tell_the_launcher(f"error: {err}")
     else:
@@ -89,20 +89,11 @@ def _report(err: Exception) -> int:
 
 
 def _report_rank_error(err: BaseException) -> None:
+    from megatron_neobert.training.process_guards import tell_the_launcher
+
     line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
     print(line, file=sys.stderr, flush=True)
     tell_the_launcher(line)
-
-
-def tell_the_launcher(line: str) -> None:
-    """Under torchrun, the rank's reply file (TORCHELASTIC_ERROR_FILE) holds the error line: torchrun's failure
-    summary, printed last after its own traceback, then shows it as the root cause's "traceback" instead of
-    "To enable traceback see: ...". torchrun's traceback itself cannot be avoided: it raises ChildFailedError for
-    any rank that exits with a non-zero status (docs/training.md says how to read it)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        write_json_atomic(path, {"message": {"message": line, "extraInfo": {
-            "py_callstack": line, "timestamp": str(int(time.time()))}}})
 
 
 def error_line(err: BaseException) -> str:

@@ -1,5 +1,6 @@
 """A process's start, from /proc: the save lock tells a live owner from a reused pid by it, and the goodput account
-counts a run's start-up from it (the imports before any code of ours ran included). Free of torch."""
+counts a run's start-up from it (the imports before any code of ours ran included) and from its launcher's. Free of
+torch."""
 
 import os
 import time
@@ -17,13 +18,13 @@ def process_start_ticks(pid: int) -> Optional[str]:
     return stat[stat.rindex(")") + 2:].split()[19]  # fields after "pid (comm)", the 22nd overall
 
 
-def process_start_time() -> float:
-    """When this process started (epoch seconds): its age from /proc, so that the imports before any code of ours
-    ran are counted; the time of the call where /proc has no answer."""
+def process_start_time(pid: Optional[int] = None) -> Optional[float]:
+    """When process `pid` (this one by default) started (epoch seconds): its age from /proc, so that the imports
+    before any code of ours ran are counted; None where /proc has no answer."""
     try:
-        started_ticks = int(process_start_ticks(os.getpid()))
+        started_ticks = int(process_start_ticks(os.getpid() if pid is None else pid))
         with open("/proc/uptime") as uptime:
             age = float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
         return time.time() - max(0.0, age)
     except (OSError, TypeError, ValueError):
-        return time.time()
+        return None

@@ -443,15 +443,16 @@ IDLE_S = {"first step": 9.0, "refused before training": 8.0}
 
 class Job:
     """A torchrun agent (by default `torchrun --standalone --nproc-per-node 2 -m megatron_neobert.pretrain ...`) in
-    its own session; its output (stdout and stderr) collected line by line, each with the time it came."""
+    its own session; its output (stdout and stderr) collected line by line, each with the time it came. `prefix`: a
+    command that runs torchrun's in its place (exec: the agent keeps its pid), such as another host's namespace."""
 
     def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain"),
-                 launcher=("--standalone", "--nproc-per-node", "2")):
+                 launcher=("--standalone", "--nproc-per-node", "2"), prefix=()):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         self.nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
+            [*prefix, sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         self.lines, self.times, self.sessions = [], [], set()
         threading.Thread(target=self._read, daemon=True).start()
@@ -741,7 +742,7 @@ def test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job(data, tmp_pa
     assert "taking over the lock of pid" in job.output
     # The end-of-run table: the 16 steps once each as productive, the redone ones again, both attempts' time.
     table = {row[:50].strip(): row[50:].split() for row in job.output[job.output.index("where the job's time went"):]
-             .splitlines()[2:12]}
+             .splitlines()[2:13]}
     assert table["productive steps"][2] == "16" and table["steps redone after a restart"][2] == str(redone)
     assert float(table["between attempts (detection, restart)"][0]) > 0
     assert table["total (wall time since the job's first start)"][2] == "2"

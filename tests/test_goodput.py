@@ -1,15 +1,23 @@
 """The run's account of wall time (training/goodput.py): continued across resumes and restarts, saved in each
 checkpoint, and the save interval `--save-interval auto` chooses from it (training/save_interval.py)."""
 
+import json
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from megatron_neobert.checkpoint.state import read_checkpoint
 from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.goodput import CATEGORIES, GoodputAccount
+from megatron_neobert.training.goodput import (CATEGORIES, GOODPUT_FILE, LAUNCHER_PART, GoodputAccount,
+                                                launch_parts)
 from megatron_neobert.training.save_interval import SaveInterval
 from pretrain_cases import run_train, run_train_with_slow_saves, tiny_argv
+from test_faults import RESTARTED, Job, argv
 
 
 def account_of(attempt_started: float, **seconds_and_counts) -> GoodputAccount:
@@ -46,6 +54,37 @@ def test_a_resumed_account_keeps_the_jobs_start_and_puts_the_gap_between_attempt
     skewed = GoodputAccount(1090.0)
     skewed.continue_from(snapshot, saved_until=1104.0, saved_iteration=10)
     assert skewed.seconds["save"] == 5.0 and skewed.seconds["failures"] == 0.0
+
+
+def test_the_jobs_clock_starts_at_slurms_or_the_launchers_start_and_ends_at_the_close():
+    from megatron_neobert.processes import process_start_time
+
+    own, parent = process_start_time(), process_start_time(os.getppid())
+    assert launch_parts({}, own) == []
+    assert launch_parts({"TORCHELASTIC_RUN_ID": "x"}, own) == [(LAUNCHER_PART, pytest.approx(parent, abs=0.05))]
+    slurm = {"TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_START_TIME": str(int(parent) - 60), "GROUP_WORLD_SIZE": "3"}
+    assert launch_parts(slurm, own) == [("SLURM job start to the launcher", int(parent) - 60),
+                                        (LAUNCHER_PART, pytest.approx(parent, abs=0.05))]
+    # A scheduler's clock ahead of this host's: no part begins after the next one.
+    assert launch_parts({"SLURM_JOB_START_TIME": str(own + 5)}, own) == [("SLURM job start to this process", own)]
+    # An in-job restart: the launcher's time since the failure is between attempts.
+    assert launch_parts({**slurm, "TORCHELASTIC_RESTART_COUNT": "1"}, own) == []
+    account = GoodputAccount.from_launch(slurm)
+    assert account.job_started == int(parent) - 60
+    assert [part for part, _ in account.startup_parts] == ["SLURM job start to the launcher", LAUNCHER_PART]
+    assert account.seconds["startup"] == pytest.approx(own - account.job_started, abs=0.05)
+    assert account.rendezvous_s == pytest.approx(own - parent, abs=0.05)
+    account.run_ended = account.job_started + 100.0
+    final = account.close(account.job_started + 102.5)
+    assert final["seconds"]["shutdown"] == 2.5 and final["rendezvous_s"] == account.rendezvous_s
+    assert final["nodes"] == 3 and GoodputAccount.from_launch({}).snapshot(0.0, saving=False)["nodes"] == 1
+    assert sum(final["seconds"][c] for c in CATEGORIES) == pytest.approx(102.5)
+    # A checkpoint's account from before the shutdown row and the rendezvous: continued as it is.
+    older = account_of(0.0, productive=(10.0, 2)).snapshot(20.0, saving=False)
+    del older["seconds"]["shutdown"], older["rendezvous_s"]
+    resumed = GoodputAccount(30.0)
+    resumed.continue_from(older, saved_until=None, saved_iteration=2)
+    assert (resumed.seconds["shutdown"], resumed.seconds["failures"], resumed.rendezvous_s) == (0.0, 10.0, 0.0)
 
 
 def test_the_end_table_has_a_row_per_category_and_the_jobs_wall_time():
@@ -141,3 +180,81 @@ def test_the_startup_benchmark_reads_the_start_up_line_back():
     parts = startup_parts("earlier lines\n" + account.startup_line(0.125) + "\nlater lines\n")
     assert parts == {"imports": 7.25, "checkpoint metadata, model shape and checks": 0.03, "checkpoint load": 0.5,
                      "total": 7.78, "first step": 0.12}
+
+
+def watch_exits(pids: list) -> dict:
+    """{pid: time.monotonic() of its exit}, filled in by a thread as each of the processes `pids` ends (a zombie, or
+    reaped)."""
+    exits = {}
+
+    def watch():
+        while len(exits) < len(pids):
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    state = "gone"
+                if state in ("Z", "X", "gone"):
+                    exits.setdefault(pid, time.monotonic())
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return exits
+
+
+def ended(job: Job, ranks: list) -> tuple:
+    """The torchrun job's wall clock, measured outside it from before its start: (to its last rank's exit, to its own
+    exit)."""
+    exits = watch_exits(ranks)
+    assert job.proc.wait(timeout=600) == 0, job.output[-3000:]
+    done = time.monotonic()
+    deadline = done + 5
+    while len(exits) < len(ranks) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return max(exits.values()) - job.started, done - job.started
+
+
+def final_account(root: str) -> dict:
+    with open(os.path.join(root, GOODPUT_FILE)) as f:
+        account = json.load(f)
+    total = account["taken_at"] - account["job_started"]
+    assert sum(account["seconds"][c] for c in CATEGORIES) == pytest.approx(total)
+    assert account["seconds"]["shutdown"] > 0
+    return account
+
+
+@pytest.mark.integration
+def test_the_final_account_sums_to_torchruns_wall_clock(data, tmp_path):
+    """From the launcher's start to the last rank's exit: a plain run, the same job requeued (a second torchrun
+    resuming from its checkpoint, the total going on) and an in-job restart (a rank killed, torchrun --max-restarts
+    1). torchrun's own exit after its ranks' is measured and printed: the account cannot see it."""
+    root, restarted_root = str(tmp_path / "ckpt"), str(tmp_path / "restarted")
+    train = argv(data, "--train-iters", "8", "--save-interval", "2", "--log-interval", "1")
+    first = Job([*train, "--save", root, "--load", root, "--exit-interval", "4"])
+    plain_wall, plain_torchrun = ended(first, first.ranks())
+    plain = final_account(root)
+    assert f"{LAUNCHER_PART} " in first.output and plain["attempts"] == 1 and plain["rendezvous_s"] > 0
+    requeued = Job([*train, "--save", root, "--load", root])
+    requeue_wall, requeue_torchrun = ended(requeued, requeued.ranks())
+    requeue = final_account(root)
+    assert requeue["attempts"] == 2 and requeue["job_started"] == plain["job_started"]
+    both_walls = requeued.started + requeue_wall - first.started  # both jobs and the moment between them
+    restart = Job([*train, "--save", restarted_root, "--load", restarted_root], "--max-restarts", "1")
+    _, rank1 = restart.ranks()
+    restart.wait_for(r"iteration +3/")  # past the checkpoint of iteration 2
+    os.kill(rank1, signal.SIGKILL)
+    restart.wait_for(RESTARTED)
+    restart_wall, restart_torchrun = ended(restart, restart.ranks())
+    restarted = final_account(restarted_root)
+    assert restarted["attempts"] == 2 and restarted["counts"]["productive"] == 8
+    totals = {name: account["taken_at"] - account["job_started"] for name, account in
+              (("plain", plain), ("requeue", requeue), ("restart", restarted))}
+    print(f"account total vs wall clock from torchrun's start to its last rank's exit (to torchrun's exit): plain "
+          f"{totals['plain']:.2f} s vs {plain_wall:.2f} s ({plain_torchrun:.2f} s); requeue {totals['requeue']:.2f} s "
+          f"vs {both_walls:.2f} s (the two jobs {plain_wall:.2f} + {requeue_wall:.2f} s, torchrun "
+          f"{requeue_torchrun - requeue_wall:.2f} s after its ranks); in-job restart {totals['restart']:.2f} s vs "
+          f"{restart_wall:.2f} s ({restart_torchrun:.2f} s)")
+    assert abs(totals["plain"] - plain_wall) < 1.0
+    assert abs(totals["requeue"] - both_walls) < 2.0
+    assert abs(totals["restart"] - restart_wall) < 1.0

@@ -92,6 +92,9 @@ def test_torchrun_restarts_and_rendezvous_of_the_stage_1_script(scheduler):
     command = calls.read_text()
     assert "--rdzv-backend c10d --rdzv-endpoint localhost:6000 --rdzv-id neobert-" in command
     assert "--max-restarts 3 " in command and "--nnodes 1 " in command
+    # A lost node's cost bounded by default (docs/training.md, "A host cut off").
+    assert "--rdzv-conf join_timeout=60,last_call_timeout=15,read_timeout=60,keep_alive_interval=5," \
+           "keep_alive_max_attempt=3 " in command
     # Several nodes must agree on the job's name: refused without one, taken from SLURM's job id within a job.
     refused = subprocess.run(["bash", str(EXAMPLES / "pretrain_neobert.sh")], env={**env, "NNODES": "2:4"},
                              capture_output=True, text=True)

@@ -1,9 +1,15 @@
 """The run's account of wall time: where every second since the job's first start went, and its goodput (the share
 spent on steps that count).
 
+The job's clock starts at the earliest moment the job can know (`launch_parts`): SLURM's job start where set, else
+the torchrun agent's start (the rank's parent), else the rank's own start. It ends when the run's process groups are
+destroyed (`close`), just before the process exits, where the final account is written: the rows sum to the job's
+wall time from the launcher's start to the rank's exit.
+
 Categories (seconds, each measured where it happens, never inferred from step counts):
-- startup: this attempt's process start to its first step (imports, input checks, process groups, model, optimizer,
-  data), less the checkpoint load;
+- startup: this attempt's start to its first step (from SLURM's job start or the launcher's start: the launcher's
+  start-up and rendezvous; then imports, input checks, process groups, model, optimizer, data), less the checkpoint
+  load;
 - load: the checkpoint load;
 - productive: training steps done for the first time;
 - redone: steps a restarted attempt does again because the failed attempt did them after its last checkpoint (in-job
@@ -13,6 +19,8 @@ Categories (seconds, each measured where it happens, never inferred from step co
 - evaluation: validations;
 - save: the blocking part of checkpoint saves (all of a synchronous save, the staging of an --async-save, and
   waiting for a background write to finish);
+- shutdown: from the run's end (its last step, save and table) to the account's close (the logs closed, the
+  process groups destroyed, the guards ended);
 - failures: between two attempts: from the failed attempt's last step to the next attempt's process start (the
   failure's detection, the restart or the requeue). Where the failed attempt's progress is unknown (torchrun's store
   went with it, a requeue), from the end of the checkpoint the next attempt loads: the steps done after it are
@@ -24,16 +32,46 @@ the wall time. The account is saved in each checkpoint (`snapshot`) and continue
 goodput is that of the job since its first start, across restarts and requeues.
 """
 
+import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from megatron_neobert.processes import process_start_time
 
 
 # The wall-time categories, in the end-of-run table's order, with their rows' names.
 CATEGORIES = {"startup": "start-up", "load": "checkpoint load", "productive": "productive steps",
               "redone": "steps redone after a restart", "skipped": "skipped steps (non-finite)",
               "evaluation": "evaluation", "save": "checkpoint save (blocking)",
+              "shutdown": "shutdown (logs, process groups, exit)",
               "failures": "between attempts (detection, restart)", "other": "other"}
+GOODPUT_FILE = "goodput.json"  # the final account, in --save
 COUNTED = ("productive", "redone", "skipped", "evaluation", "save", "load")
+# The start-up parts whose cost grows with the job's size (the launchers meeting, the process groups): the goodput
+# model takes the rendezvous cost from their sum (`rendezvous_s` of the account).
+LAUNCHER_PART = "launcher start-up and rendezvous"
+RENDEZVOUS_PARTS = (LAUNCHER_PART, "rendezvous")
+
+
+def launch_parts(environ: Mapping[str, str], process_started: float) -> List[Tuple[str, float]]:
+    """(part, when it began) of the job's time before this process started, earliest first: from SLURM's job start
+    (SLURM_JOB_START_TIME, epoch seconds) and from the torchrun agent's start (the rank's parent, where
+    TORCHELASTIC_RUN_ID says torchrun started the rank). None after an in-job restart: the launcher's time since the
+    failure is between attempts, and its start before the first attempt is in that attempt's account."""
+    if int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+        return []
+    launcher = process_start_time(os.getppid()) if "TORCHELASTIC_RUN_ID" in environ else None
+    parts = []
+    if environ.get("SLURM_JOB_START_TIME"):
+        parts.append((f"SLURM job start to {'the launcher' if launcher else 'this process'}",
+                      float(environ["SLURM_JOB_START_TIME"])))
+    if launcher is not None:
+        parts.append((LAUNCHER_PART, launcher))
+    began, kept = process_started, []
+    for part, at in reversed(parts):  # each no later than the next: the scheduler's clock may be ahead of this host's
+        began = min(at, began)
+        kept.insert(0, (part, began))
+    return kept
 
 
 class GoodputAccount:
@@ -47,12 +85,30 @@ class GoodputAccount:
         self.job_started, self.attempts = attempt_started, 1
         self.startup_parts: List[Tuple[str, float]] = []  # this attempt's, for its start-up line
         self.last_lap = attempt_started
+        self.rendezvous_s = 0.0  # the job's RENDEZVOUS_PARTS, in start-up
+        self.nodes = 1  # this attempt's launchers (torchrun's agents): the goodput model's rendezvous per node
+        self.run_ended: Optional[float] = None  # the run's last step, save and table done: the shutdown begins
 
-    def lap(self, part: str, category: str = "startup") -> None:
-        """The start-up's `part` ends now (it began where the last one ended): its time goes to `category`."""
-        now = time.time()
+    @classmethod
+    def from_launch(cls, environ: Mapping[str, str] = os.environ) -> "GoodputAccount":
+        """This process's account, from the job's first moment it can know (`launch_parts`), each part before the
+        process's start a start-up part of its own."""
+        process_started = process_start_time() or time.time()
+        parts = launch_parts(environ, process_started)
+        account = cls(parts[0][1] if parts else process_started)
+        account.nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's: the agents in the rendezvous
+        for (part, _), ended in zip(parts, [at for _, at in parts[1:]] + [process_started]):
+            account.lap(part, at=ended)
+        return account
+
+    def lap(self, part: str, category: str = "startup", at: Optional[float] = None) -> None:
+        """The start-up's `part` ends now, or `at` (it began where the last one ended): its time goes to
+        `category`."""
+        now = time.time() if at is None else at
         self.startup_parts.append((part, now - self.last_lap))
         self.add(category, now - self.last_lap)
+        if part in RENDEZVOUS_PARTS:
+            self.rendezvous_s += now - self.last_lap
         self.last_lap = now
 
     def startup_line(self, first_step_s: float) -> str:
@@ -66,11 +122,12 @@ class GoodputAccount:
         from. `saved_until`: when that checkpoint's save ended (its manifest's time), which the account predates by
         the save; `failed_progress`: (iteration, time) of the failed attempt's last step, where known."""
         self.job_started, self.attempts = saved["job_started"], saved["attempts"] + 1
-        for name in CATEGORIES:
-            self.seconds[name] += saved["seconds"][name]
+        for name in CATEGORIES:  # a checkpoint saved before the shutdown row existed has none
+            self.seconds[name] += saved["seconds"].get(name, 0.0)
         for name in COUNTED:
             self.counts[name] += saved["counts"][name]
         self.async_save_background += saved["seconds"].get("async_save_background", 0.0)
+        self.rendezvous_s += saved.get("rendezvous_s", 0.0)
         taken_at = saved["taken_at"]
         if saved.get("saving") and saved_until is not None:  # the save the snapshot was taken in
             # Clamped: the hosts' clocks (and the manifest's file system's) may disagree a little.
@@ -89,6 +146,14 @@ class GoodputAccount:
         if category in self.counts:
             self.counts[category] += count
 
+    def close(self, now: float) -> dict:
+        """The account's end (`now`: the process exits next): the time since the run's end is the shutdown; the
+        final account (a snapshot)."""
+        if self.run_ended is not None:
+            self.add("shutdown", now - self.run_ended)
+            self.run_ended = None
+        return self.snapshot(now, saving=False)
+
     def wall(self, now: float) -> float:
         return now - self.job_started
 
@@ -106,7 +171,7 @@ class GoodputAccount:
         attempt adds from the checkpoint's files)."""
         return {"job_started": self.job_started, "taken_at": now, "attempts": self.attempts, "saving": saving,
                 "seconds": {**self._with_other(now), "async_save_background": self.async_save_background},
-                "counts": dict(self.counts)}
+                "counts": dict(self.counts), "rendezvous_s": self.rendezvous_s, "nodes": self.nodes}
 
     def scalars(self, now: float) -> List[Tuple[str, float]]:
         """TensorBoard's goodput/ tags: the goodput and each category's seconds so far."""
@@ -128,3 +193,21 @@ class GoodputAccount:
         lines.append(f"{'asynchronous save writing (background)':{width}}  {self.async_save_background:12,.1f}  "
                      f"{'':6}  (overlaps training)")
         return "\n".join(lines)
+
+
+def write_final_account(account: GoodputAccount, now: float, iteration: int, save: Optional[str],
+                        tensorboard_dir: Optional[str]) -> None:
+    """The closed account, last thing before the exit: `save`/GOODPUT_FILE (written atomically: a reader never sees
+    half of it) and TensorBoard's goodput/ tags at `iteration`, their last point."""
+    if save:
+        from megatron_neobert.atomic_write import write_json_atomic
+
+        os.makedirs(save, exist_ok=True)
+        write_json_atomic(os.path.join(save, GOODPUT_FILE), account.snapshot(now, saving=False))
+    if tensorboard_dir:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(tensorboard_dir)
+        for tag, value in account.scalars(now):
+            writer.add_scalar(tag, value, iteration)
+        writer.close()

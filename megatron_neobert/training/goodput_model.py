@@ -4,7 +4,8 @@ for more GPUs, by a formula and by a simulation that checks it.
 The costs are those of the trainer's goodput account (`costs_from_account`: the account a checkpoint keeps) or
 stated ones. Failures are a Poisson process of rate `failure_rate_per_gpu_day` per GPU (Llama 3: 419 unexpected
 interruptions in 54 days on 16,384 H100s, 4.7e-4 per GPU-day); each one loses the work since the last completed
-save and the restart: `detection_s` (the launcher notices, timeouts), `startup_s`, `load_s`.
+save and the restart: `detection_s` (the launcher notices, timeouts), `startup_s`, the rendezvous at the job's size
+(`rendezvous_node_s` per node), `load_s`.
 
 Kept free of torch: the command's --help and the model answer at once.
 """
@@ -20,6 +21,8 @@ import numpy as np
 SECONDS_PER_DAY = 86400.0
 # Llama 3 (Dubey et al. 2024, table 5): 419 unexpected interruptions in 54 days on 16,384 H100s, 4.74e-4.
 LLAMA3_FAILURES_PER_GPU_DAY = 4.7e-4
+# The job sizes' nodes (H100 and H200 nodes), for the rendezvous' cost.
+GPUS_PER_NODE = 8
 # How the simulation splits wall time; they sum to it.
 CATEGORIES = ("startup", "load", "productive", "redone", "save", "failures")
 
@@ -27,17 +30,26 @@ CATEGORIES = ("startup", "load", "productive", "redone", "save", "failures")
 @dataclasses.dataclass(frozen=True)
 class RunCosts:
     """What one run's time goes to, in seconds: a productive training step; the blocking part of a checkpoint save;
-    process start to first step, the load excluded; the checkpoint load; from a failure to the restart's start."""
+    process start to first step, the load and the rendezvous excluded; the checkpoint load; from a failure to the
+    restart's start; an attempt's rendezvous (the launchers meeting, the process groups) per node of the job.
+
+    The rendezvous is assumed linear in the nodes: every agent joins through one store (torch's c10d rendezvous),
+    one compare-and-set at a time, and every rank connects to the store for its process groups."""
     step_s: float
     save_s: float
     startup_s: float
     load_s: float
     detection_s: float = 60.0
+    rendezvous_node_s: float = 0.0
 
-    @property
-    def restart_s(self) -> float:
-        """R: what a failure costs besides the lost work."""
-        return self.detection_s + self.startup_s + self.load_s
+    def startup_at(self, gpus: int) -> float:
+        """An attempt's start to its first step on `gpus` GPUs, the load excluded: the start-up and the
+        rendezvous of the job's nodes."""
+        return self.startup_s + self.rendezvous_node_s * math.ceil(gpus / GPUS_PER_NODE)
+
+    def restart_s(self, gpus: int) -> float:
+        """R: what a failure costs on `gpus` GPUs besides the lost work."""
+        return self.detection_s + self.startup_at(gpus) + self.load_s
 
 
 def _number(mapping: dict, key: str, label: str) -> float:
@@ -48,22 +60,26 @@ def _number(mapping: dict, key: str, label: str) -> float:
 
 
 def costs_from_account(account: dict, detection_s: float = 60.0) -> RunCosts:
-    """The costs of the run whose goodput account (as a checkpoint keeps it: `train_state["goodput"]`) is `account`:
-    seconds per productive step, per blocking save, per attempt's start-up, per load (0 if it never loaded). Only
-    the fields these need are read."""
+    """The costs of the run whose goodput account (as a checkpoint keeps it: `train_state["goodput"]`, or
+    <save>/goodput.json) is `account`: seconds per productive step, per blocking save, per attempt's start-up (its
+    rendezvous apart, per node: `rendezvous_s` over the attempts and the account's `nodes`; an account without them
+    keeps the rendezvous in the start-up), per load (0 if it never loaded). Only the fields these need are read."""
     if not isinstance(account, dict):
         raise ValueError(f"the account is not a dict but {type(account).__name__}")
     seconds = {key: _number(account.get("seconds"), key, f"seconds[{key!r}]")
                for key in ("startup", "load", "productive", "save")}
     counts = {key: _number(account.get("counts"), key, f"counts[{key!r}]") for key in ("productive", "save", "load")}
     attempts = _number(account, "attempts", "'attempts'")
+    rendezvous = _number(account, "rendezvous_s", "'rendezvous_s'") if "rendezvous_s" in account else 0.0
+    nodes = _number(account, "nodes", "'nodes'") if "nodes" in account else 1.0
     for what, count in (("productive step", counts["productive"]), ("blocking save", counts["save"]),
-                        ("attempt", attempts)):
+                        ("attempt", attempts), ("node", nodes)):
         if count <= 0:
             raise ValueError(f"the account has no {what}: its count is {count:g}, so its cost is unknown")
     return RunCosts(step_s=seconds["productive"] / counts["productive"], save_s=seconds["save"] / counts["save"],
-                    startup_s=seconds["startup"] / attempts,
-                    load_s=seconds["load"] / counts["load"] if counts["load"] else 0.0, detection_s=detection_s)
+                    startup_s=(seconds["startup"] - rendezvous) / attempts,
+                    load_s=seconds["load"] / counts["load"] if counts["load"] else 0.0, detection_s=detection_s,
+                    rendezvous_node_s=rendezvous / attempts / nodes)
 
 
 def read_account(path: str) -> dict:
@@ -94,21 +110,21 @@ def mtbf_s(gpus: int, failure_rate_per_gpu_day: float) -> float:
     return SECONDS_PER_DAY / (failure_rate_per_gpu_day * gpus)
 
 
-def expected_goodput(costs: RunCosts, tau: float, mtbf: float) -> float:
-    r"""The share of wall time in steps that survive, saving after every `tau` seconds of work, failures every `mtbf`
-    seconds on average (Young 1974, Daly 2006, to first order in 1/M).
+def expected_goodput(costs: RunCosts, gpus: int, tau: float, mtbf: float) -> float:
+    r"""The share of wall time in steps that survive on `gpus` GPUs, saving after every `tau` seconds of work,
+    failures every `mtbf` seconds on average (Young 1974, Daly 2006, to first order in 1/M).
 
     Without failures the run is cycles of tau of work and C (`save_s`) of saving: a share tau/(tau+C) is work. A
-    failure costs the restart R (detection + start-up + load) and the work since the last completed save; it strikes
-    uniformly within a cycle, so on average (tau+C)/2 of the cycle is lost. With 1/M failures per second of wall time,
-    a share (R + (tau+C)/2)/M of it is lost:
+    failure costs the restart R (detection + start-up + rendezvous + load) and the work since the last completed save;
+    it strikes uniformly within a cycle, so on average (tau+C)/2 of the cycle is lost. With 1/M failures per second of
+    wall time, a share (R + (tau+C)/2)/M of it is lost:
 
         G(tau) = tau/(tau+C) * (1 - (R + (tau+C)/2) / M),   clipped to [0, 1].
 
     First order: failures during a restart, and the first start-up, are neglected (R, tau << M).
     """
     cycle = tau + costs.save_s
-    return float(np.clip(tau / cycle * (1 - (costs.restart_s + cycle / 2) / mtbf), 0.0, 1.0))
+    return float(np.clip(tau / cycle * (1 - (costs.restart_s(gpus) + cycle / 2) / mtbf), 0.0, 1.0))
 
 
 def optimal_interval_s(save_s: float, mtbf: float) -> float:
@@ -155,6 +171,7 @@ def simulate(costs: RunCosts, gpus: int, days: float, failure_rate_per_gpu_day: 
     rate = gpus * failure_rate_per_gpu_day / SECONDS_PER_DAY
     rng = np.random.default_rng(seed)
     save_s = costs.save_s if async_save_s is None else async_save_s
+    startup_s = costs.startup_at(gpus)
     work = save_interval_iters * costs.step_s
     cycle = work + save_s
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -164,7 +181,7 @@ def simulate(costs: RunCosts, gpus: int, days: float, failure_rate_per_gpu_day: 
     while t < horizon:
         failed = failure_at < horizon
         stop = min(failure_at, horizon)
-        preparation = [("startup", costs.startup_s)] + ([("load", costs.load_s)] if saved > 0 else [])
+        preparation = [("startup", startup_s)] + ([("load", costs.load_s)] if saved > 0 else [])
         for name, duration in preparation:
             if t + duration >= stop:
                 seconds["failures" if failed else name] += stop - t
@@ -221,7 +238,7 @@ def best_interval(costs: RunCosts, gpus: int, days: float, failure_rate_per_gpu_
 class ScalingRow:
     """One job size: the formula's save interval and goodput, the simulation's at that interval and at its own best,
     and the simulated goodput with an asynchronous save (at its own formula interval) and with restarts twice as
-    fast (detection, start-up and load halved)."""
+    fast (detection, start-up, rendezvous and load halved)."""
     gpus: int
     mtbf_h: float
     failures: float
@@ -238,10 +255,11 @@ class ScalingRow:
 
 def scaling_table(costs: RunCosts, gpus: Sequence[int], days: float, failure_rate_per_gpu_day: float,
                   seeds: Sequence[int], async_save_s: float) -> List[ScalingRow]:
-    """A `ScalingRow` per job size in `gpus`, the costs the same for each (weak scaling: the tokens per GPU per
-    step, hence the step time, stay constant; the checkpoint's size does not grow with the job)."""
+    """A `ScalingRow` per job size in `gpus`, the costs the same for each but the rendezvous, per node (weak scaling:
+    the tokens per GPU per step, hence the step time, stay constant; the checkpoint's size does not grow with the
+    job)."""
     fast_restart = dataclasses.replace(costs, detection_s=costs.detection_s / 2, startup_s=costs.startup_s / 2,
-                                       load_s=costs.load_s / 2)
+                                       load_s=costs.load_s / 2, rendezvous_node_s=costs.rendezvous_node_s / 2)
     rows = []
     for n in gpus:
         mtbf = mtbf_s(n, failure_rate_per_gpu_day)
@@ -251,7 +269,7 @@ def scaling_table(costs: RunCosts, gpus: Sequence[int], days: float, failure_rat
         async_iters = interval_iterations(dataclasses.replace(costs, save_s=async_save_s), mtbf)
         rows.append(ScalingRow(
             gpus=n, mtbf_h=mtbf / 3600, failures=failures, interval_min=iters * costs.step_s / 60,
-            interval_iters=iters, formula_goodput=expected_goodput(costs, iters * costs.step_s, mtbf),
+            interval_iters=iters, formula_goodput=expected_goodput(costs, n, iters * costs.step_s, mtbf),
             simulated_goodput=simulated, best_iters=best_iters, best_goodput=best, async_iters=async_iters,
             async_goodput=mean_goodput(costs, n, days, failure_rate_per_gpu_day, async_iters, seeds, async_save_s)[0],
             fast_restart_goodput=mean_goodput(fast_restart, n, days, failure_rate_per_gpu_day, iters, seeds)[0]))

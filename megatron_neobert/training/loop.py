@@ -1,5 +1,5 @@
 """The pre-training run: the process guards (pre-emption signals, the launcher's death, bus errors of changed data
-files, the progress watchdog, the --save lock) around the `Trainer`'s phases, after the inputs are checked and the
+files, the progress watchdog and its check of the other hosts, the --save lock) around the `Trainer`'s phases, after the inputs are checked and the
 process group is made.
 
 `train(settings)` runs on every rank of an initialised (or torchrun) process group and returns the
@@ -7,14 +7,18 @@ history of the run.
 """
 
 import contextlib
+import logging
 import time
 from typing import Optional
 
+import torch
+
 from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation, keep_write_results_with_the_rank
+from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.data_files import DataFiles
-from megatron_neobert.training.goodput import GoodputAccount
+from megatron_neobert.training.goodput import GoodputAccount, write_final_account
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                       exit_with_launcher, forked_children_die_with_rank,
@@ -24,6 +28,8 @@ from megatron_neobert.training.settings import Settings
 from megatron_neobert.training.startup_report import describe_folder
 from megatron_neobert.training.step import ForwardStep, mlm_forward_step
 from megatron_neobert.training.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 
 def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
@@ -43,7 +49,14 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed
         found.release()
         raise
+    rank = torch.distributed.get_rank()
     found.release()  # what the run created goes with it (each gloo group holds threads and sockets)
+    now = time.time()  # the last moment before the exit: the final account ends here
+    history["goodput"] = account.close(now)
+    if rank == 0:
+        logger.info(account.table(now))
+        write_final_account(account, now, history["iteration"], settings.checkpoint.save,
+                            settings.logging.tensorboard_dir)
     return history
 
 
@@ -62,7 +75,12 @@ def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float
         forked_children_die_with_rank()
         keep_write_results_with_the_rank(settings.checkpoint.async_save, ignore_exit_signals)
         drop_the_sync_save_deprecation()
-        watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes))
+        hosts = None
+        if faults.host_check_after_s > 0 and torch.distributed.get_world_size() > 1:
+            hosts = HostAnswers()  # a collective: every rank's settings agree
+            guards.callback(hosts.close)
+        watchdog = guards.enter_context(ProgressWatchdog(faults.distributed_timeout_minutes,
+                                                         faults.host_check_after_s, hosts))
         load_folder = describe_folder(settings.checkpoint.load)  # before the lock: it may make the folder
         lock = claim_save_dir(settings.checkpoint)
         if lock:

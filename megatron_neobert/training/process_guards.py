@@ -25,6 +25,9 @@ A training job ends in one of four ways, and each rank must take part in the sam
 - A peer that hangs. The others wait in their next collective without a word until
   --distributed-timeout-minutes; `ProgressWatchdog` says in the log, at half that time, which iteration
   and phase the rank waits in.
+- A host cut off from the network (or powered off, or frozen). After --host-check-after-s without progress
+  `ProgressWatchdog` asks the other hosts to answer (`parallel.hosts`); a silent one ends the attempt with one line
+  naming it, and on the host cut off from the rendezvous, its torchrun with it.
 """
 
 import contextlib
@@ -38,6 +41,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.training.settings import EXIT_SIGNAL_NAMES
 
 logger = logging.getLogger(__name__)
@@ -227,6 +231,17 @@ def _exit_if_reparented() -> None:
         exit_now(1)
 
 
+def tell_the_launcher(line: str) -> None:
+    """Under torchrun, the rank's reply file (TORCHELASTIC_ERROR_FILE) holds the error line: torchrun's failure
+    summary, printed last after its own traceback, then shows it as the root cause's "traceback" instead of
+    "To enable traceback see: ...". torchrun's traceback itself cannot be avoided: it raises ChildFailedError for
+    any rank that exits with a non-zero status (docs/training.md says how to read it)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        write_json_atomic(path, {"message": {"message": line, "extraInfo": {
+            "py_callstack": line, "timestamp": str(int(time.time()))}}})
+
+
 class ExitSignalHandler:
     """Inside the block, `--exit-signal` sets `received` (its name) instead of ending the process."""
 
@@ -269,13 +284,23 @@ def stop_requested(handler: Optional[ExitSignalHandler], started: float,
 
 class ProgressWatchdog:
     """Inside the block, a thread notices when the main thread has not moved on for half the collectives'
-    timeout and prints where it waits (`at` tells it), long before the timeout ends the run."""
+    timeout and prints where it waits (`at` tells it), long before the timeout ends the run.
 
-    def __init__(self, timeout_minutes: float):
+    With `hosts` (`parallel.hosts.HostAnswers`), after `host_check_after_s` without progress, and as often again while
+    the main thread waits, it asks the job's other hosts whether they answer. A slow peer's host answers and is waited
+    for; a host that does not (cut off, powered off, frozen) ends the attempt at once with one line naming it, so that
+    torchrun's restart or the elastic rendezvous takes over in about a minute instead of the collective's timeout. A
+    rank that cannot reach the rendezvous host is the one cut off: its torchrun cannot restart anything (its store
+    calls to that host wait on TCP's retries, about 15 minutes), so the rank ends it too."""
+
+    def __init__(self, timeout_minutes: float, host_check_after_s: float = 0, hosts=None):
         self.timeout_minutes = timeout_minutes
         self.after_s = timeout_minutes * 60 / 2  # half the collectives' timeout
+        self.hosts = hosts if host_check_after_s > 0 else None
+        self.host_check_after_s = host_check_after_s
         self._where = (time.monotonic(), 0, "set-up")
         self._warned_for = None
+        self._checked_at = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="progress-watchdog", daemon=True)
 
@@ -290,13 +315,46 @@ class ProgressWatchdog:
         """The main thread starts `phase` of `iteration`."""
         self._where = (time.monotonic(), iteration, phase)
 
+    def _poll_s(self) -> float:
+        return min(5.0, self.after_s / 4, *([self.host_check_after_s / 4] if self.hosts else []))
+
     def _watch(self) -> None:
-        while not self._stop.wait(min(5.0, self.after_s / 4)):
+        while not self._stop.wait(self._poll_s()):
             since, iteration, phase = where = self._where
-            idle = time.monotonic() - since
+            now = time.monotonic()
+            idle = now - since
             if idle > self.after_s and self._warned_for is not where:
                 self._warned_for = where
                 rank = os.environ.get("RANK", "0")
                 logger.warning(f"watchdog: rank {rank} has made no progress for {idle:.0f} s in iteration "
                                f"{iteration} ({phase}); a peer may be stopped or hung. The collective it waits in "
                                f"fails after --distributed-timeout-minutes {self.timeout_minutes:g}")
+            if self.hosts and idle > self.host_check_after_s and \
+                    (self._checked_at is None or self._checked_at < since
+                     or now - self._checked_at >= self.host_check_after_s):
+                self._checked_at = now
+                silent = self.hosts.silent()
+                if silent and self._where is where:  # no progress meanwhile: the wait is on the silent host
+                    self._end_attempt(silent, iteration, phase, time.monotonic() - since)
+
+    def _end_attempt(self, silent: list, iteration: int, phase: str, idle: float) -> None:
+        from megatron_neobert.parallel.hosts import ANSWER_S
+
+        rank = os.environ.get("RANK", "0")
+        why = f"at iteration {iteration} ({phase}; no answer within {ANSWER_S:g} s after {idle:.0f} s without progress)"
+        launcher = _launcher_watch["launcher"]
+        if self.hosts.rendezvous in silent:
+            host = self.hosts.rendezvous
+            line = (f"error: rank {rank}: the rendezvous host {host.name} ({host.address}) is unreachable {why}: this "
+                    f"host is cut off from the job; ending this attempt"
+                    + (f" and torchrun (pid {launcher}), which cannot restart it without that host" if launcher
+                       else ""))
+        else:
+            names = ", ".join(f"{host.name} ({host.address})" for host in silent)
+            line = (f"error: rank {rank}: host{'s' if len(silent) > 1 else ''} {names} stopped answering {why}; "
+                    f"ending this attempt (torchrun restarts it, or goes on without the host under --nnodes MIN:MAX)")
+        print(line, file=sys.stderr, flush=True)
+        tell_the_launcher(line)
+        if launcher and self.hosts.rendezvous in silent:
+            os.kill(launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
+        exit_now(1)

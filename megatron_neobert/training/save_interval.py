@@ -21,11 +21,11 @@ def describe_choice(costs: RunCosts, mtbf: float, gpus: int, rate: float, chosen
     """The line that gives an interval, the measurements it comes from and the expected goodput at it and at
     `other` iterations."""
     def goodput(iterations: int) -> str:
-        return f"{100 * expected_goodput(costs, iterations * costs.step_s, mtbf):.1f}%"
+        return f"{100 * expected_goodput(costs, gpus, iterations * costs.step_s, mtbf):.1f}%"
 
     return (f"every {chosen:,} iterations ({format_duration(chosen * costs.step_s)} of steps at {costs.step_s:.3f} s "
             f"a step): blocking save {costs.save_s:.2f} s, mean time between failures {format_duration(mtbf)} "
-            f"({rate:.3g} per GPU-day x {gpus:,} GPUs), restart {costs.restart_s:.0f} s (start-up and load "
+            f"({rate:.3g} per GPU-day x {gpus:,} GPUs), restart {costs.restart_s(gpus):.0f} s (start-up and load "
             f"measured, {costs.detection_s:.0f} s to detect a failure assumed); expected goodput {goodput(chosen)} "
             f"at it, {goodput(other)} at {other_name} {other:,}")
 

@@ -191,7 +191,7 @@ class Trainer:
             self.loop.profiler.stop()  # a run stopped inside the window still writes it
             with self.timed("save", count=0):
                 self.finish_async_save(blocking=True)
-            logger.info(self.account.table(time.time()))
+            self.account.run_ended = time.time()  # the rest is shutdown, up to the account's close (loop.train)
         finally:
             self.loop.log.close()
         return self.finish()

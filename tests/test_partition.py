@@ -1,0 +1,241 @@
+"""A host cut off from the network, rehearsed on this machine: two network namespaces stand for two hosts (host-a
+10.213.0.1, host-b 10.213.0.2, each with its own host name), their links on a bridge in a third; one torchrun agent
+per host, one gloo rank each, c10d rendezvous on host-a, the tiny model. A link is cut by taking host-b's port off the
+bridge: its packets vanish, both hosts stay up, nothing is killed (tc netem and iptables are not available here).
+
+The rehearsal runs with short timeouts (--host-check-after-s 5, rendezvous timeouts in seconds) so that it fits CI;
+docs/training.md states what the bounds become with the examples' defaults. Every namespace and process a test makes
+is removed when it ends, whatever its outcome; without the rights to make namespaces the tests are skipped, saying so.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from megatron_neobert.checkpoint.integrity import MANIFEST
+from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
+from megatron_neobert.parallel.hosts import ANSWER_S
+from megatron_neobert.parallel.launch import run_on_ranks
+from pretrain_cases import run_train
+from test_faults import IDLE_S, RESTARTED, Job, argv, logged, losses, restart_cost
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
+
+ADDRESSES = {"a": "10.213.0.1", "b": "10.213.0.2"}
+RENDEZVOUS_PORT = 29500
+CHECK_S = 5  # --host-check-after-s
+JOIN_S = 30  # how long host-a's torchrun waits in the rendezvous for a lost host under a fixed --nnodes
+# A node missing 3 heartbeats of 1 s is gone; a round waits LAST_CALL_S for more nodes once it has enough (long enough
+# for host-b's torchrun to start on busy cores: host-a would otherwise start alone, then restart for host-b).
+LAST_CALL_S = 10
+RDZV_CONF = (f"join_timeout={JOIN_S},last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=3,"
+             f"read_timeout=60")
+TRAIN = ["--train-iters", "24", "--log-interval", "1", "--save-interval", "5", "--host-check-after-s", str(CHECK_S)]
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+class TwoHosts:
+    """The namespaces host-a and host-b (and the switch's); `job(host, ...)` starts a torchrun agent on a host."""
+
+    def __init__(self):
+        tag = f"nb56-{os.getpid()}"
+        self.switch, self.ns = f"{tag}-sw", {host: f"{tag}-{host}" for host in ADDRESSES}
+        self.jobs = []
+
+    def make(self) -> None:
+        for ns in [self.switch, *self.ns.values()]:
+            ip("netns", "add", ns)
+        for ns in self.ns.values():  # `ip netns exec` mounts /etc/netns/NS/hosts on /etc/hosts: the hosts' names
+            os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+            with open(f"/etc/netns/{ns}/hosts", "w") as names:
+                names.write("127.0.0.1 localhost\n" + "".join(f"{address} host-{host}\n"
+                                                             for host, address in ADDRESSES.items()))
+        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.switch, "link", "set", "br0", "up")
+        for host, ns in self.ns.items():
+            ip("link", "add", "name", "eth0", "netns", ns, "type", "veth", "peer", "name", f"port-{host}", "netns",
+               self.switch)
+            ip("-n", ns, "addr", "add", f"{ADDRESSES[host]}/24", "dev", "eth0")
+            for link in ("eth0", "lo"):
+                ip("-n", ns, "link", "set", link, "up")
+            ip("-n", self.switch, "link", "set", f"port-{host}", "master", "br0")
+            ip("-n", self.switch, "link", "set", f"port-{host}", "up")
+
+    def cut(self, host: str) -> None:
+        ip("-n", self.switch, "link", "set", f"port-{host}", "nomaster")
+
+    def restore(self, host: str) -> None:
+        ip("-n", self.switch, "link", "set", f"port-{host}", "master", "br0")
+
+    def pids(self, host: str) -> list:
+        listed = subprocess.run(["ip", "netns", "pids", self.ns[host]], capture_output=True, text=True, timeout=30)
+        return [int(pid) for pid in listed.stdout.split()]
+
+    def signal(self, host: str, sig: int) -> None:
+        for pid in self.pids(host):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait_until_empty(self, host: str, timeout: float) -> float:
+        """Seconds until no process is left on `host`."""
+        start = time.monotonic()
+        while self.pids(host):
+            assert time.monotonic() - start < timeout, (host, self.pids(host), self.outputs())
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    def job(self, host: str, train_argv: list, nnodes: str) -> Job:
+        launcher = ("--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    f"{ADDRESSES['a']}:{RENDEZVOUS_PORT}", "--rdzv-id", "rehearsal", "--rdzv-conf", RDZV_CONF)
+        # unshare --uts: a host name of its own, as the error lines name hosts
+        prefix = ("ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
+                  f'hostname host-{host} && exec "$0" "$@"')
+        self.jobs.append(Job(train_argv, "--max-restarts", "1", launcher=launcher, prefix=prefix))
+        return self.jobs[-1]
+
+    def start(self, train_argv: list, nnodes: str) -> tuple:
+        """The agents of host-a (first: it holds the rendezvous, and is node 0) and host-b, once both train."""
+        a = self.job("a", train_argv, nnodes)
+        deadline = time.monotonic() + 300
+        while not re.search(rf":{RENDEZVOUS_PORT:04X} [0-9A-F]+:0000 0A ", self._listening()):  # 0A: LISTEN
+            assert time.monotonic() < deadline and a.proc.poll() is None, a.output[-3000:]
+            time.sleep(0.2)
+        b = self.job("b", train_argv, nnodes)
+        a.wait_for(r"layout: 2 ranks")
+        return a, b
+
+    def _listening(self) -> str:
+        return subprocess.run(["ip", "netns", "exec", self.ns["a"], "cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True,
+                              text=True, timeout=30).stdout
+
+    def outputs(self) -> str:
+        return "\n".join(f"--- host-{host}:\n{job.output[-3000:]}" for host, job in zip("ab", self.jobs))
+
+    def remove(self) -> None:
+        for host in self.ns:
+            self.signal(host, signal.SIGKILL)  # a stopped process dies of it too
+        for job in self.jobs:
+            job.close()
+        for ns in [*self.ns.values(), self.switch]:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+
+@pytest.fixture
+def hosts():
+    made = TwoHosts()
+    try:
+        made.make()
+    except (OSError, subprocess.CalledProcessError) as err:
+        made.remove()
+        reason = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else err
+        pytest.skip(f"network namespaces cannot be made here (root and iproute2 are needed): {reason}")
+    yield made
+    made.remove()
+
+
+def first_line(job: Job, pattern: str, after: float, within: float) -> tuple:
+    """(seconds from `after`, the line) of the first line matching `pattern`, waited for up to `within`."""
+    at = job.time_of(pattern, after=after, timeout=within)
+    line = next(line for t, line in zip(job.times, job.lines) if t >= at and re.search(pattern, line))
+    return at - after, line.strip()
+
+
+def lost_host_line(host: str) -> str:
+    return (rf"^error: rank \d: host host-{host} \({re.escape(ADDRESSES[host])}\) stopped answering at iteration "
+            rf"\d+ \(training step; no answer within {ANSWER_S:g} s after \d+ s without progress\)")
+
+
+def test_a_link_cut_ends_both_hosts_jobs_within_the_bound_and_the_resume_is_exact(hosts, data, tmp_path):
+    """--nnodes 2: host-b's rank finds the rendezvous host unreachable and ends its torchrun with it; host-a's finds
+    host-b silent, its torchrun waits JOIN_S for host-b in a new round, then fails."""
+    root = str(tmp_path / "ckpt")
+    train = argv(data, *TRAIN, "--save", root, "--load", root)
+    a, b = hosts.start(train, "2")
+    a.wait_for(r"iteration +7/")  # past the checkpoint of iteration 5
+    slowdown = a.slowdown()
+    hosts.cut("b")
+    cut = time.monotonic()
+    detect = CHECK_S + ANSWER_S + 5 * slowdown  # the check waits CHECK_S, its answer ANSWER_S; the rest scales
+    b_noticed, b_line = first_line(b, r"^error: ", cut, detect)
+    assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) is unreachable at "
+                    rf"iteration \d+ .*: this host is cut off from the job; ending this attempt and torchrun \(pid "
+                    rf"{b.proc.pid}\)", b_line), b_line
+    a_noticed, a_line = first_line(a, r"^error: ", cut, detect)
+    assert re.match(lost_host_line("b"), a_line), a_line
+    assert b.proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
+    hosts.wait_until_empty("b", 5 * slowdown)  # its rank's data workers and checkpoint writers too
+    b_ended = time.monotonic() - cut
+    assert a.proc.wait(timeout=a_noticed + JOIN_S + 10 * slowdown) != 0
+    hosts.wait_until_empty("a", 5 * slowdown)
+    a_ended = time.monotonic() - cut
+    print(f"link cut after iteration 7 (slowdown {slowdown:.1f}): host-b noticed at +{b_noticed:.1f} s "
+          f"({b_line!r}), its processes all ended by +{b_ended:.1f} s; host-a noticed at +{a_noticed:.1f} s "
+          f"({a_line!r}), its torchrun ended after the rendezvous' {JOIN_S} s at +{a_ended:.1f} s")
+    assert a_ended < detect + JOIN_S + 15 * slowdown
+    latest = read_latest_iteration(root)
+    assert latest in (5, 10) and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+    hosts.restore("b")
+    resumed = run_on_ranks(run_train, 2, argv(data, *TRAIN, "--load", root))[0]
+    uninterrupted = run_on_ranks(run_train, 2, argv(data, *TRAIN))[0]
+    assert losses(resumed) == losses(uninterrupted, latest)
+
+
+@pytest.mark.parametrize("fault", ["frozen", "killed"])
+def test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound(fault, hosts, data, tmp_path):
+    """--nnodes 1:2. frozen: every process of host-b SIGSTOPped (its kernel still accepts connections, nothing
+    answers); killed: host-b's link cut and every process killed (a host that loses power sends nothing). host-a's
+    rank names host-b and ends; its torchrun goes on alone from the latest checkpoint, the losses those of a 1-rank
+    run from it."""
+    root, reference_root = str(tmp_path / "ckpt"), str(tmp_path / "reference")
+    train = argv(data, *TRAIN, "--save", root, "--load", root)
+    a, b = hosts.start(train, "1:2")
+    a.wait_for(r"iteration +7/")
+    slowdown = a.slowdown()
+    if fault == "killed":
+        hosts.cut("b")
+        hosts.signal("b", signal.SIGKILL)
+    else:
+        hosts.signal("b", signal.SIGSTOP)
+    fault_at = time.monotonic()
+    detect = CHECK_S + ANSWER_S + 5 * slowdown
+    noticed, line = first_line(a, r"^error: ", fault_at, detect)
+    assert re.match(lost_host_line("b"), line), line
+    resumed, redone, lost_s, to_first_step = restart_cost(a, fault_at)
+    restarted = a.time_of(RESTARTED)
+    print(f"host-b {fault} after iteration 7 (slowdown {slowdown:.1f}): host-a noticed at +{noticed:.1f} s "
+          f"({line!r}), went on alone from iteration {resumed}: first step at +{to_first_step:.1f} s")
+    # The check, then a rendezvous without host-b (3 heartbeats, the last call) and a start.
+    assert to_first_step < detect + 3 + LAST_CALL_S + 3 * IDLE_S["first step"] * slowdown
+    assert "world size 2 -> 1: gradient accumulation 2 -> 4" in a.output
+    assert a.proc.wait(timeout=600) == 0, hosts.outputs()
+    if fault == "killed":
+        assert not hosts.pids("b")
+    reference = run_on_ranks(run_train, 1, [*argv(data, *TRAIN), "--load", root, "--ckpt-step", str(resumed),
+                                            "--save", reference_root])[0]
+    assert a.logged_losses(after=restarted) == logged(reference, resumed)
+
+
+def test_a_link_restored_before_the_check_lets_the_job_go_on(hosts, data, tmp_path):
+    """A link down for 2 s (a flap) under --nnodes 2: TCP resends what was lost, the check (if the wait reaches it)
+    finds every host answering, and the run ends as the uninterrupted one, without an error."""
+    root = str(tmp_path / "ckpt")
+    a, b = hosts.start(argv(data, *TRAIN, "--save", root), "2")
+    a.wait_for(r"iteration +7/")
+    hosts.cut("b")
+    time.sleep(2)
+    hosts.restore("b")
+    assert a.proc.wait(timeout=600) == 0 and b.proc.wait(timeout=60) == 0, hosts.outputs()
+    assert not a.first_error() and not b.first_error(), hosts.outputs()
+    uninterrupted = run_on_ranks(run_train, 2, argv(data, *TRAIN))[0]
+    assert a.logged_losses() == logged(uninterrupted, 0)
