@@ -4,7 +4,7 @@
         --tokenizer-model bert-base-uncased --bf16 --use-distributed-optimizer --save ckpt --load ckpt
 
 The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as a library:
-`megatron_neobert.training.loop.train(parse_settings(argv))`.
+`megatron_neobert.training.engine.loop.train(parse_settings(argv))`.
 """
 
 import logging
@@ -26,11 +26,11 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 @logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
 def main(argv: Optional[List[str]] = None) -> int:
-    from megatron_neobert.training.goodput import GoodputAccount
+    from megatron_neobert.training.reporting.goodput import GoodputAccount
 
     account = GoodputAccount.from_launch()  # from SLURM's or the launcher's start, else the process's
     account.lap("Python and the entry point")
-    from megatron_neobert.training.arguments import parse_settings
+    from megatron_neobert.training.config.arguments import parse_settings
 
     from megatron_neobert.parallel.launch import check_gpus_for_training
 
@@ -41,7 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _report(err)
     account.lap("settings (with torch's import)")
     from megatron_neobert.kernels import TransformerEngineInstallError, import_megatron_core
-    from megatron_neobert.training.train_log import configure_logging
+    from megatron_neobert.training.reporting.train_log import configure_logging
 
     configure_logging()  # before megatron-core's import, whose warnings it shows
     try:
@@ -50,8 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _report(err)
     account.lap("megatron-core's import")
     from megatron_neobert.parallel.cpu import cpu_execution
-    from megatron_neobert.training.loop import train
-    from megatron_neobert.training.process_guards import kill_children, kill_stopped_local_ranks
+    from megatron_neobert.training.engine.loop import train
+    from megatron_neobert.training.resilience.process_guards import kill_children, kill_stopped_local_ranks
 
     account.lap("the trainer's modules")
     try:
@@ -77,7 +77,7 @@ def _report(err: Exception) -> int:
 
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0:
-        from megatron_neobert.training.process_guards import tell_the_launcher
+        from megatron_neobert.training.resilience.process_guards import tell_the_launcher
 
         print(f"error: {err}", file=sys.stderr, flush=True)
         tell_the_launcher(f"error: {err}")
@@ -89,7 +89,7 @@ def _report(err: Exception) -> int:
 
 
 def _report_rank_error(err: BaseException) -> None:
-    from megatron_neobert.training.process_guards import tell_the_launcher
+    from megatron_neobert.training.resilience.process_guards import tell_the_launcher
 
     line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
     print(line, file=sys.stderr, flush=True)
@@ -108,7 +108,7 @@ def error_line(err: BaseException) -> str:
 def cli() -> None:
     """The command line: ends the process with main()'s status at once (`exit_now`: Python's own exit
     could wait forever on a DataLoader worker, or on a process group whose peer is gone)."""
-    from megatron_neobert.training.process_guards import exit_now, exit_with_launcher
+    from megatron_neobert.training.resilience.process_guards import exit_now, exit_with_launcher
 
     exit_with_launcher()  # first: a rank must not outlive a torchrun that dies while it imports and meets the others
     try:

@@ -11,16 +11,16 @@ from megatron.core import dist_checkpointing
 from megatron.core.utils import unwrap_model
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.training import trainer
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.engine import trainer
+from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.loop import train
-from megatron_neobert.training.optimizer_step import NonFiniteLossError
+from megatron_neobert.training.engine.loop import train
+from megatron_neobert.training.engine.optimizer_step import NonFiniteLossError
 from megatron_neobert.model.chunks import build_model_chunks
-from megatron_neobert.training.model_setup import run_model_shape
-from megatron_neobert.training.step import mlm_forward_step
-from megatron_neobert.training.train_log import configure_logging
+from megatron_neobert.training.engine.model_setup import run_model_shape
+from megatron_neobert.training.engine.step import mlm_forward_step
+from megatron_neobert.training.reporting.train_log import configure_logging
 
 
 def tiny_argv(data_path: str, cache: str, *extra: str) -> list:
@@ -52,7 +52,7 @@ def real_tokens_per_step(argv: list, steps: int) -> list:
     """Non-padding tokens of each of the first `steps` global batches, read straight from the data
     loader on one rank (the trainer's data-parallel ranks share each global batch out)."""
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.data_setup import build_data
+    from megatron_neobert.training.engine.data_setup import build_data
 
     initialize_model_parallel(1, 1)
     settings = parse_settings(argv)

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train, tiny_argv
 from test_lr_schedules import megatron_lm_lrs
 from test_train_log import ITERATION, VALIDATION
@@ -62,8 +62,8 @@ def test_the_modernbert_style_example_parses():
     to 4,608 over the first 50B, in samples of 1,024 tokens; its ramp divides into 32 x 8 micro-batches."""
     import os
 
-    from megatron_neobert.training.batch_size import check_batch_sizes
-    from megatron_neobert.training.schedule import describe_rampup, describe_schedule
+    from megatron_neobert.training.config.batch_size import check_batch_sizes
+    from megatron_neobert.training.config.schedule import describe_rampup, describe_schedule
 
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "modernbert_style.yaml")
     training = parse_settings(["--config", example]).training
@@ -126,7 +126,7 @@ def test_ramps_that_cannot_be_are_refused_in_one_line(flags, message):
 def test_ramp_sizes_data_parallelism_does_not_divide_are_refused(micro_batch, dp, message):
     """Each size of the ramp must divide into micro-batches on every data-parallel rank, as megatron-core's
     calculator asserts at the step that reaches it: here, before training."""
-    from megatron_neobert.training.batch_size import check_batch_sizes
+    from megatron_neobert.training.config.batch_size import check_batch_sizes
 
     training = parse_settings(["--mock-data", "--micro-batch-size", str(micro_batch), *RAMP]).training
     if message is None:

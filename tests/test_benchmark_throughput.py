@@ -13,7 +13,7 @@ from megatron_neobert.evaluation.throughput import (FP8_COMPARED_FROM_STEP, Meas
                                                     format_table, fp8_loss_gap, mlm_batch, plot, table_cells,
                                                     training_runs)
 from megatron_neobert.model import padded_vocab_size
-from megatron_neobert.training.metrics import step_flops
+from megatron_neobert.training.reporting.metrics import step_flops
 from tools import benchmark_throughput
 from tools.benchmark_throughput import check_targets, format_markdown
 

@@ -8,7 +8,7 @@ import pytest
 
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.parallel.launch import DistributedState, initialize_model_parallel, run_on_ranks
-from megatron_neobert.training.trainer import HISTORY_STEPS
+from megatron_neobert.training.engine.trainer import HISTORY_STEPS
 from pretrain_cases import run_train, run_train_sampling_memory, tiny_argv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -24,7 +24,7 @@ import pytest
 from checkpoint_files import rewrite_common_state
 from megatron_neobert.megatron_core_compat import COMMON_STATE_FILE, COMMON_STATE_IN_SHARDS
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.checkpoint.integrity import MANIFEST
 from megatron_neobert.checkpoint.layout import LATEST_MARKER, iteration_dir, read_latest_iteration
 from megatron_neobert.errors import TrainingError
@@ -601,7 +601,7 @@ def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, j
 
 FORKING_RANK = """
 import multiprocessing as mp, os, sys, threading, time
-from megatron_neobert.training.process_guards import forked_children_die_with_rank
+from megatron_neobert.training.resilience.process_guards import forked_children_die_with_rank
 forked_children_die_with_rank()
 fork = mp.get_context("fork")
 main_child = fork.Process(target=time.sleep, args=(600,))  # as megatron-core forks a checkpoint writer

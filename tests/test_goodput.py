@@ -1,5 +1,5 @@
-"""The run's account of wall time (training/goodput.py): continued across resumes and restarts, saved in each
-checkpoint, and the save interval `--save-interval auto` chooses from it (training/save_interval.py)."""
+"""The run's account of wall time (training/reporting/goodput.py): continued across resumes and restarts, saved in each
+checkpoint, and the save interval `--save-interval auto` chooses from it (training/resilience/save_interval.py)."""
 
 import json
 import os
@@ -12,10 +12,10 @@ import pytest
 from megatron_neobert.checkpoint.state import read_checkpoint
 from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.goodput import (CATEGORIES, GOODPUT_FILE, LAUNCHER_PART, GoodputAccount,
-                                                launch_parts)
-from megatron_neobert.training.save_interval import SaveInterval
+from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.reporting.goodput import (CATEGORIES, GOODPUT_FILE, LAUNCHER_PART, GoodputAccount,
+                                                         launch_parts)
+from megatron_neobert.training.resilience.save_interval import SaveInterval
 from pretrain_cases import run_train, run_train_with_slow_saves, tiny_argv
 from test_faults import RESTARTED, Job, argv
 

@@ -1,5 +1,5 @@
-"""The goodput model (megatron_neobert/training/goodput_model.py): the simulation's bookkeeping, the simulation and
-the first-order formula checked against each other where failures are many, the costs read from a goodput account,
+"""The goodput model (megatron_neobert/training/resilience/goodput_model.py): the simulation's bookkeeping, the
+simulation and the first-order formula checked against each other where failures are many, the costs read from a goodput account,
 the command on a JSON account and on a checkpoint, and the table of docs/training.md."""
 
 import dataclasses
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from megatron_neobert.cli.goodput_model import main
-from megatron_neobert.training.goodput_model import (CATEGORIES, LLAMA3_FAILURES_PER_GPU_DAY, RunCosts, best_interval,
-                                                     costs_from_account, expected_goodput, interval_iterations,
-                                                     mean_goodput, mtbf_s, optimal_interval_s, simulate)
+from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
+from megatron_neobert.training.resilience.goodput_model import (CATEGORIES, RunCosts, best_interval, costs_from_account,
+                                                                expected_goodput, interval_iterations, mean_goodput,
+                                                                mtbf_s, optimal_interval_s, simulate)
 
 # docs/training.md's H100 costs of NeoBERT.
 COSTS = RunCosts(step_s=0.125, save_s=10.0, startup_s=90.0, load_s=20.0, detection_s=60.0, rendezvous_node_s=0.1)

@@ -12,8 +12,8 @@ import torch
 
 from megatron_neobert.parallel.hosts import Host, HostAnswers, answers
 from megatron_neobert.parallel.launch import DistributedState
-from megatron_neobert.training import process_guards
-from megatron_neobert.training.process_guards import ProgressWatchdog
+from megatron_neobert.training.resilience import process_guards
+from megatron_neobert.training.resilience.process_guards import ProgressWatchdog
 
 
 @pytest.fixture
@@ -21,7 +21,9 @@ def one_rank_group(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.delenv("MASTER_PORT", raising=False)
     found = DistributedState()
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    if not found.process_group:  # else the worker's one-rank group of an earlier test (single_rank), kept
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    assert torch.distributed.get_world_size() == 1
     yield
     found.release()
 

@@ -7,7 +7,7 @@ exact."""
 import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train, tiny_argv
 from test_megatron_compat import _lrs
 
@@ -86,7 +86,7 @@ def test_learning_rate_is_megatron_cores_at_every_step(case):
 def test_wsd_and_inverse_square_root_decay_to_the_end_of_the_run_by_default():
     """The recipe's 90% decay belongs to its cosine: WSD and inverse-square-root end theirs with the run, as
     Megatron-LM's, and the start-up report lists no recipe default for them."""
-    from megatron_neobert.training.resolve import recipe_defaults_applied
+    from megatron_neobert.training.config.resolve import recipe_defaults_applied
 
     for style, extra in (("WSD", ["--lr-wsd-decay-iters", "10"]), ("inverse-square-root", [])):
         settings = parse_settings(["--mock-data", "--train-iters", "100", "--lr-warmup-iters", "5",
@@ -158,7 +158,7 @@ def test_a_resume_says_when_the_checkpoints_schedule_is_not_the_flags(override):
     the trainer prints then says so."""
     import torch
 
-    from megatron_neobert.training.schedule import build_scheduler, checkpoint_schedule_note
+    from megatron_neobert.training.config.schedule import build_scheduler, checkpoint_schedule_note
 
     def scheduler(*flags):
         training = parse_settings(["--mock-data", "--global-batch-size", "8", "--lr-warmup-iters", "2", *WSD,

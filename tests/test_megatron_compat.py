@@ -11,7 +11,7 @@ import torch
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -196,7 +196,7 @@ def test_wordpiece_from_vocab_file_matches_the_tokenizer_it_came_from(kind):
 
 def _lrs(argv, steps):
     """The learning rate of each of the first `steps` iterations of the run's scheduler."""
-    from megatron_neobert.training.schedule import build_scheduler
+    from megatron_neobert.training.config.schedule import build_scheduler
 
     training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
@@ -264,8 +264,8 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
     mock data 1,1,1 whatever it says, and the start-up notes say so."""
     from megatron_neobert.data.tokenizer import build_tokenizer
     from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-    from megatron_neobert.training.startup_report import startup_notes
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.reporting.startup_report import startup_notes
+    from megatron_neobert.training.engine.model_setup import run_model_shape
 
     given, plain = (parse_settings(_mock_argv("--train-iters", "10", "--lr-warmup-iters", "1", *split))
                     for split in (["--split", "949,50,1"], []))
@@ -282,8 +282,8 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
 
 
 def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
-    from megatron_neobert.training.startup_report import startup_notes
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.reporting.startup_report import startup_notes
+    from megatron_neobert.training.engine.model_setup import run_model_shape
 
     settings = parse_settings(["--data-path", "x", "--adam-beta2", "0.999", "--recompute-activations", *SHAPE])
     assert settings.model.recompute_granularity == "selective"
@@ -298,7 +298,7 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
     assert "hidden_size 128 -> 64" in notes[3]
     plain = parse_settings(["--data-path", "x", "--model-preset", "neobert-tiny"])
     assert len(startup_notes(plain, run_model_shape(plain))) == 4  # with the schedule's and the precision's
-    from megatron_neobert.training.arguments import build_parser
+    from megatron_neobert.training.config.arguments import build_parser
 
     help_text = " ".join(build_parser().format_help().split())
     assert "recipe default 0.95; Megatron-LM's: 0.999" in help_text
@@ -308,11 +308,11 @@ def test_recipe_defaults_are_reported_and_preset_overrides_are_named():
 def _step_with(optimizer_name, argv_extra=()):
     """(weights before, gradients, weights after, param groups) of one optimizer step of the trainer's
     optimizer; the groups as (weight decay, lr, parameter names)."""
-    from megatron_neobert.training.data_setup import build_data
+    from megatron_neobert.training.engine.data_setup import build_data
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
-    from megatron_neobert.training.step import run_micro_batches
+    from megatron_neobert.training.engine.model_setup import run_model_shape, setup_model_and_optimizer
+    from megatron_neobert.training.engine.step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
                                          "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
@@ -345,10 +345,10 @@ def test_bf16_on_a_cpu_computes_in_bf16_and_the_start_up_says_so(single_rank):
     Float16Module holds bf16 weights and the layers compute in bf16 on the CPU; the optimizer steps fp32 copies."""
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.data_setup import build_data
-    from megatron_neobert.training.startup_report import startup_notes
-    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
-    from megatron_neobert.training.step import run_micro_batches
+    from megatron_neobert.training.engine.data_setup import build_data
+    from megatron_neobert.training.reporting.startup_report import startup_notes
+    from megatron_neobert.training.engine.model_setup import run_model_shape, setup_model_and_optimizer
+    from megatron_neobert.training.engine.step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--bf16", "--lr-warmup-iters", "0", "--train-iters", "10"))
     shape = run_model_shape(settings)
@@ -420,7 +420,7 @@ def test_fp16_scales_the_loss_and_skips_overflows_without_stopping(tmp_path):
 
 
 def test_per_split_data_paths_give_each_split_its_own_data(data, single_rank):
-    from megatron_neobert.training.data_setup import build_data
+    from megatron_neobert.training.engine.data_setup import build_data
 
     prefix, cache = data
     settings = parse_settings(["--train-data-path", prefix, "--valid-data-path", prefix, "--tokenizer-model",

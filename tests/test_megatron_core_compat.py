@@ -76,7 +76,7 @@ ASYNC_RESULTS_SERVER = """
 import os, signal, time
 import psutil
 from megatron_neobert import megatron_core_compat as compat
-from megatron_neobert.training.process_guards import forked_children_die_with_rank, ignore_exit_signals
+from megatron_neobert.training.resilience.process_guards import forked_children_die_with_rank, ignore_exit_signals
 forked_children_die_with_rank()
 compat.keep_write_results_with_the_rank(True, ignore_exit_signals)
 results = compat.write_results_queue()

@@ -13,7 +13,7 @@ import torch
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.megatron_core_compat import load_common_state
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from checkpoint_files import args_only_checkpoint
 from pretrain_cases import run_train
 from test_train_log import ITERATION, MEGATRON_FIELDS, VALIDATION
@@ -151,8 +151,8 @@ def test_swiglu_is_refused_for_a_gelu_preset():
 
 
 def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers():
-    from megatron_neobert.training.startup_report import startup_notes
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.reporting.startup_report import startup_notes
+    from megatron_neobert.training.engine.model_setup import run_model_shape
 
     settings = parse_settings(["--mock-data", "--model-preset", "neobert-tiny", "--hidden-size", "64",
                                "--vocab-file", VOCAB])
@@ -169,8 +169,8 @@ def test_hidden_size_derives_the_mlp_width_and_the_vocabulary_is_the_tokenizers(
 
 
 def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
-    from megatron_neobert.training.startup_report import startup_notes
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.reporting.startup_report import startup_notes
+    from megatron_neobert.training.engine.model_setup import run_model_shape
 
     settings = parse_settings(BASE + ["--sequence-parallel"])
     assert not settings.parallel.sequence_parallel
@@ -181,7 +181,7 @@ def test_sequence_parallel_without_tensor_parallelism_is_said(tmp_path):
 def _model(argv):
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.model_setup import run_model_shape, setup_model_and_optimizer
+    from megatron_neobert.training.engine.model_setup import run_model_shape, setup_model_and_optimizer
 
     settings = parse_settings(BASE + argv)
     _, chunks, _, _ = setup_model_and_optimizer(settings, run_model_shape(settings))
@@ -287,7 +287,7 @@ def test_a_pretrained_checkpoint_folder_without_a_checkpoint_is_refused_before_t
 
 
 def test_use_checkpoint_args_does_not_claim_the_recipes_length(tmp_path):
-    from megatron_neobert.training.resolve import recipe_defaults_applied
+    from megatron_neobert.training.config.resolve import recipe_defaults_applied
 
     ckpt = args_only_checkpoint(tmp_path / "ckpt", seq_length=128)
     settings = parse_settings(BASE + ["--load", ckpt, "--use-checkpoint-args"])
@@ -318,7 +318,7 @@ def test_use_checkpoint_args_values_reach_the_checks(tmp_path):
 
 def test_a_checkpoint_of_no_preset_shape_gives_the_run_its_shape(tmp_path):
     from megatron_neobert.model import NeoBERTArch
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.engine.model_setup import run_model_shape
     from megatron_neobert.checkpoint.state import read_common_state
     from megatron_neobert.checkpoint.layout import find_checkpoint
 

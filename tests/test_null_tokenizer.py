@@ -10,8 +10,8 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.model_setup import run_model_shape
+from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.engine.model_setup import run_model_shape
 
 NULL = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"]
 SHORT = ["--model-preset", "neobert-tiny", "--seq-length", "64", "--train-iters", "10", "--lr-warmup-iters", "1",

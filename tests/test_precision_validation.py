@@ -3,7 +3,7 @@ the GPU and Transformer Engine as parameters."""
 
 import pytest
 
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 
 H100, A100, B200 = (9, 0), (8, 0), (10, 0)
 

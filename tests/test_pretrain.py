@@ -267,7 +267,7 @@ def test_stage2_takes_its_settings_from_the_stage1_checkpoint(distopt_run, data,
     """examples/pretrain_neobert_stage2.sh's flags (`stage2_plan`): four times stage 1's length with its tokens per
     step, a twentieth of its steps, on its ranks, layout, optimizer setup, tokenizer and data; the run loads stage
     1's optimizer state (refused were the setup another) and goes on from its last iteration."""
-    from megatron_neobert.training.stage2 import stage2_plan
+    from megatron_neobert.training.config.stage2 import stage2_plan
 
     _, stage1 = distopt_run
     save = str(tmp_path / "stage2")

@@ -10,11 +10,11 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.training.model_setup import run_model_shape
-from megatron_neobert.training.run_checks import check_vocabulary_rows
-from megatron_neobert.training.schedule import build_scheduler
-from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.metrics import non_embedding_params, step_flops
+from megatron_neobert.training.engine.model_setup import run_model_shape
+from megatron_neobert.training.config.run_checks import check_vocabulary_rows
+from megatron_neobert.training.config.schedule import build_scheduler
+from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.reporting.metrics import non_embedding_params, step_flops
 from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,
                                                          write_latest_marker)
 
@@ -112,7 +112,7 @@ def test_schedule_matches_the_recipe():
                                           ("save", "set_up"), ("finish", "resume")])
 def test_a_trainer_phase_called_out_of_order_names_the_phase_to_run_first(phase, first):
     """Each phase reads what set_up or resume made: called before it, it says which, not an AttributeError."""
-    from megatron_neobert.training.trainer import Trainer
+    from megatron_neobert.training.engine.trainer import Trainer
 
     settings = parse_settings(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0"])
     trainer = Trainer(settings, tokenizer=None, data_files=None, forward_step=None, handler=None, watchdog=None,
@@ -171,7 +171,7 @@ def test_step_flops_count_attention_per_document(single_rank):
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron_neobert.model import build_model, transformer_config
-    from megatron_neobert.training.metrics import attended_pairs
+    from megatron_neobert.training.reporting.metrics import attended_pairs
 
     arch = get_arch("neobert-tiny", num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,
                     vocab_size=128)
@@ -248,7 +248,7 @@ def test_the_kernels_line_names_dalis_version_without_importing_it_for_a_torch_l
 def test_mfu_peak_is_looked_up_by_the_exact_device_name(monkeypatch, name, bf16, fp8):
     import torch
 
-    from megatron_neobert.training.metrics import peak_tflops
+    from megatron_neobert.training.reporting.metrics import peak_tflops
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
@@ -258,7 +258,7 @@ def test_mfu_peak_is_looked_up_by_the_exact_device_name(monkeypatch, name, bf16,
 def test_an_unknown_gpu_is_logged_without_mfu(single_rank, monkeypatch, capsys):
     import torch
 
-    from megatron_neobert.training.train_log import TrainingLog, configure_logging
+    from megatron_neobert.training.reporting.train_log import TrainingLog, configure_logging
 
     configure_logging()
     settings = parse_settings(["--mock-data"])
@@ -266,13 +266,13 @@ def test_an_unknown_gpu_is_logged_without_mfu(single_rank, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H800")
     assert TrainingLog(settings, get_arch("neobert-tiny"), 128).peak is None
     assert capsys.readouterr().out == ("MFU not reported: no bf16 peak TFLOP/s known for 'NVIDIA H800' "
-                                       "(training/metrics.py PEAK_TFLOPS)\n")
+                                       "(training/reporting/metrics.py PEAK_TFLOPS)\n")
 
 
 @pytest.mark.parametrize("iters, every", [(50_000, 2_500), (100, 5), (20, 1), (15, 15), (1, 1)])
 def test_stage2_evaluates_and_saves_twenty_times_or_once_at_the_end(iters, every):
     """The paper's stage 2 (50k steps) every 2,500 steps; one after the quickstart (15 steps) only at its end,
     not at each step."""
-    from megatron_neobert.training.stage2 import evaluation_interval
+    from megatron_neobert.training.config.stage2 import evaluation_interval
 
     assert evaluation_interval(iters) == every

@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.errors import InputError
-from megatron_neobert.training.profiling import StepProfiler
+from megatron_neobert.training.reporting.profiling import StepProfiler
 
 
 def profiler(tmp_path, *flags):

@@ -11,12 +11,12 @@ from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.model import ModelShape, parallel_shape_problems
 from megatron_neobert.model.config import PRESETS, get_arch
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.errors import InputError, TrainingError
-from megatron_neobert.training.model_setup import run_model_shape
-from megatron_neobert.training.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                  check_parallel_shape, check_positions,
-                                                  check_tokenizer_matches_checkpoint, check_vocabulary)
+from megatron_neobert.training.engine.model_setup import run_model_shape
+from megatron_neobert.training.config.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
+                                                         check_parallel_shape, check_positions,
+                                                         check_tokenizer_matches_checkpoint, check_vocabulary)
 
 TINY = get_arch("neobert-tiny")
 
@@ -130,7 +130,7 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.schedule import build_scheduler
+    from megatron_neobert.training.config.schedule import build_scheduler
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)

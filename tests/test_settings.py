@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from megatron_neobert.flags import HelpFormatter, flag_of
-from megatron_neobert.training.arguments import (ADAPTER_FLAGS, MegatronLMFlags, build_parser, given_values,
-                                                 parse_settings)
-from megatron_neobert.training.settings import SECTIONS, Settings, declared_fields
-from megatron_neobert.training.train_log import configure_logging
+from megatron_neobert.training.config.arguments import (ADAPTER_FLAGS, MegatronLMFlags, build_parser, given_values,
+                                                        parse_settings)
+from megatron_neobert.training.config.settings import SECTIONS, Settings, declared_fields
+from megatron_neobert.training.reporting.train_log import configure_logging
 
 COMMAND_LINE_ONLY = {"help", "config"}
 
@@ -96,7 +96,8 @@ def test_info_lines_show_from_rank_0_and_warnings_from_every_rank(monkeypatch, c
     monkeypatch.setenv("RANK", "1")
     checkpoint_log.info("said by rank 1")
     checkpoint_log.warning("iteration folders are incomplete")
-    logging.getLogger("megatron_neobert.training.profiling").info("rank 1's profile", extra={"every_rank": True})
+    logging.getLogger("megatron_neobert.training.reporting.profiling").info("rank 1's profile",
+                                                                           extra={"every_rank": True})
     logging.getLogger("some_library").info("not ours")
     printed = capsys.readouterr()
     assert printed.out == "ckpt was saved with --no-save-rng: RNG states not restored\nrank 1's profile\n"

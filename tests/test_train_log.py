@@ -7,9 +7,9 @@ import pytest
 
 from megatron_neobert.cli import logging_kept
 from megatron_neobert.model.config import get_arch
-from megatron_neobert.training.arguments import parse_settings
-from megatron_neobert.training.goodput import GoodputAccount
-from megatron_neobert.training.train_log import TrainingLog, configure_logging
+from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.reporting.goodput import GoodputAccount
+from megatron_neobert.training.reporting.train_log import TrainingLog, configure_logging
 
 # What parsers written for Megatron-LM's training_log and evaluate_and_print_results look for.
 ITERATION = re.compile(r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration\s+(\d+)/\s*(\d+) \|")

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.parallel.launch import run_on_ranks
-from megatron_neobert.training import trainer
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.engine import trainer
+from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train, tiny_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
@@ -86,9 +86,9 @@ def reference_run(argv, before: dict) -> dict:
     """The plain loop from `before`: per step its loss, gradient norm, the two Megatron-LM BERT losses it does not
     use, and the weights after the last step."""
     from megatron_neobert.model import transformer_config
-    from megatron_neobert.training.data_setup import build_data
+    from megatron_neobert.training.engine.data_setup import build_data
     from megatron_neobert.model.chunks import build_model_chunks
-    from megatron_neobert.training.model_setup import run_model_shape
+    from megatron_neobert.training.engine.model_setup import run_model_shape
 
     settings = parse_settings(argv)
     training = settings.training

@@ -150,7 +150,7 @@ import json, sys, time, os, numpy, psutil
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-from megatron_neobert.training.arguments import parse_settings
+from megatron_neobert.training.config.arguments import parse_settings
 settings = parse_settings(json.loads(sys.argv[1]))
 tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
 private = psutil.Process().memory_full_info().uss

@@ -15,8 +15,8 @@ import sys
 import time
 
 from megatron_neobert.cli import console_logging, megatron_runtime
-from megatron_neobert.training.arguments import build_parser, parse_settings
-from megatron_neobert.training.settings import DataSettings
+from megatron_neobert.training.config.arguments import build_parser, parse_settings
+from megatron_neobert.training.config.settings import DataSettings
 
 # The settings the datasets depend on: the data flags, and the lengths of the training and its evaluations.
 READS = {f.name for f in dataclasses.fields(DataSettings)} - {"data_loader", "num_workers"} | {

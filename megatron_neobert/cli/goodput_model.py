@@ -1,6 +1,6 @@
 r"""Goodput at scale from a run's measured costs: for each job size, the save interval that maximises it and the
 goodput there, by the first-order formula (Young/Daly) and by a seeded simulation of the run's failures
-(`megatron_neobert.training.goodput_model`; docs/training.md, Goodput at scale).
+(`megatron_neobert.training.resilience.goodput_model`; docs/training.md, Goodput at scale).
 
     # the costs a run measured (its checkpoint's goodput account, or a JSON file holding the account)
     python -m megatron_neobert.cli.goodput_model --account ckpt --markdown
@@ -14,8 +14,9 @@ import sys
 from typing import List, Optional
 
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
-from megatron_neobert.training.goodput_model import (GPUS_PER_NODE, LLAMA3_FAILURES_PER_GPU_DAY, RunCosts,
-                                                     costs_from_account, format_markdown, read_account, scaling_table)
+from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
+from megatron_neobert.training.resilience.goodput_model import (GPUS_PER_NODE, RunCosts, costs_from_account,
+                                                                format_markdown, read_account, scaling_table)
 
 COST_FLAGS = {"step_s": "--step-s", "save_s": "--save-s", "startup_s": "--startup-s", "load_s": "--load-s"}
 OPTIONAL_COSTS = ("rendezvous_node_s",)  # 0 when stated costs leave it out: their start-up holds the rendezvous

@@ -1,5 +1,6 @@
 r"""The trainer flags of stage 2 from a stage-1 checkpoint, as shell assignments for
-examples/pretrain_neobert_stage2.sh to `eval` (`megatron_neobert.training.stage2`: what stage 2 takes from stage 1).
+examples/pretrain_neobert_stage2.sh to `eval` (`megatron_neobert.training.config.stage2`: what stage 2 takes from
+stage 1).
 
     python -m megatron_neobert.cli.stage2_plan --stage1 ckpt/stage1 --save ckpt/stage2
 """
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m megatron_neobert.cli.stage2_plan", description=__doc__)
     add_flags(p, Stage2Flags)
     args = p.parse_args(argv)
-    from megatron_neobert.training.stage2 import stage2_plan
+    from megatron_neobert.training.config.stage2 import stage2_plan
 
     try:
         plan = stage2_plan(args.stage1, args.save, bool(args.load_optim), args.seq_length, args.iters, args.data_path)

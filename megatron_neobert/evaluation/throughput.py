@@ -24,7 +24,7 @@ import torch
 from megatron_neobert.atomic_write import atomic_path
 from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model import ModelShape, NeoBERTArch, padded_vocab_size
-from megatron_neobert.training.metrics import attended_pairs, peak_tflops, step_flops
+from megatron_neobert.training.reporting.metrics import attended_pairs, peak_tflops, step_flops
 
 logger = logging.getLogger(__name__)
 
@@ -319,9 +319,9 @@ def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, comp
     appends its loss to `losses`."""
     from megatron.core.utils import unwrap_model
 
-    from megatron_neobert.training.arguments import parse_settings
-    from megatron_neobert.training.model_setup import setup_model_and_optimizer
-    from megatron_neobert.training.step import grads_are_finite, run_micro_batches
+    from megatron_neobert.training.config.arguments import parse_settings
+    from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
+    from megatron_neobert.training.engine.step import grads_are_finite, run_micro_batches
 
     # No data is read: the batches are synthetic. No warmup: the steps learn at the peak rate from the first, so
     # that the losses compared between rows (FP8's and bf16's) are those of training, not of one forward repeated.

@@ -477,7 +477,7 @@ def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_p
     import json
     import megatron_neobert.data.mlm_dataset as mlm
     from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-    from megatron_neobert.training.arguments import parse_settings
+    from megatron_neobert.training.config.arguments import parse_settings
     from tools.build_data_cache import main
     subset = str(tmp_path / "plus1024")
     make_length_subset(indexed_prefix, subset, 1024)

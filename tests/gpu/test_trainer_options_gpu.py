@@ -72,8 +72,8 @@ def first_batches(argv, loader: str, count: int = 4):
     """The trainer's first `count` micro-batches from `loader`, as (the devices of their tensors, the batches
     on the host)."""
     from megatron_neobert.parallel.launch import initialize_model_parallel
-    from megatron_neobert.training.arguments import parse_settings
-    from megatron_neobert.training.data_setup import build_data
+    from megatron_neobert.training.config.arguments import parse_settings
+    from megatron_neobert.training.engine.data_setup import build_data
 
     initialize_model_parallel(1, 1)
     _, batches, _ = build_data(parse_settings(argv + ["--data-loader", loader]), 0, 0)

@@ -19,8 +19,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 SECONDS_PER_DAY = 86400.0
-# Llama 3 (Dubey et al. 2024, table 5): 419 unexpected interruptions in 54 days on 16,384 H100s, 4.74e-4.
-LLAMA3_FAILURES_PER_GPU_DAY = 4.7e-4
 # The job sizes' nodes (H100 and H200 nodes), for the rendezvous' cost.
 GPUS_PER_NODE = 8
 # How the simulation splits wall time; they sum to it.

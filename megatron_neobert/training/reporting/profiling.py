@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from megatron_neobert.errors import InputError
-from megatron_neobert.training.train_log import EVERY_RANK
+from megatron_neobert.training.reporting.train_log import EVERY_RANK
 
 TOP_OPS = 15
 

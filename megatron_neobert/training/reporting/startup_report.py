@@ -9,9 +9,9 @@ from megatron.core import parallel_state
 
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, build_tokenizer
 from megatron_neobert.model import ModelShape
-from megatron_neobert.training.resolve import recipe_defaults_applied
-from megatron_neobert.training.schedule import describe_rampup, describe_schedule
-from megatron_neobert.training.settings import RECIPE_DIFFERENCES, Settings
+from megatron_neobert.training.config.resolve import recipe_defaults_applied
+from megatron_neobert.training.config.schedule import describe_rampup, describe_schedule
+from megatron_neobert.training.config.settings import RECIPE_DIFFERENCES, Settings
 
 
 def describe_layout(settings: Settings, shape: ModelShape, num_chunks: int, num_micro: int) -> str:

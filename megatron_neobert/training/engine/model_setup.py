@@ -15,8 +15,8 @@ from megatron_neobert.model import ModelShape, resolve_model_shape, transformer_
 from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.state import checkpoint_args
-from megatron_neobert.training.schedule import build_scheduler
-from megatron_neobert.training.settings import Settings
+from megatron_neobert.training.config.schedule import build_scheduler
+from megatron_neobert.training.config.settings import Settings
 
 
 def run_model_shape(settings: Settings, tokenizer_vocab_size: Optional[int] = None,

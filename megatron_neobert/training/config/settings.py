@@ -2,9 +2,9 @@
 flag, help text, default and, where NeoBERT's recipe departs from it, Megatron-LM's default
 (`megatron_neobert.flags.setting`).
 
-`training/arguments.py` generates the command line from these declarations (one `--help` group per section, under
-its TITLE), and `training/resolve.py` turns what the command line gave into the run's `Settings`, derived defaults
-filled in and checked. Flags are Megatron-LM's names and meanings; the Megatron-LM flags that choose nothing here
+`training/config/arguments.py` generates the command line from these declarations (one `--help` group per section,
+under its TITLE), and `training/config/resolve.py` turns what the command line gave into the run's `Settings`, derived
+defaults filled in and checked. Flags are Megatron-LM's names and meanings; the Megatron-LM flags that choose nothing here
 (aliases, flags accepted for what is always so, refusals) live in the command-line adapter and are not settings.
 Kept free of torch, so that `--help` answers at once.
 """
@@ -14,7 +14,7 @@ from typing import ClassVar, Dict, FrozenSet, Iterator, List, Optional, Union
 
 from megatron_neobert.data.tokenizer import TokenizerSettings
 from megatron_neobert.flags import setting
-from megatron_neobert.training.goodput_model import LLAMA3_FAILURES_PER_GPU_DAY
+from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
 from megatron_neobert.model.config import PRESETS
 from megatron_neobert.model.shape import VOCAB_PADDING_MULTIPLE
 

@@ -21,9 +21,9 @@ import yaml
 from megatron_neobert.flags import ArgumentParser, add_flags, closest, convert_value, parse_given, setting
 from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch
 from megatron_neobert.errors import InputError, refuse
-from megatron_neobert.training.resolve import resolve_settings
-from megatron_neobert.training.settings import SECTIONS, Settings
-from megatron_neobert.training.starting_checkpoint import apply_checkpoint_args, starting_checkpoint
+from megatron_neobert.training.config.resolve import resolve_settings
+from megatron_neobert.training.config.settings import SECTIONS, Settings
+from megatron_neobert.training.config.starting_checkpoint import apply_checkpoint_args, starting_checkpoint
 
 CKPT_FORMATS = ("torch_dist", "torch", "torch_dcp", "zarr", "fsdp_dtensor")
 

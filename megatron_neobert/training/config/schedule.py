@@ -7,10 +7,10 @@ growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
 import dataclasses
 from typing import NamedTuple, Optional, Set
 
-from megatron_neobert.training.batch_size import rampup_train_iters
+from megatron_neobert.training.config.batch_size import rampup_train_iters
 from megatron_neobert.errors import InputError, refuse
-from megatron_neobert.training.settings import (RECIPE_DECAY_FRACTION, RECIPE_MIN_LR_FRACTION,
-                                                RECIPE_WARMUP_ITERS, TrainingSettings)
+from megatron_neobert.training.config.settings import (RECIPE_DECAY_FRACTION, RECIPE_MIN_LR_FRACTION,
+                                                       RECIPE_WARMUP_ITERS, TrainingSettings)
 
 # Styles whose decay ends where Megatron-LM's does, with the run: the recipe's 90% belongs to its cosine. After the
 # decay steps megatron-core gives --min-lr: an inverse square root would drop to it, and a WSD run would idle there.

@@ -19,7 +19,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_neobert.data.loader import masked_position_list
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
-from megatron_neobert.training.metrics import attended_pairs
+from megatron_neobert.training.reporting.metrics import attended_pairs
 
 
 def model_inputs(batch: Dict[str, torch.Tensor]) -> dict:

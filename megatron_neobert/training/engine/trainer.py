@@ -18,32 +18,32 @@ from megatron.core import parallel_state
 from megatron_neobert.model import ModelShape
 from megatron_neobert.model.kernel_report import format_report, kernel_report
 from megatron_neobert.megatron_core_compat import micro_batch_calculator
-from megatron_neobert.training.batch_size import check_batch_sizes
+from megatron_neobert.training.config.batch_size import check_batch_sizes
 from megatron_neobert.checkpoint.integrity import sealed_at
 from megatron_neobert.checkpoint.layout import find_pretrained_checkpoint, iteration_dir
 from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
-from megatron_neobert.training.data_files import DataFiles
-from megatron_neobert.training.data_setup import build_data
+from megatron_neobert.training.config.data_files import DataFiles
+from megatron_neobert.training.engine.data_setup import build_data
 from megatron_neobert.errors import TrainingError
-from megatron_neobert.training.evaluate import evaluate
-from megatron_neobert.training.goodput import GoodputAccount
-from megatron_neobert.training.metrics import step_flops
-from megatron_neobert.training.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
-                                                   setup_model_and_optimizer)
-from megatron_neobert.training.optimizer_step import TrainState, train_step
-from megatron_neobert.training.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
-from megatron_neobert.training.profiling import StepProfiler
-from megatron_neobert.training.restarts import RestartReport, world_size_change
-from megatron_neobert.training.save_interval import SaveInterval
-from megatron_neobert.training.run_checks import (check_model_shape, check_optimizer_setup, check_parallel_shape,
-                                                  check_positions, check_tokenizer_matches_checkpoint,
-                                                  check_vocabulary, check_vocabulary_rows)
-from megatron_neobert.training.schedule import checkpoint_schedule_note
-from megatron_neobert.training.settings import Settings
-from megatron_neobert.training.startup_report import describe_layout, startup_notes
-from megatron_neobert.training.step import ForwardStep, params_are_finite
-from megatron_neobert.training.train_log import TrainingLog
+from megatron_neobert.training.engine.evaluate import evaluate
+from megatron_neobert.training.reporting.goodput import GoodputAccount
+from megatron_neobert.training.reporting.metrics import step_flops
+from megatron_neobert.training.engine.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
+                                                          setup_model_and_optimizer)
+from megatron_neobert.training.engine.optimizer_step import TrainState, train_step
+from megatron_neobert.training.resilience.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
+from megatron_neobert.training.reporting.profiling import StepProfiler
+from megatron_neobert.training.resilience.restarts import RestartReport, world_size_change
+from megatron_neobert.training.resilience.save_interval import SaveInterval
+from megatron_neobert.training.config.run_checks import (check_model_shape, check_optimizer_setup, check_parallel_shape,
+                                                         check_positions, check_tokenizer_matches_checkpoint,
+                                                         check_vocabulary, check_vocabulary_rows)
+from megatron_neobert.training.config.schedule import checkpoint_schedule_note
+from megatron_neobert.training.config.settings import Settings
+from megatron_neobert.training.reporting.startup_report import describe_layout, startup_notes
+from megatron_neobert.training.engine.step import ForwardStep, params_are_finite
+from megatron_neobert.training.reporting.train_log import TrainingLog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
 # same order (a longer --train-iters or another masking keeps it: the epochs' order is the same).

@@ -18,7 +18,7 @@ and their "... vs samples"; with --log-timers-to-tensorboard, every --log-interv
 (seconds per step) and, with --log-throughput, "throughput" (TFLOP/s per GPU); each validation
 "lm loss validation" and "lm loss validation ppl" (and "... vs samples"). The project's own figures
 go under train/, perf/, validation/ and goodput/ (the job's goodput and each category's seconds so far:
-`training/goodput.py`).
+`training/reporting/goodput.py`).
 
 Every message of the package goes through its module's logger; `configure_logging` sets up the console
 once: INFO lines on stdout from rank 0 alone (as Megatron-LM's print_rank_0), warnings and errors on
@@ -36,8 +36,8 @@ from typing import List, Optional
 import torch
 
 from megatron_neobert.model import NeoBERTArch
-from megatron_neobert.training.goodput import GoodputAccount
-from megatron_neobert.training.metrics import format_duration, memory_gib, peak_tflops, step_flops
+from megatron_neobert.training.reporting.goodput import GoodputAccount
+from megatron_neobert.training.reporting.metrics import format_duration, memory_gib, peak_tflops, step_flops
 
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class TrainingLog:
         self.bf16_peak = peak_tflops(fp8=False) if fp8 else None
         if self.peak is None and torch.cuda.is_available():
             logger.info(f"MFU not reported: no {'FP8' if fp8 else 'bf16'} peak TFLOP/s known for "
-                        f"{torch.cuda.get_device_name()!r} (training/metrics.py PEAK_TFLOPS)")
+                        f"{torch.cuda.get_device_name()!r} (training/reporting/metrics.py PEAK_TFLOPS)")
         self.window: List[dict] = []
         self.writers = []  # each with add_scalar(tag, value, step) and close()
         if torch.distributed.get_rank() == 0:

@@ -20,7 +20,7 @@ import torch
 
 from megatron_neobert.parallel.rendezvous import JOB_PREFIX, agent_store, uses_agent_store
 from megatron_neobert.checkpoint.state import checkpoint_args
-from megatron_neobert.training.process_guards import exit_if_launcher_gone
+from megatron_neobert.training.resilience.process_guards import exit_if_launcher_gone
 
 logger = logging.getLogger(__name__)
 

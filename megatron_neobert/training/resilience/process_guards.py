@@ -42,7 +42,7 @@ import time
 from typing import Callable, Optional
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.training.settings import EXIT_SIGNAL_NAMES
+from megatron_neobert.training.config.settings import EXIT_SIGNAL_NAMES
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ Daly 2006). C is the mean blocking save time of this run's account, M = 1 day / 
 import logging
 from typing import Optional, Tuple
 
-from megatron_neobert.training.metrics import format_duration
-from megatron_neobert.training.goodput_model import (RunCosts, costs_from_account, expected_goodput,
-                                                     interval_iterations, mtbf_s)
+from megatron_neobert.training.reporting.metrics import format_duration
+from megatron_neobert.training.resilience.goodput_model import (RunCosts, costs_from_account, expected_goodput,
+                                                                interval_iterations, mtbf_s)
 
 logger = logging.getLogger(__name__)
 

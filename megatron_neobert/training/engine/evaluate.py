@@ -2,8 +2,8 @@
 
 import torch
 
-from megatron_neobert.training.model_setup import finish_param_sync, resume_param_sync
-from megatron_neobert.training.step import ForwardStep, StepStats, mlm_forward_step, run_micro_batches
+from megatron_neobert.training.engine.model_setup import finish_param_sync, resume_param_sync
+from megatron_neobert.training.engine.step import ForwardStep, StepStats, mlm_forward_step, run_micro_batches
 
 
 def evaluate(chunks, valid_iter, num_micro_batches: int, eval_iters: int,

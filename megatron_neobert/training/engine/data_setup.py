@@ -7,7 +7,7 @@ from megatron.core import parallel_state
 from megatron_neobert.data.loader import build_data_loader
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.trainer_datasets import build_trainer_datasets
-from megatron_neobert.training.process_guards import data_worker_init
+from megatron_neobert.training.resilience.process_guards import data_worker_init
 
 
 def build_data(settings, consumed_train: int, consumed_valid: int, tokenizer=None):

@@ -12,7 +12,7 @@ from megatron_neobert.data.trainer_datasets import data_sources
 from megatron_neobert.model import ModelShape, NeoBERTArch, parallel_shape_problems
 from megatron_neobert.checkpoint.state import checkpoint_args
 from megatron_neobert.errors import InputError, TrainingError, one_line_each
-from megatron_neobert.training.settings import DataSettings, Settings
+from megatron_neobert.training.config.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).
 TENSOR_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "normalization",

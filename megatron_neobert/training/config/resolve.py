@@ -13,10 +13,10 @@ from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLE
                                               resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
 from megatron_neobert.errors import InputError, refuse
-from megatron_neobert.training.schedule import DECAY_TO_THE_END, resolve_schedule
-from megatron_neobert.training.goodput_model import LLAMA3_FAILURES_PER_GPU_DAY
-from megatron_neobert.training.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
-                                                PrecisionSettings, Settings, TrainingSettings, declared_fields)
+from megatron_neobert.training.config.schedule import DECAY_TO_THE_END, resolve_schedule
+from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
+from megatron_neobert.training.config.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
+                                                       PrecisionSettings, Settings, TrainingSettings, declared_fields)
 
 # TE's FP8 GEMMs need every dimension but the last a multiple of 8 and the last of 16; the token
 # dimension of an activation is tokens per micro-batch, split over TP with sequence parallelism.

@@ -1,0 +1,4 @@
+"""A run's configuration: the settings declared once (`settings`), the command line generated from them (`arguments`)
+and resolved into the run's settings (`resolve`), the schedule and batch sizes, the data files, the starting
+checkpoint read before the checks, the checks of the model's shape against the parallel layout (`run_checks`), and
+stage 2's plan. Imports nothing else of training."""
