@@ -255,8 +255,9 @@ def test_async_save_writes_the_checkpoints_a_synchronous_save_writes(data, tmp_p
         runs[mode] = run_on_ranks(run_train, 2, _short_run(prefix, cache, root, "--train-iters", "4",
                                                            "--save-interval", "2", "--use-distributed-optimizer",
                                                            "--keep-last-n-checkpoints", "1", *extra))[0]
+        # Iteration 2 pruned once 4 was complete; the job's final goodput account beside the checkpoints.
         assert read_latest_iteration(str(root)) == 4 and sorted(os.listdir(root)) == [
-            "iter_0000004", "latest_checkpointed_iteration.txt"]  # iteration 2 pruned once 4 was complete
+            "goodput.json", "iter_0000004", "latest_checkpointed_iteration.txt"]
         assert os.path.isfile(os.path.join(iteration_dir(str(root), 4), MANIFEST))  # sealed; checked by the resume
     assert [r["loss"] for r in runs["sync"]["train"]] == [r["loss"] for r in runs["async"]["train"]]
     states = [load_common_state(iteration_dir(str(tmp_path / m), 4)) for m in ("sync", "async")]

@@ -98,9 +98,10 @@ def test_watch_a_run_while_it_trains_then_restart_prune_and_compare(data, tmp_pa
         assert (r["iteration"], pytest.approx(r["value"])) in events[f"downstream/{r['task']}"]
         assert (r["tokens"], pytest.approx(r["value"])) in events[f"downstream/{r['task']} vs tokens"]
     assert all(len(points) == len(ITERATIONS) for points in events.values())
-    # Our own event file beside the trainer's, and nothing written into the checkpoint root but our folder.
+    # Our own event file beside the trainer's, and nothing written into the checkpoint root but our folder (beside
+    # the trainer's checkpoints and its final goodput account).
     assert len([p for p in tb.iterdir() if p.name.endswith(".downstream")]) == 1
-    assert sorted(p.name for p in save.iterdir()) == ["downstream", "iter_0000002", "iter_0000004",
+    assert sorted(p.name for p in save.iterdir()) == ["downstream", "goodput.json", "iter_0000002", "iter_0000004",
                                                       "iter_0000006", "latest_checkpointed_iteration.txt"]
     assert (save / "downstream" / "downstream.png").stat().st_size > 10_000
 
