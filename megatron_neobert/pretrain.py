@@ -32,10 +32,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     account.lap("Python and the entry point")
     from megatron_neobert.training.config.arguments import parse_settings
 
-    from megatron_neobert.parallel.launch import check_gpus_for_training
-
     try:
         settings = parse_settings(argv)  # --help and bad flags answer here, before megatron-core is imported
+        from megatron_neobert.parallel.launch import check_gpus_for_training  # with torch: after --help
+
         check_gpus_for_training()
     except TrainingError as err:  # before any process group, every rank alike: rank 0 says it
         return _report(err)

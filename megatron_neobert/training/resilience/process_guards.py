@@ -338,6 +338,7 @@ class ProgressWatchdog:
                     self._end_attempt(silent, iteration, phase, time.monotonic() - since)
 
     def _end_attempt(self, silent: list, iteration: int, phase: str, idle: float) -> None:
+        # Here, not at the top: the entry point imports this module before --help, and parallel.hosts imports torch.
         from megatron_neobert.parallel.hosts import ANSWER_S
 
         rank = os.environ.get("RANK", "0")
