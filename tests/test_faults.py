@@ -444,16 +444,19 @@ IDLE_S = {"first step": 9.0, "refused before training": 8.0}
 class Job:
     """A torchrun agent (by default `torchrun --standalone --nproc-per-node 2 -m megatron_neobert.pretrain ...`) in
     its own session; its output (stdout and stderr) collected line by line, each with the time it came. `prefix`: a
-    command that runs torchrun's in its place (exec: the agent keeps its pid), such as another host's namespace."""
+    command that runs torchrun's in its place (exec: the agent keeps its pid), such as another host's namespace.
+    `task`: no torchrun; the process is one rank, started as SLURM starts a task, with these variables (RANK,
+    WORLD_SIZE, MASTER_ADDR...)."""
 
     def __init__(self, train_argv, *torchrun_flags, entry=("-m", "megatron_neobert.pretrain"),
-                 launcher=("--standalone", "--nproc-per-node", "2"), prefix=()):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        self.nproc = int(launcher[launcher.index("--nproc-per-node") + 1])
+                 launcher=("--standalone", "--nproc-per-node", "2"), prefix=(), task=None):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(task or {}))
+        self.nproc = 0 if task else int(launcher[launcher.index("--nproc-per-node") + 1])
+        torchrun = () if task else ("-m", "torch.distributed.run", *launcher, *torchrun_flags)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "torch.distributed.run", *launcher, *torchrun_flags, *entry, *train_argv],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+        self.proc = subprocess.Popen([*prefix, sys.executable, *torchrun, *entry, *train_argv],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True, env=env)
         self.lines, self.times, self.sessions = [], [], set()
         threading.Thread(target=self._read, daemon=True).start()
 

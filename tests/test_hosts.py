@@ -1,6 +1,7 @@
 """How a rank that waits tells a lost host from a slow one: the answers of `parallel.hosts`, and the progress
 watchdog's check of the other hosts (the two-host rehearsal with network namespaces is tests/test_partition.py)."""
 
+import collections
 import re
 import socket
 import subprocess
@@ -10,7 +11,7 @@ import time
 import pytest
 import torch
 
-from megatron_neobert.parallel.hosts import Host, HostAnswers, answers
+from megatron_neobert.parallel.hosts import Answers, Host, HostAnswers, answers, asked_by
 from megatron_neobert.parallel.launch import DistributedState
 from megatron_neobert.training.resilience import process_guards
 from megatron_neobert.training.resilience.process_guards import ProgressWatchdog
@@ -31,7 +32,7 @@ def one_rank_group(monkeypatch):
 def test_a_rank_answers_a_frozen_process_does_not_and_a_gone_one_is_refused_by_its_host(one_rank_group):
     hosts = HostAnswers()
     try:
-        assert hosts.others == [] and hosts.silent() == []  # one host: nobody to ask
+        assert hosts.others == [] and not hosts.ask()  # one host: nobody to ask
         assert answers("127.0.0.1", hosts.server.getsockname()[1], echo=True)
         # A stopped (or cut off) process: the kernel may accept the connection, but no byte comes back.
         with socket.create_server(("127.0.0.1", 0)) as frozen:
@@ -45,14 +46,53 @@ def test_a_rank_answers_a_frozen_process_does_not_and_a_gone_one_is_refused_by_i
     assert not any(t.name == "host-answers" for t in threading.enumerate())
 
 
-class FakeHosts:
-    def __init__(self, silent):
-        self.rendezvous = Host("host-a", "10.213.0.1", 29500, 0)
-        self._silent, self.asked = silent, 0
+def ranks_on(*ranks_per_host: int) -> list:
+    """One Host per rank, the ranks of each host consecutive, as torchrun numbers them."""
+    everyone = []
+    for index, count in enumerate(ranks_per_host):
+        everyone += [Host(f"host-{index}", f"10.0.{index // 250}.{index % 250 + 1}", 4000 + local, len(everyone) + local)
+                     for local in range(count)]
+    return everyone
 
-    def silent(self):
+
+def test_each_rank_asks_its_counterparts_on_the_neighbouring_hosts_and_each_rank_is_asked_twice():
+    everyone = ranks_on(*[8] * 1000)
+    asked = {host.rank: asked_by(everyone, host.rank) for host in everyone}
+    assert [(h.name, h.rank) for h in asked[8 * 500 + 3]] == [("host-501", 8 * 501 + 3), ("host-499", 8 * 499 + 3)]
+    assert [h.rank for h in asked[0]] == [8 + 0, 8 * 999]  # the ring closes
+    times_asked = collections.Counter(h.rank for hosts in asked.values() for h in hosts)
+    # 3 connections per rank a round (the store's included) however many hosts: 24,000 at 8,000 ranks.
+    assert all(len(hosts) == 2 for hosts in asked.values()) and set(times_asked.values()) == {2}
+    assert not any(h.address == everyone[rank].address for rank, hosts in asked.items() for h in hosts)
+
+
+def test_uneven_hosts_and_small_jobs():
+    everyone = ranks_on(3, 1, 2)
+    assert [h.rank for h in asked_by(everyone, 2)] == [3, 4]  # local index 2: host-1's only rank, host-2's 2 % 2 = 0
+    assert [h.rank for h in asked_by(everyone, 3)] == [4, 0]
+    assert [h.rank for h in asked_by(ranks_on(2, 2), 1)] == [3]  # two hosts: one neighbour, both ways
+    assert asked_by(ranks_on(4), 2) == []
+
+
+@pytest.mark.parametrize("silent, store_silent, asked, cut_off", [
+    (("b", "c"), True, 2, True),
+    (("b",), True, 2, False),  # c answered: the store's host is lost, not this one
+    (("b", "c"), False, 2, False),  # the store answered: b and c are lost
+    ((), True, 0, True),  # a host that asks only the store
+])
+def test_a_host_is_cut_off_when_neither_the_store_nor_any_asked_rank_answers(silent, store_silent, asked, cut_off):
+    found = Answers([Host(name, "10.0.0.2", 1, 1) for name in silent], store_silent, asked)
+    assert found and found.cut_off == cut_off
+
+
+class FakeHosts:
+    def __init__(self, silent=(), store_silent=False, asked=1):
+        self.rendezvous = Host("host-a", "10.213.0.1", 29500, 0)
+        self.found, self.asked = Answers(list(silent), store_silent, asked), 0
+
+    def ask(self):
         self.asked += 1
-        return self._silent
+        return self.found
 
 
 @pytest.fixture
@@ -65,28 +105,32 @@ def ended(monkeypatch):
 
 
 def test_a_slow_peer_on_hosts_that_answer_is_waited_for(ended):
-    hosts = FakeHosts([])
+    hosts = FakeHosts()
     with ProgressWatchdog(10, 0.2, hosts) as watchdog:
         watchdog.at(7, "training step")
         time.sleep(1.0)
     assert hosts.asked >= 2 and not ended.is_set()  # asked again while it waits, never ended
 
 
-def test_a_host_that_stops_answering_ends_the_attempt_naming_it(ended, capsys):
+@pytest.mark.parametrize("launcher, then", [
+    (4242, "torchrun restarts it, or goes on without the host under --nnodes MIN:MAX"),
+    (None, "srun --kill-on-bad-exit ends the job step; its requeue resumes from the latest checkpoint"),
+])
+def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, ended, capsys, monkeypatch):
+    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher)
     with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)])) as watchdog:
         watchdog.at(7, "training step")
         assert ended.wait(5)
     line = capsys.readouterr().err.strip()
     assert re.fullmatch(r"error: rank 1: host host-b \(10\.213\.0\.2\) stopped answering at iteration 7 \(training "
-                        r"step; no answer within 5 s after \d+ s without progress\); ending this attempt \(torchrun "
-                        r"restarts it, or goes on without the host under --nnodes MIN:MAX\)", line), line
+                        r"step; no answer within 5 s after \d+ s without progress\); ending this attempt "
+                        rf"\({re.escape(then)}\)", line), line
 
 
 def test_a_rank_cut_off_from_the_rendezvous_host_ends_its_torchrun(ended, capsys, monkeypatch):
     launcher = subprocess.Popen(["sleep", "60"])
     monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
-    hosts = FakeHosts(None)
-    hosts._silent = [hosts.rendezvous]
+    hosts = FakeHosts([Host("host-a", "10.213.0.1", 4321, 0)], store_silent=True)
     try:
         with ProgressWatchdog(10, 0.2, hosts) as watchdog:
             watchdog.at(3, "training step")
@@ -99,3 +143,33 @@ def test_a_rank_cut_off_from_the_rendezvous_host_ends_its_torchrun(ended, capsys
                            "(training step; no answer within 5 s after ") and line.endswith(
         f"this host is cut off from the job; ending this attempt and torchrun (pid {launcher.pid}), which cannot "
         f"restart it without that host"), line
+
+
+def test_a_rank_that_loses_only_the_rendezvous_host_says_so_and_ends_its_torchrun(ended, capsys, monkeypatch):
+    launcher = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
+    try:  # the neighbour answered, the store did not
+        with ProgressWatchdog(10, 0.2, FakeHosts(store_silent=True, asked=2)) as watchdog:
+            watchdog.at(3, "training step")
+            assert ended.wait(5)
+        assert launcher.wait(5) == -9
+    finally:
+        launcher.kill()
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: rank 1: the rendezvous host host-a (10.213.0.1) stopped answering at iteration 3 "
+                           "(training step; ") and line.endswith(
+        f"the job cannot go on without its store: ending this attempt and torchrun (pid {launcher.pid}), which cannot "
+        f"restart it without that host"), line
+
+
+def test_a_lost_neighbour_leaves_torchrun_to_restart_the_workers(ended, capsys, monkeypatch):
+    launcher = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
+    try:
+        with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)], asked=2)) as watchdog:
+            watchdog.at(3, "training step")
+            assert ended.wait(5)
+        time.sleep(0.2)
+        assert launcher.poll() is None
+    finally:
+        launcher.kill()

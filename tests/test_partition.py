@@ -97,10 +97,20 @@ class TwoHosts:
     def job(self, host: str, train_argv: list, nnodes: str) -> Job:
         launcher = ("--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"{ADDRESSES['a']}:{RENDEZVOUS_PORT}", "--rdzv-id", "rehearsal", "--rdzv-conf", RDZV_CONF)
+        self.jobs.append(Job(train_argv, "--max-restarts", "1", launcher=launcher, prefix=self._on(host)))
+        return self.jobs[-1]
+
+    def _on(self, host: str) -> tuple:
         # unshare --uts: a host name of its own, as the error lines name hosts
-        prefix = ("ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
-                  f'hostname host-{host} && exec "$0" "$@"')
-        self.jobs.append(Job(train_argv, "--max-restarts", "1", launcher=launcher, prefix=prefix))
+        return ("ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
+                f'hostname host-{host} && exec "$0" "$@"')
+
+    def task(self, host: str, train_argv: list) -> Job:
+        """The rank of `host` started as SLURM's one task per GPU is (examples/pretrain_neobert.slurm): no torchrun,
+        the job's variables set as pretrain_neobert.sh sets them from SLURM's; rank 0 (host-a) holds the store."""
+        variables = {"RANK": str("ab".index(host)), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                     "MASTER_ADDR": ADDRESSES["a"], "MASTER_PORT": str(RENDEZVOUS_PORT)}
+        self.jobs.append(Job(train_argv, prefix=self._on(host), task=variables))
         return self.jobs[-1]
 
     def start(self, train_argv: list, nnodes: str) -> tuple:
@@ -189,6 +199,42 @@ def test_a_link_cut_ends_both_hosts_jobs_within_the_bound_and_the_resume_is_exac
     resumed = run_on_ranks(run_train, 2, argv(data, *TRAIN, "--load", root))[0]
     uninterrupted = run_on_ranks(run_train, 2, argv(data, *TRAIN))[0]
     assert losses(resumed) == losses(uninterrupted, latest)
+
+
+def test_slurm_tasks_cut_apart_both_end_within_the_bound_and_the_requeue_resumes_exactly(hosts, data, tmp_path):
+    """One task per host as SLURM starts them (no torchrun; rank 0 on host-a holds the store): a link cut ends both
+    tasks with their lines (srun --kill-on-bad-exit would end the step), and the requeued job, the same two tasks
+    started again once the link is back, resumes from the marker's checkpoint with the uninterrupted losses."""
+    root = str(tmp_path / "ckpt")
+    train = argv(data, *TRAIN, "--save", root, "--load", root)
+    a = hosts.task("a", train)
+    b = hosts.task("b", train)
+    a.wait_for(r"iteration +7/")
+    slowdown = a.slowdown()
+    hosts.cut("b")
+    cut = time.monotonic()
+    detect = CHECK_S + ANSWER_S + 5 * slowdown
+    b_noticed, b_line = first_line(b, r"^error: ", cut, detect)
+    assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) is unreachable at "
+                    rf"iteration \d+ .*: this host is cut off from the job; ending this attempt$", b_line), b_line
+    a_noticed, a_line = first_line(a, r"^error: ", cut, detect)
+    assert re.match(lost_host_line("b") + r"; ending this attempt \(srun --kill-on-bad-exit ends the job step; its "
+                    r"requeue resumes from the latest checkpoint\)$", a_line), a_line
+    assert a.proc.wait(timeout=5 * slowdown) == 1 and b.proc.wait(timeout=5 * slowdown) == 1
+    for host in "ab":
+        hosts.wait_until_empty(host, 5 * slowdown)
+    ended = time.monotonic() - cut
+    print(f"SLURM tasks, link cut after iteration 7 (slowdown {slowdown:.1f}): host-b noticed at +{b_noticed:.1f} s "
+          f"({b_line!r}); host-a noticed at +{a_noticed:.1f} s ({a_line!r}); every process of both ended by "
+          f"+{ended:.1f} s")
+    assert ended < detect + 5 * slowdown
+    latest = read_latest_iteration(root)
+    assert latest in (5, 10) and os.path.isfile(os.path.join(iteration_dir(root, latest), MANIFEST))
+    hosts.restore("b")
+    requeued = [hosts.task(host, train) for host in "ab"]
+    assert [task.proc.wait(timeout=600) for task in requeued] == [0, 0], hosts.outputs()
+    uninterrupted = run_on_ranks(run_train, 2, argv(data, *TRAIN))[0]
+    assert requeued[0].logged_losses() == logged(uninterrupted, latest)
 
 
 @pytest.mark.parametrize("fault", ["frozen", "killed"])

@@ -4,9 +4,15 @@ A rank that waits in a collective cannot tell a slow peer (a long step, save or 
 cut off from the network, powered off or frozen): gloo has no heartbeat, and NCCL's watchdog waits for the same
 timeout as the collective. So every rank answers on a port of its own (`HostAnswers`, a thread that echoes one byte),
 and the ranks swap their hosts' names, addresses and ports once the process group exists. When the progress watchdog
-sees no progress, it asks one rank of every other host, and the rendezvous store (MASTER_ADDR:MASTER_PORT), for an
+sees no progress, it asks a few ranks on other hosts, and the rendezvous store (MASTER_ADDR:MASTER_PORT), for an
 answer within ANSWER_S: a straggler's host answers (its answering thread runs while its main thread computes or
 waits), a host cut off, powered off or frozen does not.
+
+Who asks whom (`asked_by`): the hosts form a ring in rank order, and each rank asks the rank of the same local index
+on the host before and after its own, and the store. Every host is asked by each of its neighbours' ranks, and a
+check costs 3 connections per rank whatever the job's size: at 1,000 hosts of 8 ranks, 24,000 every round, where
+asking every host would take 8 million. A host that loses a neighbour names it and ends the attempt; the other hosts'
+ranks end with it (torchrun restarts every agent's workers when one agent's fail).
 
 A host whose kernel refuses the connection answered: its rank is gone, which the collective reports by itself at once.
 """
@@ -16,7 +22,7 @@ import dataclasses
 import os
 import socket
 import threading
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -55,9 +61,44 @@ def local_address(towards: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
+def asked_by(everyone: Sequence[Host], rank: int) -> List[Host]:
+    """The ranks that `rank` asks (`everyone`: one Host per rank, in rank order): on the host before and the host after
+    its own in the ring of hosts (ordered by their lowest rank), the rank of the same local index (its index there
+    modulo that host's ranks); none on a job of one host."""
+    ring: Dict[str, List[Host]] = {}
+    for host in everyone:
+        ring.setdefault(host.address, []).append(host)
+    hosts = list(ring.values())
+    mine = next(i for i, ranks in enumerate(hosts) if any(host.rank == rank for host in ranks))
+    local = next(i for i, host in enumerate(hosts[mine]) if host.rank == rank)
+    asked = []
+    for step in (1, -1):
+        ranks = hosts[(mine + step) % len(hosts)]
+        if ranks is not hosts[mine] and ranks[local % len(ranks)] not in asked:
+            asked.append(ranks[local % len(ranks)])
+    return asked
+
+
+@dataclasses.dataclass(frozen=True)
+class Answers:
+    """What one check found: the asked ranks' hosts that did not answer, and whether the rendezvous store did not."""
+    silent: List[Host]
+    store_silent: bool
+    asked: int
+
+    def __bool__(self) -> bool:
+        return bool(self.silent) or self.store_silent
+
+    @property
+    def cut_off(self) -> bool:
+        """This host is the one cut off: neither the store nor any asked rank answered. Where one of them did, the
+        hosts that did not are the lost ones (the store's among them)."""
+        return self.store_silent and len(self.silent) == self.asked
+
+
 class HostAnswers:
-    """This rank's answering thread, and the job's other hosts, learnt from every rank (a collective: create it on
-    every rank of the process group)."""
+    """This rank's answering thread, and the ranks it asks (`asked_by`), learnt from every rank (a collective: create
+    it on every rank of the process group)."""
 
     def __init__(self):
         self.server = socket.create_server(("0.0.0.0", 0), backlog=64)
@@ -66,15 +107,13 @@ class HostAnswers:
         self.master = socket.gethostbyname(master)  # resolved now: a name server may be out of reach later
         self.master_port = master_port
         self.address = local_address(self.master, master_port or 1)
-        mine = Host(socket.gethostname(), self.address, self.server.getsockname()[1], torch.distributed.get_rank())
+        rank = torch.distributed.get_rank()
+        mine = Host(socket.gethostname(), self.address, self.server.getsockname()[1], rank)
         everyone: List[Host] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(everyone, mine)
-        others = {}
-        for host in everyone:  # one rank per host (its lowest) answers for it
-            if host.address != self.address and host.address not in others:
-                others[host.address] = host
-        self.others = list(others.values())
-        self.rendezvous = others.get(self.master) or Host(master, self.master, master_port, None)
+        self.others = asked_by(everyone, rank)
+        self.rendezvous = next((host for host in everyone if host.address == self.master),
+                               Host(master, self.master, master_port, None))
 
     def _answer(self) -> None:
         while True:
@@ -85,21 +124,17 @@ class HostAnswers:
             # Each asker on a thread of its own: one cut off half-way must not keep the others waiting.
             threading.Thread(target=_echo, args=(conn,), name="host-answer", daemon=True).start()
 
-    def silent(self) -> List[Host]:
-        """The other hosts that do not answer now (asked at once; within ANSWER_S); the rendezvous host among them
-        when its store does not accept a connection either (a host whose ranks are all on other hosts' is asked
-        through its store alone)."""
-        if not self.others and self.master == self.address:
-            return []
-        asked = list(self.others)
+    def ask(self) -> "Answers":
+        """Asks the ranks of `others` and the rendezvous store at once; waits at most ANSWER_S."""
         store_asked = self.master != self.address and self.master_port
-        with concurrent.futures.ThreadPoolExecutor(min(64, len(asked) + 1)) as pool:
-            replies = list(pool.map(lambda host: answers(host.address, host.port, echo=True), asked))
-            store = answers(self.master, self.master_port, echo=False) if store_asked else True
-        silent = [host for host, answered in zip(asked, replies) if not answered]
-        if not store and self.rendezvous not in silent:
-            silent.append(self.rendezvous)
-        return silent
+        if not self.others and not store_asked:
+            return Answers([], False, 0)
+        with concurrent.futures.ThreadPoolExecutor(len(self.others) + 1) as pool:  # all at once: one wait in all
+            store = pool.submit(answers, self.master, self.master_port, echo=False) if store_asked else None
+            replies = list(pool.map(lambda host: answers(host.address, host.port, echo=True), self.others))
+            store_answered = store.result() if store else True
+        return Answers([host for host, answered in zip(self.others, replies) if not answered], not store_answered,
+                       len(self.others))
 
     def close(self) -> None:
         self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the answering thread, which ends

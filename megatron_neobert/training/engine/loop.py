@@ -8,6 +8,7 @@ history of the run.
 
 import contextlib
 import logging
+import os
 import time
 from typing import Optional
 
@@ -18,11 +19,12 @@ from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.config.data_files import DataFiles
-from megatron_neobert.training.reporting.goodput import GoodputAccount, write_final_account
+from megatron_neobert.training.reporting.goodput import (GOODPUT_FILE, GoodputAccount, close_at_launchers_exit,
+                                                         write_final_account)
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.resilience.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                                  exit_with_launcher, forked_children_die_with_rank,
-                                                                 ignore_exit_signals)
+                                                                 ignore_exit_signals, watched_launcher)
 from megatron_neobert.training.config.run_checks import check_inputs, data_prefixes
 from megatron_neobert.training.config.settings import Settings
 from megatron_neobert.training.reporting.startup_report import describe_folder
@@ -57,6 +59,8 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
         logger.info(account.table(now))
         write_final_account(account, now, history["iteration"], settings.checkpoint.save,
                             settings.logging.tensorboard_dir)
+        if settings.checkpoint.save and watched_launcher():
+            close_at_launchers_exit(os.path.join(settings.checkpoint.save, GOODPUT_FILE), now, watched_launcher())
     return history
 
 

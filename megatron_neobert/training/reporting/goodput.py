@@ -3,8 +3,11 @@ spent on steps that count).
 
 The job's clock starts at the earliest moment the job can know (`launch_parts`): SLURM's job start where set, else
 the torchrun agent's start (the rank's parent), else the rank's own start. It ends when the run's process groups are
-destroyed (`close`), just before the process exits, where the final account is written: the rows sum to the job's
-wall time from the launcher's start to the rank's exit.
+destroyed (`close`), just before the process exits, where the final account is written; under torchrun, a process
+of its own then waits for torchrun's exit and adds the time to it to the shutdown (`close_at_launchers_exit`): the
+rows sum to the job's wall time from the launcher's start to its exit. Any process that imports torch takes about a
+second of CPU to exit (the interpreter's teardown of torch's modules), the rank's and torchrun's alike, and only
+something that outlives torchrun can see its end.
 
 Categories (seconds, each measured where it happens, never inferred from step counts):
 - startup: this attempt's start to its first step (from SLURM's job start or the launcher's start: the launcher's
@@ -20,7 +23,8 @@ Categories (seconds, each measured where it happens, never inferred from step co
 - save: the blocking part of checkpoint saves (all of a synchronous save, the staging of an --async-save, and
   waiting for a background write to finish);
 - shutdown: from the run's end (its last step, save and table) to the account's close (the logs closed, the
-  process groups destroyed, the guards ended);
+  process groups destroyed, the guards ended), and under torchrun on to torchrun's exit (the ranks' exit, torchrun's
+  exit barrier and its own exit: `launcher_exit_s` of the final account);
 - failures: between two attempts: from the failed attempt's last step to the next attempt's process start (the
   failure's detection, the restart or the requeue). Where the failed attempt's progress is unknown (torchrun's store
   went with it, a requeue), from the end of the checkpoint the next attempt loads: the steps done after it are
@@ -32,7 +36,12 @@ the wall time. The account is saved in each checkpoint (`snapshot`) and continue
 goodput is that of the job since its first start, across restarts and requeues.
 """
 
+import argparse
+import json
 import os
+import select
+import subprocess
+import sys
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -211,3 +220,56 @@ def write_final_account(account: GoodputAccount, now: float, iteration: int, sav
         for tag, value in account.scalars(now):
             writer.add_scalar(tag, value, iteration)
         writer.close()
+
+
+# How long the account's closer waits for torchrun after the last rank's close: torchrun's exit barrier waits up to
+# 300 s for the other hosts' agents; a torchrun still there after this is stuck, and the account stays at the close.
+LAUNCHER_EXIT_WAIT_S = 600
+
+
+def close_at_launchers_exit(path: str, taken_at: float, launcher_pid: int) -> Optional[subprocess.Popen]:
+    """Starts the process that adds the launcher's exit to the final account at `path` (closed at `taken_at`, by a
+    rank whose launcher is `launcher_pid`): it waits for that process to exit, then adds the time since `taken_at` to
+    the shutdown. In a session of its own, so that the signals to the job's process groups pass it by; it holds none
+    of the job's output. None where the kernel cannot watch a process that is not a child (pidfd, Linux 5.3)."""
+    try:
+        launcher = os.pidfd_open(launcher_pid)  # opened here, while the launcher is certainly this rank's parent
+    except (AttributeError, OSError):
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-m", __name__, path, repr(taken_at), str(launcher)],
+                                pass_fds=(launcher,), start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        os.close(launcher)
+
+
+def add_launchers_exit(path: str, taken_at: float, exited_at: float) -> bool:
+    """The final account at `path`, closed at `taken_at`, goes on to `exited_at` (the launcher's exit) in its
+    shutdown row; whether it did (not when the file has been written again since, by a later run)."""
+    from megatron_neobert.atomic_write import write_json_atomic
+
+    with open(path) as f:
+        account = json.load(f)
+    if account["taken_at"] != taken_at or "launcher_exit_s" in account:
+        return False
+    exit_s = max(0.0, exited_at - taken_at)
+    account["seconds"]["shutdown"] += exit_s
+    account["launcher_exit_s"], account["taken_at"] = exit_s, taken_at + exit_s
+    write_json_atomic(path, account)
+    return True
+
+
+def _wait_and_add_launchers_exit(argv: List[str]) -> None:
+    parser = argparse.ArgumentParser(description="Adds a launcher's exit to the job's final goodput account "
+                                                 "(started by the rank that wrote it: close_at_launchers_exit).")
+    parser.add_argument("path")
+    parser.add_argument("taken_at", type=float)
+    parser.add_argument("launcher_fd", type=int, help="a pidfd of the launcher, readable once it exits")
+    args = parser.parse_args(argv)
+    if select.select([args.launcher_fd], [], [], LAUNCHER_EXIT_WAIT_S)[0]:
+        add_launchers_exit(args.path, args.taken_at, time.time())
+
+
+if __name__ == "__main__":
+    _wait_and_add_launchers_exit(sys.argv[1:])

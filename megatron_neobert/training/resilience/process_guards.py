@@ -210,6 +210,11 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+def watched_launcher() -> Optional[int]:
+    """torchrun's pid, where `exit_with_launcher` watches it (under torchrun), else None."""
+    return _launcher_watch["launcher"]
+
+
 def exit_if_launcher_gone(wait_s: float = 2.0) -> None:
     """After a failure to reach torchrun's store: end the rank as the launcher watch would, when torchrun is gone
     (a rank that writes to the store every step meets the broken pipe before the watch's next look). The pipe breaks
@@ -287,11 +292,12 @@ class ProgressWatchdog:
     timeout and prints where it waits (`at` tells it), long before the timeout ends the run.
 
     With `hosts` (`parallel.hosts.HostAnswers`), after `host_check_after_s` without progress, and as often again while
-    the main thread waits, it asks the job's other hosts whether they answer. A slow peer's host answers and is waited
-    for; a host that does not (cut off, powered off, frozen) ends the attempt at once with one line naming it, so that
-    torchrun's restart or the elastic rendezvous takes over in about a minute instead of the collective's timeout. A
-    rank that cannot reach the rendezvous host is the one cut off: its torchrun cannot restart anything (its store
-    calls to that host wait on TCP's retries, about 15 minutes), so the rank ends it too."""
+    the main thread waits, it asks ranks on the neighbouring hosts and the rendezvous store whether they answer. A
+    slow peer's host answers and is waited for; a host that does not (cut off, powered off, frozen) ends the attempt
+    at once with one line naming it, so that torchrun's restart or the elastic rendezvous takes over in about a
+    minute instead of the collective's timeout. A rank that reaches neither is the one cut off, and one that cannot
+    reach the store's host has lost it: either way its torchrun cannot restart anything (its store calls to that host
+    wait on TCP's retries, about 15 minutes), so the rank ends it too."""
 
     def __init__(self, timeout_minutes: float, host_check_after_s: float = 0, hosts=None):
         self.timeout_minutes = timeout_minutes
@@ -333,29 +339,35 @@ class ProgressWatchdog:
                     (self._checked_at is None or self._checked_at < since
                      or now - self._checked_at >= self.host_check_after_s):
                 self._checked_at = now
-                silent = self.hosts.silent()
-                if silent and self._where is where:  # no progress meanwhile: the wait is on the silent host
-                    self._end_attempt(silent, iteration, phase, time.monotonic() - since)
+                found = self.hosts.ask()
+                if found and self._where is where:  # no progress meanwhile: the wait is on the silent host
+                    self._end_attempt(found, iteration, phase, time.monotonic() - since)
 
-    def _end_attempt(self, silent: list, iteration: int, phase: str, idle: float) -> None:
+    def _end_attempt(self, found, iteration: int, phase: str, idle: float) -> None:
         # Here, not at the top: the entry point imports this module before --help, and parallel.hosts imports torch.
         from megatron_neobert.parallel.hosts import ANSWER_S
 
         rank = os.environ.get("RANK", "0")
         why = f"at iteration {iteration} ({phase}; no answer within {ANSWER_S:g} s after {idle:.0f} s without progress)"
-        launcher = _launcher_watch["launcher"]
-        if self.hosts.rendezvous in silent:
-            host = self.hosts.rendezvous
-            line = (f"error: rank {rank}: the rendezvous host {host.name} ({host.address}) is unreachable {why}: this "
-                    f"host is cut off from the job; ending this attempt"
-                    + (f" and torchrun (pid {launcher}), which cannot restart it without that host" if launcher
-                       else ""))
+        launcher = watched_launcher()
+        and_torchrun = (f" and torchrun (pid {launcher}), which cannot restart it without that host" if launcher
+                        else "")
+        store = self.hosts.rendezvous
+        if found.cut_off:
+            line = (f"error: rank {rank}: the rendezvous host {store.name} ({store.address}) is unreachable {why}: "
+                    f"this host is cut off from the job; ending this attempt{and_torchrun}")
+        elif found.store_silent:
+            line = (f"error: rank {rank}: the rendezvous host {store.name} ({store.address}) stopped answering {why}; "
+                    f"the job cannot go on without its store: ending this attempt{and_torchrun}")
         else:
-            names = ", ".join(f"{host.name} ({host.address})" for host in silent)
-            line = (f"error: rank {rank}: host{'s' if len(silent) > 1 else ''} {names} stopped answering {why}; "
-                    f"ending this attempt (torchrun restarts it, or goes on without the host under --nnodes MIN:MAX)")
+            names = ", ".join(f"{host.name} ({host.address})" for host in found.silent)
+            then = ("torchrun restarts it, or goes on without the host under --nnodes MIN:MAX" if launcher else
+                    "srun --kill-on-bad-exit ends the job step; its requeue resumes from the latest checkpoint")
+            line = (f"error: rank {rank}: host{'s' if len(found.silent) > 1 else ''} {names} stopped answering {why}; "
+                    f"ending this attempt ({then})")
+            launcher = None  # torchrun restarts the workers, or goes on without the host
         print(line, file=sys.stderr, flush=True)
         tell_the_launcher(line)
-        if launcher and self.hosts.rendezvous in silent:
+        if launcher:
             os.kill(launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
         exit_now(1)
