@@ -36,7 +36,6 @@ the wall time. The account is saved in each checkpoint (`snapshot`) and continue
 goodput is that of the job since its first start, across restarts and requeues.
 """
 
-import argparse
 import json
 import os
 import select
@@ -260,16 +259,12 @@ def add_launchers_exit(path: str, taken_at: float, exited_at: float) -> bool:
     return True
 
 
-def _wait_and_add_launchers_exit(argv: List[str]) -> None:
-    parser = argparse.ArgumentParser(description="Adds a launcher's exit to the job's final goodput account "
-                                                 "(started by the rank that wrote it: close_at_launchers_exit).")
-    parser.add_argument("path")
-    parser.add_argument("taken_at", type=float)
-    parser.add_argument("launcher_fd", type=int, help="a pidfd of the launcher, readable once it exits")
-    args = parser.parse_args(argv)
-    if select.select([args.launcher_fd], [], [], LAUNCHER_EXIT_WAIT_S)[0]:
-        add_launchers_exit(args.path, args.taken_at, time.time())
+def _wait_and_add_launchers_exit(path: str, taken_at: str, launcher_fd: str) -> None:
+    """The closer's whole work (`close_at_launchers_exit` starts it; no command of its own): `launcher_fd`, a pidfd
+    of the launcher, becomes readable when the launcher exits."""
+    if select.select([int(launcher_fd)], [], [], LAUNCHER_EXIT_WAIT_S)[0]:
+        add_launchers_exit(path, float(taken_at), time.time())
 
 
 if __name__ == "__main__":
-    _wait_and_add_launchers_exit(sys.argv[1:])
+    _wait_and_add_launchers_exit(*sys.argv[1:])
