@@ -3,6 +3,7 @@ watchdog's check of the other hosts (the two-host rehearsal with network namespa
 
 import collections
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -127,49 +128,34 @@ def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, 
                         rf"\({re.escape(then)}\)", line), line
 
 
-def test_a_rank_cut_off_from_the_rendezvous_host_ends_its_torchrun(ended, capsys, monkeypatch):
+@pytest.mark.parametrize("hosts, begins, ends, torchrun_killed", [
+    (FakeHosts([Host("host-a", "10.213.0.1", 4321, 0)], store_silent=True),  # neither its neighbour nor the store
+     "the rendezvous host host-a (10.213.0.1) is unreachable at iteration 3 (training step; ",
+     "this host is cut off from the job; ending this attempt and torchrun (pid {pid}), which cannot restart it without "
+     "that host", True),
+    (FakeHosts(store_silent=True, asked=2),  # its neighbours answered, the store did not
+     "the rendezvous host host-a (10.213.0.1) stopped answering at iteration 3 (training step; ",
+     "the job cannot go on without its store: ending this attempt and torchrun (pid {pid}), which cannot restart it "
+     "without that host", True),
+    (FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)], asked=2),  # torchrun restarts the workers
+     "host host-b (10.213.0.2) stopped answering at iteration 3 (training step; ",
+     "ending this attempt (torchrun restarts it, or goes on without the host under --nnodes MIN:MAX)", False),
+])
+def test_torchrun_is_ended_with_the_attempt_when_the_rendezvous_host_is_out_of_reach(hosts, begins, ends,
+                                                                                     torchrun_killed, ended, capsys,
+                                                                                     monkeypatch):
     launcher = subprocess.Popen(["sleep", "60"])
     monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
-    hosts = FakeHosts([Host("host-a", "10.213.0.1", 4321, 0)], store_silent=True)
     try:
         with ProgressWatchdog(10, 0.2, hosts) as watchdog:
             watchdog.at(3, "training step")
             assert ended.wait(5)
-        assert launcher.wait(5) == -9
+        if torchrun_killed:
+            assert launcher.wait(5) == -signal.SIGKILL
+        else:
+            time.sleep(0.2)
+            assert launcher.poll() is None
     finally:
         launcher.kill()
     line = capsys.readouterr().err.strip()
-    assert line.startswith("error: rank 1: the rendezvous host host-a (10.213.0.1) is unreachable at iteration 3 "
-                           "(training step; no answer within 5 s after ") and line.endswith(
-        f"this host is cut off from the job; ending this attempt and torchrun (pid {launcher.pid}), which cannot "
-        f"restart it without that host"), line
-
-
-def test_a_rank_that_loses_only_the_rendezvous_host_says_so_and_ends_its_torchrun(ended, capsys, monkeypatch):
-    launcher = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
-    try:  # the neighbour answered, the store did not
-        with ProgressWatchdog(10, 0.2, FakeHosts(store_silent=True, asked=2)) as watchdog:
-            watchdog.at(3, "training step")
-            assert ended.wait(5)
-        assert launcher.wait(5) == -9
-    finally:
-        launcher.kill()
-    line = capsys.readouterr().err.strip()
-    assert line.startswith("error: rank 1: the rendezvous host host-a (10.213.0.1) stopped answering at iteration 3 "
-                           "(training step; ") and line.endswith(
-        f"the job cannot go on without its store: ending this attempt and torchrun (pid {launcher.pid}), which cannot "
-        f"restart it without that host"), line
-
-
-def test_a_lost_neighbour_leaves_torchrun_to_restart_the_workers(ended, capsys, monkeypatch):
-    launcher = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
-    try:
-        with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)], asked=2)) as watchdog:
-            watchdog.at(3, "training step")
-            assert ended.wait(5)
-        time.sleep(0.2)
-        assert launcher.poll() is None
-    finally:
-        launcher.kill()
+    assert line.startswith("error: rank 1: " + begins) and line.endswith(ends.format(pid=launcher.pid)), line
