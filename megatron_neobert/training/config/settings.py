@@ -280,8 +280,9 @@ class FaultSettings:
         10, "timeout of collectives; a watchdog line names the step after half of it")
     host_check_after_s: float = setting(
         30, "seconds without progress after which a rank asks a rank on each neighbouring host, and the "
-            "rendezvous store, to answer within 5 s (again as often while it waits): a host that does not (cut off, powered off, "
-            "frozen) ends the attempt at once, named; a slow peer on a host that answers is waited for (0: never ask)")
+            "rendezvous store, to answer within 5 s (again as often while it waits): a host that does not (cut off, "
+            "powered off, frozen) ends the attempt at once, named; a slow peer on a host that answers is waited for "
+            "(0: never ask)")
     max_skipped_iters: int = setting(
         10, "stop after this many consecutive steps skipped for a non-finite loss or gradient")
 

@@ -365,9 +365,8 @@ class ProgressWatchdog:
                     "srun --kill-on-bad-exit ends the job step; its requeue resumes from the latest checkpoint")
             line = (f"error: rank {rank}: host{'s' if len(found.silent) > 1 else ''} {names} stopped answering {why}; "
                     f"ending this attempt ({then})")
-            launcher = None  # torchrun restarts the workers, or goes on without the host
         print(line, file=sys.stderr, flush=True)
         tell_the_launcher(line)
-        if launcher:
+        if launcher and found.store_silent:  # else torchrun restarts the workers, or goes on without the host
             os.kill(launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
         exit_now(1)
