@@ -15,7 +15,7 @@ from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.reporting.goodput import (CATEGORIES, GOODPUT_FILE, LAUNCHER_PART, GoodputAccount,
-                                                         add_launchers_exit, close_at_launchers_exit, launch_parts,
+                                                         LaunchersExitCloser, add_launchers_exit, launch_parts,
                                                          write_final_account)
 from megatron_neobert.training.resilience.save_interval import SaveInterval
 from pretrain_cases import run_train, run_train_with_slow_saves, tiny_argv
@@ -90,19 +90,21 @@ def test_the_jobs_clock_starts_at_slurms_or_the_launchers_start_and_ends_at_the_
 
 
 def test_the_launchers_exit_goes_into_the_final_accounts_shutdown_once_it_exits(tmp_path):
-    """The closer a rank starts at its close waits for the launcher (here a stand-in, not its parent: it is watched
-    by pidfd), then adds the time to its exit; it leaves alone an account written again since."""
+    """The closer a rank starts with its run waits for the account's close, then for the launcher (here a stand-in,
+    not its parent: it is watched by pidfd), and adds the time to its exit; it leaves alone an account written again
+    since, and ends without touching anything when the rank ends without a final account."""
+    path = str(tmp_path / GOODPUT_FILE)
+    launcher = subprocess.Popen(["sleep", "3"])
+    closer = LaunchersExitCloser.start(path, launcher.pid)
     account = account_of(0.0, productive=(10.0, 2))
     account.run_ended = time.time() - 1.0
     taken_at = time.time()
     account.close(taken_at)
-    path = str(tmp_path / GOODPUT_FILE)
     write_final_account(account, taken_at, 2, str(tmp_path), None)
-    launcher = subprocess.Popen(["sleep", "1.5"])
-    closer = close_at_launchers_exit(path, taken_at, launcher.pid)
+    closer.close_at(taken_at)
     launcher.wait()
     exited_at = time.time()
-    assert closer.wait(timeout=30) == 0
+    assert closer.process.wait(timeout=30) == 0
     with open(path) as f:
         closed = json.load(f)
     assert closed["launcher_exit_s"] == pytest.approx(exited_at - taken_at, abs=0.1)
@@ -113,6 +115,16 @@ def test_the_launchers_exit_goes_into_the_final_accounts_shutdown_once_it_exits(
     rewritten = closed["taken_at"] + 1  # a later run's account: not this closer's to touch
     write_final_account(account, rewritten, 2, str(tmp_path), None)
     assert not add_launchers_exit(path, taken_at, exited_at)
+    # A rank that ends without a final account: its pipe closes with it, and the closer ends at once.
+    launcher = subprocess.Popen(["sleep", "60"])
+    try:
+        closer = LaunchersExitCloser.start(path, launcher.pid)
+        closer.process.stdin.close()
+        assert closer.process.wait(timeout=30) == 0
+    finally:
+        launcher.kill()
+    with open(path) as f:
+        assert json.load(f)["taken_at"] == rewritten
 
 
 def test_the_end_table_has_a_row_per_category_and_the_jobs_wall_time():

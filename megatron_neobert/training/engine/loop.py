@@ -19,7 +19,7 @@ from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.config.data_files import DataFiles
-from megatron_neobert.training.reporting.goodput import (GOODPUT_FILE, GoodputAccount, close_at_launchers_exit,
+from megatron_neobert.training.reporting.goodput import (GOODPUT_FILE, GoodputAccount, LaunchersExitCloser,
                                                          write_final_account)
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.resilience.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
@@ -46,11 +46,15 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
     started = time.time()
     found = DistributedState()
     account = account or GoodputAccount(time.time())
+    exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
+    closer = None
+    if settings.checkpoint.save and watched_launcher() and os.environ.get("RANK") == "0":  # the final account's
+        closer = LaunchersExitCloser.start(os.path.join(settings.checkpoint.save, GOODPUT_FILE), watched_launcher())
     try:
         history = _guarded_train(settings, forward_step, started, account)
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed
         found.release()
-        raise
+        raise  # the rank's exit closes the closer's pipe: it ends without touching the account
     rank = torch.distributed.get_rank()
     found.release()  # what the run created goes with it (each gloo group holds threads and sockets)
     now = time.time()  # the last moment before the exit: the final account ends here
@@ -59,15 +63,14 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
         logger.info(account.table(now))
         write_final_account(account, now, history["iteration"], settings.checkpoint.save,
                             settings.logging.tensorboard_dir)
-        if settings.checkpoint.save and watched_launcher():
-            close_at_launchers_exit(os.path.join(settings.checkpoint.save, GOODPUT_FILE), now, watched_launcher())
+        if closer:
+            closer.close_at(now)
     return history
 
 
 def _guarded_train(settings: Settings, forward_step: ForwardStep, started: float, account: GoodputAccount) -> dict:
     faults = settings.faults
     with contextlib.ExitStack() as guards:
-        exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
         # The handler first: a pre-emption signal during the set-up must not kill the rank either.
         handler = guards.enter_context(ExitSignalHandler(faults.exit_signal)) if faults.exit_signal_handler else None
         tokenizer = check_inputs(settings.data)  # before the process group: bad input ends the run at once

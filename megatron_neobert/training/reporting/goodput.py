@@ -4,7 +4,7 @@ spent on steps that count).
 The job's clock starts at the earliest moment the job can know (`launch_parts`): SLURM's job start where set, else
 the torchrun agent's start (the rank's parent), else the rank's own start. It ends when the run's process groups are
 destroyed (`close`), just before the process exits, where the final account is written; under torchrun, a process
-of its own then waits for torchrun's exit and adds the time to it to the shutdown (`close_at_launchers_exit`): the
+of its own then waits for torchrun's exit and adds the time to it to the shutdown (`LaunchersExitCloser`): the
 rows sum to the job's wall time from the launcher's start to its exit. Any process that imports torch takes about a
 second of CPU to exit (the interpreter's teardown of torch's modules), the rank's and torchrun's alike, and only
 something that outlives torchrun can see its end.
@@ -226,21 +226,35 @@ def write_final_account(account: GoodputAccount, now: float, iteration: int, sav
 LAUNCHER_EXIT_WAIT_S = 600
 
 
-def close_at_launchers_exit(path: str, taken_at: float, launcher_pid: int) -> Optional[subprocess.Popen]:
-    """Starts the process that adds the launcher's exit to the final account at `path` (closed at `taken_at`, by a
-    rank whose launcher is `launcher_pid`): it waits for that process to exit, then adds the time since `taken_at` to
-    the shutdown. In a session of its own, so that the signals to the job's process groups pass it by; it holds none
-    of the job's output. None where the kernel cannot watch a process that is not a child (pidfd, Linux 5.3)."""
-    try:
+class LaunchersExitCloser:
+    """The process that adds the launcher's exit to the final account at `path`: started with the run by the rank
+    that will write that account, so that it is waiting, its own start long done, when the launcher exits (Python's
+    start alone can take longer than torchrun's exit on busy cores). Told the account's close (`close_at`), it waits
+    for the launcher to exit and adds the time since the close to the shutdown; a rank that ends without a final
+    account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session of its own, so that the signals to
+    the job's process groups pass it by; it holds none of the job's output."""
+
+    def __init__(self, path: str, launcher_pid: int):
         launcher = os.pidfd_open(launcher_pid)  # opened here, while the launcher is certainly this rank's parent
-    except (AttributeError, OSError):
-        return None
-    try:
-        return subprocess.Popen([sys.executable, "-m", __name__, path, repr(taken_at), str(launcher)],
-                                pass_fds=(launcher,), start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    finally:
-        os.close(launcher)
+        try:
+            self.process = subprocess.Popen([sys.executable, "-m", __name__, path, str(launcher)], text=True,
+                                            pass_fds=(launcher,), start_new_session=True, stdin=subprocess.PIPE,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        finally:
+            os.close(launcher)
+
+    @classmethod
+    def start(cls, path: str, launcher_pid: int) -> Optional["LaunchersExitCloser"]:
+        """The closer, or None where the kernel cannot watch a process that is not a child (pidfd, Linux 5.3)."""
+        try:
+            return cls(path, launcher_pid)
+        except (AttributeError, OSError):
+            return None
+
+    def close_at(self, taken_at: float) -> None:
+        """The final account was written, closed at `taken_at`."""
+        self.process.stdin.write(f"{taken_at!r}\n")
+        self.process.stdin.close()
 
 
 def add_launchers_exit(path: str, taken_at: float, exited_at: float) -> bool:
@@ -259,11 +273,13 @@ def add_launchers_exit(path: str, taken_at: float, exited_at: float) -> bool:
     return True
 
 
-def _wait_and_add_launchers_exit(path: str, taken_at: str, launcher_fd: str) -> None:
-    """The closer's whole work (`close_at_launchers_exit` starts it; no command of its own): `launcher_fd`, a pidfd
-    of the launcher, becomes readable when the launcher exits."""
-    if select.select([int(launcher_fd)], [], [], LAUNCHER_EXIT_WAIT_S)[0]:
-        add_launchers_exit(path, float(taken_at), time.time())
+def _wait_and_add_launchers_exit(path: str, launcher_fd: str) -> None:
+    """The closer's whole work (`LaunchersExitCloser` starts it; no command of its own): the account's close comes on
+    stdin (nothing: the rank ended without one), then `launcher_fd`, a pidfd of the launcher, becomes readable when
+    the launcher exits."""
+    closed_at = sys.stdin.readline()
+    if closed_at and select.select([int(launcher_fd)], [], [], LAUNCHER_EXIT_WAIT_S)[0]:
+        add_launchers_exit(path, float(closed_at), time.time())
 
 
 if __name__ == "__main__":
