@@ -51,8 +51,8 @@ def ranks_on(*ranks_per_host: int) -> list:
     """One Host per rank, the ranks of each host consecutive, as torchrun numbers them."""
     everyone = []
     for index, count in enumerate(ranks_per_host):
-        everyone += [Host(f"host-{index}", f"10.0.{index // 250}.{index % 250 + 1}", 4000 + local, len(everyone) + local)
-                     for local in range(count)]
+        address = f"10.0.{index // 250}.{index % 250 + 1}"
+        everyone += [Host(f"host-{index}", address, 4000 + local, len(everyone) + local) for local in range(count)]
     return everyone
 
 

@@ -231,8 +231,8 @@ class LaunchersExitCloser:
     that will write that account, so that it is waiting, its own start long done, when the launcher exits (Python's
     start alone can take longer than torchrun's exit on busy cores). Told the account's close (`close_at`), it waits
     for the launcher to exit and adds the time since the close to the shutdown; a rank that ends without a final
-    account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session of its own, so that the signals to
-    the job's process groups pass it by; it holds none of the job's output."""
+    account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session of its own, so that the
+    signals to the job's process groups pass it by; it holds none of the job's output."""
 
     def __init__(self, path: str, launcher_pid: int):
         launcher = os.pidfd_open(launcher_pid)  # opened here, while the launcher is certainly this rank's parent
@@ -252,9 +252,13 @@ class LaunchersExitCloser:
             return None
 
     def close_at(self, taken_at: float) -> None:
-        """The final account was written, closed at `taken_at`."""
-        self.process.stdin.write(f"{taken_at!r}\n")
-        self.process.stdin.close()
+        """The final account was written, closed at `taken_at`. A closer gone meanwhile (killed by hand) costs the
+        account the launcher's exit, never the run its end."""
+        try:
+            self.process.stdin.write(f"{taken_at!r}\n")
+            self.process.stdin.close()
+        except OSError:  # BrokenPipeError: nobody reads the pipe any more
+            pass
 
 
 def add_launchers_exit(path: str, taken_at: float, exited_at: float) -> bool:
