@@ -95,7 +95,7 @@ def test_the_launchers_exit_goes_into_the_final_accounts_shutdown_once_it_exits(
     since, and ends without touching anything when the rank ends without a final account."""
     path = str(tmp_path / GOODPUT_FILE)
     launcher = subprocess.Popen(["sleep", "3"])
-    closer = LaunchersExitCloser.start(path, launcher.pid)
+    closer = LaunchersExitCloser.start(str(tmp_path), launcher.pid)
     account = account_of(0.0, productive=(10.0, 2))
     account.run_ended = time.time() - 1.0
     taken_at = time.time()
@@ -118,7 +118,7 @@ def test_the_launchers_exit_goes_into_the_final_accounts_shutdown_once_it_exits(
     # A rank that ends without a final account: its pipe closes with it, and the closer ends at once.
     launcher = subprocess.Popen(["sleep", "60"])
     try:
-        closer = LaunchersExitCloser.start(path, launcher.pid)
+        closer = LaunchersExitCloser.start(str(tmp_path), launcher.pid)
         closer.process.stdin.close()
         assert closer.process.wait(timeout=30) == 0
     finally:

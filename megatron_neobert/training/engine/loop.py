@@ -19,8 +19,7 @@ from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
 from megatron_neobert.training.config.data_files import DataFiles
-from megatron_neobert.training.reporting.goodput import (GOODPUT_FILE, GoodputAccount, LaunchersExitCloser,
-                                                         write_final_account)
+from megatron_neobert.training.reporting.goodput import GoodputAccount, LaunchersExitCloser, write_final_account
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.resilience.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
                                                                  exit_with_launcher, forked_children_die_with_rank,
@@ -49,7 +48,7 @@ def train(settings: Settings, forward_step: ForwardStep = mlm_forward_step,
     exit_with_launcher()  # before the rendezvous, which would wait for a dead torchrun's store
     closer = None
     if settings.checkpoint.save and watched_launcher() and os.environ.get("RANK") == "0":  # the final account's
-        closer = LaunchersExitCloser.start(os.path.join(settings.checkpoint.save, GOODPUT_FILE), watched_launcher())
+        closer = LaunchersExitCloser.start(settings.checkpoint.save, watched_launcher())
     try:
         history = _guarded_train(settings, forward_step, started, account)
     except TrainingError:  # raised alike on every rank, whose groups are whole: they can be destroyed

@@ -227,14 +227,15 @@ LAUNCHER_EXIT_WAIT_S = 600
 
 
 class LaunchersExitCloser:
-    """The process that adds the launcher's exit to the final account at `path`: started with the run by the rank
-    that will write that account, so that it is waiting, its own start long done, when the launcher exits (Python's
-    start alone can take longer than torchrun's exit on busy cores). Told the account's close (`close_at`), it waits
-    for the launcher to exit and adds the time since the close to the shutdown; a rank that ends without a final
+    """The process that adds the launcher's exit to the final account in `save` (GOODPUT_FILE): started with the
+    run by the rank that will write that account, so that it is waiting, its own start long done, when the launcher
+    exits (Python's start alone can take longer than torchrun's exit on busy cores). Told the account's close
+    (`close_at`), it waits for the launcher to exit and adds the time since the close to the shutdown; a rank that ends without a final
     account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session of its own, so that the
     signals to the job's process groups pass it by; it holds none of the job's output."""
 
-    def __init__(self, path: str, launcher_pid: int):
+    def __init__(self, save: str, launcher_pid: int):
+        path = os.path.join(save, GOODPUT_FILE)
         launcher = os.pidfd_open(launcher_pid)  # opened here, while the launcher is certainly this rank's parent
         try:
             self.process = subprocess.Popen([sys.executable, "-m", __name__, path, str(launcher)], text=True,
@@ -244,10 +245,10 @@ class LaunchersExitCloser:
             os.close(launcher)
 
     @classmethod
-    def start(cls, path: str, launcher_pid: int) -> Optional["LaunchersExitCloser"]:
+    def start(cls, save: str, launcher_pid: int) -> Optional["LaunchersExitCloser"]:
         """The closer, or None where the kernel cannot watch a process that is not a child (pidfd, Linux 5.3)."""
         try:
-            return cls(path, launcher_pid)
+            return cls(save, launcher_pid)
         except (AttributeError, OSError):
             return None
 
