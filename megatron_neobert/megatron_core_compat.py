@@ -11,8 +11,8 @@ Patches and private reads, needed on both releases (checked against 0.19.2):
    `_get_write_results_queue()` on 0.16, `get_write_results_queue()` from 0.17: `write_results_queue`).
 3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers (from 0.17 the
    in-thread writer's error is also raised, or the rank is told only its type).
-4. `rank_zero_without_process_group`: BlendedDataset's index cache built in a process without a group (0.16
-   only: 0.18 guards the call itself).
+4. `rank_zero_without_process_group`: BlendedDataset's index cache built, and indexed datasets read, in a process
+   without a group (0.16 raises in the cache's build, 0.19 warns at each rank it cannot determine).
 5. `cuda_rng_on_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU, for a block
    (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks, 0.19's
    `torch.cuda.current_stream` in DDP's gradient sync among them).
@@ -219,17 +219,25 @@ def _keep_disk_full(filesystem_async, is_disk_full: Callable[[BaseException], bo
 # 4. ------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def rank_zero_without_process_group():
-    """Inside the block, a process without a process group is rank 0 to `torch.distributed.get_rank()`.
+    """Inside the block, a process without a process group is rank 0 to `torch.distributed.get_rank()`, and to
+    megatron-core's own rank helper without a warning.
 
     Upstream (datasets/blended_dataset.py): `BlendedDataset._build_indices` asks
     `torch.distributed.get_rank() == 0` on a cache miss, to let one rank write the index cache; without a
     process group that call raises.
-    Why: the data tools and the dataset checks build blends in a single process without a group; that
-    process is the only one, so it is rank 0 and writes the cache.
-    0.18 guards the call itself (`not torch.distributed.is_initialized() or ...`): the block changes nothing there.
+    Why: the data tools and the dataset checks build blends and read indexed datasets in a single process without a
+    group; that process is the only one, so it is rank 0 and writes the cache.
+    0.18 guards the call itself (`not torch.distributed.is_initialized() or ...`). 0.19's `log_single_rank` (each
+    line the indexed reader logs) asks `_rank_utils.safe_get_rank`, which warns "Could not determine rank" before
+    it answers 0: the answer this block gives, said to a tool's user as a UserWarning.
     """
-    if RELEASE >= (0, 18) or torch.distributed.is_initialized():
+    if torch.distributed.is_initialized():
         yield
+        return
+    if RELEASE >= (0, 18):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=RANK_DEFAULTED_WARNING)
+            yield
         return
     get_rank = torch.distributed.get_rank
     torch.distributed.get_rank = lambda group=None: 0
@@ -237,6 +245,9 @@ def rank_zero_without_process_group():
         yield
     finally:
         torch.distributed.get_rank = get_rank
+
+
+RANK_DEFAULTED_WARNING = ".*Could not determine rank from torch.distributed.*"
 
 
 # 5. ------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, get_bin_path, get_idx_path
 
 from megatron_neobert.atomic_write import commit
-from megatron_neobert.megatron_core_compat import index_header
+from megatron_neobert.megatron_core_compat import index_header, rank_zero_without_process_group
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -117,7 +117,8 @@ def open_indexed(prefix: str, mmap: bool = True) -> IndexedDataset:
     """`check_sizes`, then open with megatron-core's reader. The full check of the index arrays is the MLM
     dataset's, once per corpus (``documents.py``), and the writers'."""
     check_sizes(get_idx_path(prefix), get_bin_path(prefix))
-    return IndexedDataset(prefix, multimodal=False, mmap=mmap)
+    with rank_zero_without_process_group():  # the data tools read in one process, without a group
+        return IndexedDataset(prefix, multimodal=False, mmap=mmap)
 
 
 def partial_paths(prefix: str):
