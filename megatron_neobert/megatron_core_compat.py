@@ -11,8 +11,8 @@ Patches and private reads, needed on both releases (checked against 0.19.2):
    `_get_write_results_queue()` on 0.16, `get_write_results_queue()` from 0.17: `write_results_queue`).
 3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers (from 0.17 the
    in-thread writer's error is also raised, or the rank is told only its type).
-4. `rank_zero_without_process_group`: BlendedDataset's index cache built, and indexed datasets read, in a process
-   without a group (0.16 raises in the cache's build, 0.19 warns at each rank it cannot determine).
+4. `rank_zero_without_process_group`: MLM datasets built, and indexed datasets read, in a process without a group
+   (0.16 raises in BlendedDataset's cache build, 0.19 warns at each rank it cannot determine).
 5. `cuda_rng_on_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU, for a block
    (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks, 0.19's
    `torch.cuda.current_stream` in DDP's gradient sync among them).

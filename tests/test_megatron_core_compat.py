@@ -123,7 +123,7 @@ def test_a_full_disk_in_a_writer_reaches_the_rank_as_enospc(monkeypatch):
     assert raised.value.errno == errno.ENOSPC
 
 
-def test_blended_indices_are_built_without_a_process_group():
+def test_a_process_without_a_group_is_rank_0_for_blends_and_the_rank_helper():
     from megatron.core.datasets.blended_dataset import BlendedDataset
 
     # Upstream asks for the rank on a cache miss: unguarded up to 0.17 (the reason for the patch), guarded from 0.18.
@@ -131,23 +131,36 @@ def test_blended_indices_are_built_without_a_process_group():
     assert (guarded in inspect.getsource(BlendedDataset._build_indices)) == (compat.RELEASE >= (0, 18))
     # In a process of its own: this one may be in a process group already.
     probe = """
+import warnings
 import torch
+from megatron.core._rank_utils import safe_get_rank
 from megatron_neobert.megatron_core_compat import rank_zero_without_process_group
 def rank():
     try:
         return torch.distributed.get_rank()
     except ValueError:
         return "no process group"
+def warnings_of_the_rank_helper():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", append=True)  # after the block's own filter, which comes first
+        assert safe_get_rank() == 0
+    return len(caught)
 inside = None
 with rank_zero_without_process_group():
     inside = rank()
+    inside_warned = warnings_of_the_rank_helper()
 print(rank(), inside, rank(), sep="|")
+print(warnings_of_the_rank_helper(), inside_warned, warnings_of_the_rank_helper(), sep="|")
 """
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr[-2000:]
     inside = "0" if compat.RELEASE < (0, 18) else "no process group"  # rank 0 inside the block alone, where needed
-    assert out.stdout.strip() == f"no process group|{inside}|no process group"
+    ranks, warned = out.stdout.strip().splitlines()
+    assert ranks == f"no process group|{inside}|no process group"
+    # 0.19's rank helper (each line megatron-core logs on one rank) warns that it defaults to rank 0 without a group;
+    # inside the block, which says the same, it does not.
+    assert warned == ("1|0|1" if compat.RELEASE >= (0, 19) else "0|0|0")
 
 
 def test_the_tensor_parallel_rng_tracker_forks_the_cpu_generator(cpu_execution):

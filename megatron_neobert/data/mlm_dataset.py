@@ -26,7 +26,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy
 import torch
-from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path, get_idx_path
@@ -68,7 +67,8 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
         return self.sequence_length
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        with rank_zero_without_process_group():  # megatron-core logs the split it derives, on rank 0
+            super().__post_init__()
         if self.tokenizer is None:
             raise ValueError("MLMDatasetConfig needs a tokenizer (data.tokenizer.build_tokenizer)")
         if not 0.0 < self.mask_rate < 1.0:
@@ -361,22 +361,6 @@ def _is_rank0() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
-class _BlendedDataset(BlendedDataset):
-    def _build_indices(self):
-        # A single process without a process group writes the index cache too (it is rank 0).
-        with rank_zero_without_process_group():
-            return super()._build_indices()
-
-
-class _Builder(BlendedMegatronDatasetBuilder):
-    @staticmethod
-    def build_generic_dataset(cls, is_built_on_rank, synchronize_ranks, *args):
-        if cls is BlendedDataset:
-            cls = _BlendedDataset
-        return BlendedMegatronDatasetBuilder.build_generic_dataset(
-            cls, is_built_on_rank, synchronize_ranks, *args)
-
-
 def build_mlm_datasets(config: MLMDatasetConfig,
                        train_valid_test_num_samples: List[Optional[int]],
                        is_built_on_rank: Optional[Callable[[], bool]] = None):
@@ -388,7 +372,8 @@ def build_mlm_datasets(config: MLMDatasetConfig,
     defaults to every rank (the dataset is cheap once cached; the trainer may restrict it to
     tensor-parallel rank 0 and broadcast, as Megatron-LM does).
     """
-    builder = _Builder(MLMDataset, list(train_valid_test_num_samples),
-                       is_built_on_rank or (lambda: True), config)
-    train, valid, test = builder.build()
-    return train, valid, test
+    # A single process without a process group (a data tool, a notebook) is rank 0: it writes the index caches and
+    # logs megatron-core's lines.
+    with rank_zero_without_process_group():
+        return BlendedMegatronDatasetBuilder(MLMDataset, list(train_valid_test_num_samples),
+                                             is_built_on_rank or (lambda: True), config).build()
