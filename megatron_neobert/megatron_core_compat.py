@@ -30,8 +30,8 @@ What changed between the releases, one branch each:
 13. `async_save_strategy`, `async_save_arguments`, `async_calls_queue`: 0.19's asynchronous save defaults to
     nvidia-resiliency-ext ("nvrx"); used where it imports, megatron-core's "mcore" writer named explicitly
     otherwise.
-14. `IMPORT_WARNINGS`, `QUIET_IMPORTS`, `drop_the_sync_save_deprecation`: 0.19's warnings that say nothing to a
-    user of this package.
+14. `IMPORT_WARNINGS`, `QUIET_IMPORTS`, `drop_the_sync_save_deprecation`, `ignore_no_process_group_warnings`:
+    0.19's warnings that say nothing to a user of this package.
 
 What changed in torch under both releases:
 15. `placeholders_without_strides`: torch 2.15 gave a checkpoint's tensor metadata a `strides` field, which
@@ -236,7 +236,7 @@ def rank_zero_without_process_group():
         return
     if RELEASE >= (0, 18):
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=RANK_DEFAULTED_WARNING)
+            ignore_no_process_group_warnings()
             yield
         return
     get_rank = torch.distributed.get_rank
@@ -245,9 +245,6 @@ def rank_zero_without_process_group():
         yield
     finally:
         torch.distributed.get_rank = get_rank
-
-
-RANK_DEFAULTED_WARNING = ".*Could not determine rank from torch.distributed.*"
 
 
 # 5. ------------------------------------------------------------------------------------------------------
@@ -462,8 +459,7 @@ def load_common_state(folder: str) -> dict:
     legacy_reader.addFilter(quiet)
     try:
         with warnings.catch_warnings():
-            for message in NO_PROCESS_GROUP_WARNINGS:
-                warnings.filterwarnings("ignore", message=message)
+            ignore_no_process_group_warnings()
             return dist_checkpointing.load_common_state_dict(folder)
     finally:
         legacy_reader.removeFilter(quiet)
@@ -528,11 +524,21 @@ def async_calls_queue():
 # - 0.19's synchronous save goes through the asynchronous one, so every save logged "MCore's async save is
 #   deprecated" (the trainer itself says which writer an asynchronous save uses);
 # - 0.19 reads a checkpoint's common state with `torch.distributed.checkpoint.load(no_dist=True)`, which warns that
-#   there is no process group, the case it was asked for (`load_common_state`).
+#   there is no process group, the case it was asked for (`load_common_state`);
+# - 0.19's `log_single_rank` (each line megatron-core logs on one rank) warns "Could not determine rank" without a
+#   process group before it answers 0, the rank a single process is (`rank_zero_without_process_group`).
 IMPORT_WARNINGS = (".*MimoModelConfig is experimental.*",)
 QUIET_IMPORTS = () if RELEASE < (0, 19) else ("megatron.core.models.mimo.model.base",)
 NO_PROCESS_GROUP_WARNINGS = (".*torch.distributed is disabled, unavailable or uninitialized.*",
-                             ".*The argument order of load has been changed.*")
+                             ".*The argument order of load has been changed.*",
+                             ".*Could not determine rank from torch.distributed.*")
+
+
+def ignore_no_process_group_warnings() -> None:
+    """Inside a `warnings.catch_warnings()` block: the warnings that there is no process group, where a single
+    process works without one on purpose, not shown."""
+    for message in NO_PROCESS_GROUP_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 def drop_the_sync_save_deprecation() -> None:

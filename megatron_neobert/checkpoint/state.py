@@ -53,8 +53,8 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 from megatron.core.utils import unwrap_model
 from torch.distributed.checkpoint import CheckpointException
 
-from megatron_neobert.megatron_core_compat import (NO_PROCESS_GROUP_WARNINGS, CheckpointReleaseError,
-                                                     async_calls_queue, async_save_arguments, async_save_strategy,
+from megatron_neobert.megatron_core_compat import (CheckpointReleaseError, async_calls_queue, async_save_arguments,
+                                                     async_save_strategy, ignore_no_process_group_warnings,
                                                      load_common_state, placeholders_without_strides,
                                                      prepare_torch_adam_for_state_load)
 from megatron_neobert.checkpoint.integrity import (check_space, require_manifest, seal_folder,
@@ -295,8 +295,7 @@ def megatron_deprecations_hidden():
         warnings.filterwarnings("ignore", "Please use DTensor instead and we are deprecating ShardedTensor",
                                 FutureWarning)
         # 0.19's single-process load (a converter's) reads as if without a process group, and torch says so.
-        for message in NO_PROCESS_GROUP_WARNINGS:
-            warnings.filterwarnings("ignore", message=message)
+        ignore_no_process_group_warnings()
         yield
 
 
