@@ -230,9 +230,9 @@ class LaunchersExitCloser:
     """The process that adds the launcher's exit to the final account in `save` (GOODPUT_FILE): started with the
     run by the rank that will write that account, so that it is waiting, its own start long done, when the launcher
     exits (Python's start alone can take longer than torchrun's exit on busy cores). Told the account's close
-    (`close_at`), it waits for the launcher to exit and adds the time since the close to the shutdown; a rank that ends without a final
-    account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session of its own, so that the
-    signals to the job's process groups pass it by; it holds none of the job's output."""
+    (`close_at`), it waits for the launcher to exit and adds the time since the close to the shutdown; a rank that
+    ends without a final account (an error, a kill) closes its pipe by its exit, and the closer ends. In a session
+    of its own, so that the signals to the job's process groups pass it by; it holds none of the job's output."""
 
     def __init__(self, save: str, launcher_pid: int):
         path = os.path.join(save, GOODPUT_FILE)
