@@ -12,6 +12,7 @@ traceback. The entry points import megatron-core through `import_megatron_core`,
 says what is wrong in one line. Kept free of a top-level torch import: the tools' --help reads it.
 """
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -19,7 +20,7 @@ import logging
 import os
 import sys
 import warnings
-from functools import lru_cache
+from functools import lru_cache, partial, wraps
 from pathlib import Path
 from typing import Optional
 
@@ -143,7 +144,7 @@ def import_megatron_core() -> None:
     extension_builder = logging.getLogger("torch.utils.cpp_extension")
     extension_builder.addFilter(_no_cuda_runtime_dropped)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), compiled_on_first_call():
             for message in _IMPORT_WARNINGS + IMPORT_WARNINGS:
                 warnings.filterwarnings("ignore", message=message)
             # backends: the layer specs' norms, warning at import when apex is absent
@@ -152,6 +153,42 @@ def import_megatron_core() -> None:
     finally:
         logging.disable(disabled)
         extension_builder.removeFilter(_no_cuda_runtime_dropped)
+
+
+@contextlib.contextmanager
+def compiled_on_first_call():
+    """Inside the block, `torch.compile(function)` compiles at the function's first call instead of at once.
+
+    megatron-core decorates its fused kernels with torch.compile as it is imported (`megatron.core.jit.jit_fuser`),
+    and that decoration alone imports dynamo and inductor: 2-3.5 s of every rank's and tool's start on 2 cores, for
+    kernels that a CPU rank or a conversion never calls. torch.compile only traces at the first call anyway, so the
+    deferred function compiles the same graph at the same moment. Modules (not functions) are compiled at once.
+    """
+    import torch
+
+    compile_now = torch.compile
+
+    def compile_later(model=None, **options):
+        if model is None:  # torch.compile(mode=...) as a decorator factory
+            return partial(compile_later, **options)
+        if not callable(model) or isinstance(model, torch.nn.Module):
+            return compile_now(model, **options)
+        compiled = None
+
+        @wraps(model)
+        def first_call_compiles(*args, **kwargs):
+            nonlocal compiled
+            if compiled is None:
+                compiled = compile_now(model, **options)
+            return compiled(*args, **kwargs)
+
+        return first_call_compiles
+
+    torch.compile = compile_later
+    try:
+        yield
+    finally:
+        torch.compile = compile_now
 
 
 def _no_cuda_runtime_dropped(record: logging.LogRecord) -> bool:

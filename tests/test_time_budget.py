@@ -1,0 +1,71 @@
+"""The suite's time budget (tests/time_budget.py) on a planted suite with a budget of a quarter of a second: a test,
+a parametrized test and a fixture over twice that fail the run by name (under xdist, as CI runs it); a listed test and
+fixture within twice their measured time do not; --no-time-budget reports without failing."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PLANTED_CONFTEST = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import time_budget
+from time_budget import pytest_addoption
+time_budget.BUDGET_S = 0.25
+time_budget.SLOW = {{"test_planted.py::test_listed": time_budget.Slow(0.4, "planted"),
+                     "fixture:listed_fixture": time_budget.Slow(0.4, "planted")}}
+
+def pytest_configure(config):
+    config.pluginmanager.register(time_budget.TimeBudget(config), "time_budget")
+"""
+
+PLANTED_TESTS = """
+import time
+import pytest
+
+pytestmark = pytest.mark.integration
+
+@pytest.fixture(scope="module")
+def slow_fixture():
+    time.sleep(0.7)
+
+@pytest.fixture
+def listed_fixture():
+    time.sleep(0.7)
+
+def test_fast():
+    pass
+
+def test_slow():
+    time.sleep(0.7)
+
+def test_listed():
+    time.sleep(0.7)
+
+def test_with_fixtures(slow_fixture, listed_fixture):
+    pass
+
+@pytest.mark.parametrize("seconds", [0.1, 0.7])
+def test_parametrized(seconds):
+    time.sleep(seconds)
+"""
+
+
+def test_a_phase_over_its_budget_fails_the_run_by_name_unless_listed(tmp_path):
+    (tmp_path / "conftest.py").write_text(PLANTED_CONFTEST)
+    (tmp_path / "test_planted.py").write_text(PLANTED_TESTS)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_planted.py"]
+    # under xdist: the workers time the fixtures, the controller judges
+    run = subprocess.run(command + ["-n", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    errors = sorted(line.split(" took ")[0] for line in run.stdout.splitlines() if line.startswith("error: "))
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert errors == ["error: fixture:slow_fixture", "error: test_planted.py::test_parametrized",
+                      "error: test_planted.py::test_slow"], run.stdout[-3000:]
+    assert "0.8 s: the listed tests' and fixtures' measured time in all" in run.stdout
+    reported = subprocess.run(command + ["--no-time-budget"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+    assert reported.returncode == 0 and "error: test_planted.py::test_slow took" in reported.stdout

@@ -1,0 +1,128 @@
+"""The suite's time budget, checked at the end of every run. A test's call, and each fixture's set-up, has a budget
+of BUDGET_S seconds on the 2-core machine, or, for what SLOW lists with its reason, its measured time; the run fails
+naming each phase over MARGIN times its budget, and prints the list with its total. A fixture shared by a session is
+made by whichever test asks first, so its time is its own: SLOW lists it as `fixture:NAME`. Tests are named from tests/,
+parametrized cases sharing their test's entry.
+
+MARGIN is the spread of repeated runs: the same test took up to 2x its time from one whole-suite run on the 2-core
+machine to the next (other jobs on the cores, the order xdist gives the tests), so a phase fails only at twice its
+budget. `--no-time-budget` reports the overruns without failing (a loaded workstation, a debugger).
+"""
+
+import dataclasses
+import time
+
+import pytest
+
+BUDGET_S = 30.0
+MARGIN = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Slow:
+    measured_s: float  # the slowest of two whole-suite runs (-n 2) on the 2-core machine, other jobs beside them
+    why: str
+
+
+# What needs more than BUDGET_S, and why: process trees whose ranks each import torch and megatron-core, and waits
+# that are the behaviour under test (a host check, a rendezvous, a collective's timeout).
+SLOW = {
+    ("test_quickstart.py::test_two_short_runs_with_exported_master_port_and_extra_flags_are_whole_and_"
+     "bit_identical"):
+        Slow(193, "README's quickstart twice: preprocess, 2 ranks, export, pseudo-perplexity, watcher"),
+    "test_partition.py::test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound":
+        Slow(82, "two hosts' torchruns, the host check, a rendezvous without the lost host, a restart"),
+    "test_continue_pretraining.py::test_a_released_checkpoint_of_no_preset_shape_continues_and_exports_as_its_source":
+        Slow(70, "examples/continue_pretraining.sh twice: conversion, preprocessing, a torchrun, the export"),
+    "test_partition.py::test_a_link_cut_ends_both_hosts_jobs_within_the_bound_and_the_resume_is_exact":
+        Slow(68, "two hosts' torchruns, the host check, then the rendezvous' join timeout on host-a"),
+    "test_goodput.py::test_the_final_account_sums_to_torchruns_wall_clock":
+        Slow(68, "three torchrun jobs (a run, its requeue, an in-job restart) timed from outside"),
+    "test_watch.py::test_watch_a_run_while_it_trains_then_restart_prune_and_compare":
+        Slow(65, "a trainer and the watcher beside it, each checkpoint converted and scored as it lands"),
+    "test_bounds.py::test_memory_records_and_threads_stay_flat_over_2000_steps":
+        Slow(64, "2,000 steps on 2 ranks: the memory's growth per 1,000 steps, past the history's 1,000"),
+    "data/test_data_preprocess.py::test_the_data_benchmark_runs_its_parts_on_the_same_tokens":
+        Slow(58, "tools/benchmark_data.py end to end, each build in a fresh process"),
+    "test_partition.py::test_a_link_restored_before_the_check_lets_the_job_go_on":
+        Slow(56, "two hosts' torchruns for a whole run"),
+    "test_cpu_node.py::test_conversion_both_ways_the_watcher_and_evaluation_run_on_the_cpu":
+        Slow(54, "the tools in turn on a CUDA build of torch without a GPU (lane 2)"),
+    "test_benchmark_throughput.py::test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown":
+        Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
+    "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
+        Slow(51, "a torchrun, a rank killed, the restart's rendezvous and start"),
+    "test_partition.py::test_slurm_tasks_cut_apart_both_end_within_the_bound_and_the_requeue_resumes_exactly":
+        Slow(51, "two hosts' SLURM tasks, the host check, the requeued tasks"),
+    "test_faults.py::test_a_lost_node_continues_on_the_rest":
+        Slow(50, "two torchrun agents, one killed, the survivor's rendezvous and restart"),
+    "test_faults.py::test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job":
+        Slow(39, "waits out the collectives' timeout (--distributed-timeout-minutes 0.4: 24 s)"),
+    "test_faults.py::test_kill_9_of_a_rank_leaves_no_process_behind":
+        Slow(37, "a torchrun with DataLoader workers, killed, every process of it gone"),
+    "test_faults.py::test_kill_9_of_torchrun_ends_its_ranks_and_frees_the_lock":
+        Slow(37, "a torchrun killed, its ranks' ends, the lock taken by a second run"),
+}
+
+
+def budget_of(name: str) -> float:
+    return SLOW[name].measured_s if name in SLOW else BUDGET_S
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-time-budget", action="store_true",
+                     help=f"report, without failing the run, a test or fixture over {MARGIN:g}x its time budget "
+                          f"({BUDGET_S:g} s, or its entry in tests/time_budget.py's SLOW)")
+
+
+class TimeBudget:
+    """Registered by tests/conftest.py. Under xdist the workers time the fixtures' set-ups into the reports'
+    user_properties, and the controller, which sees every report, judges them."""
+
+    def __init__(self, config):
+        self.enabled = not config.getoption("--no-time-budget")
+        self.judge = not hasattr(config, "workerinput")  # an xdist worker only times
+        self.overruns = []
+        self.seen = {}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        started = time.monotonic()
+        yield
+        item = getattr(request, "_pyfuncitem", None)
+        if item is not None:
+            item.user_properties.append(("fixture_s", (fixturedef.argname, time.monotonic() - started)))
+
+    def pytest_runtest_logreport(self, report):
+        if not self.judge:
+            return
+        test = report.nodeid.split("[")[0].removeprefix("tests/")
+        phases = [(test, report.duration)] if report.when == "call" else []
+        if report.when == "setup":
+            phases = [(f"fixture:{name}", seconds) for key, (name, seconds) in report.user_properties
+                      if key == "fixture_s"]
+        for name, seconds in phases:
+            self.seen[name] = max(seconds, self.seen.get(name, 0.0))
+            if seconds > MARGIN * budget_of(name):
+                self.overruns.append((name, seconds))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        write = terminalreporter.write_line
+        terminalreporter.write_sep("=", f"time budget: {BUDGET_S:g} s a test or fixture, {len(SLOW)} listed with "
+                                        f"their own; a run fails at {MARGIN:g}x")
+        total = sum(entry.measured_s for entry in SLOW.values())
+        for name, entry in sorted(SLOW.items(), key=lambda item: -item[1].measured_s):
+            if name in self.seen:
+                write(f"{entry.measured_s:5g} s measured, {self.seen[name]:5.1f} s here: {name} ({entry.why})")
+        elsewhere = len(SLOW.keys() - self.seen.keys())
+        write(f"{total:5g} s: the listed tests' and fixtures' measured time in all"
+              + (f" ({elsewhere} of them not run here)" if elsewhere else ""))
+        for name, seconds in self.overruns:
+            write(f"error: {name} took {seconds:.1f} s, over {MARGIN:g}x its budget of {budget_of(name):g} s "
+                  f"({'its entry in' if name in SLOW else 'not listed in'} tests/time_budget.py's SLOW)")
+        if self.overruns and not self.enabled:
+            write("(--no-time-budget: not failing the run for them)")
+
+    def pytest_sessionfinish(self, session):
+        if self.overruns and self.enabled and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
