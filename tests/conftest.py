@@ -8,6 +8,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from shared_runs import run_once  # noqa: E402
 from rank_preload import TRAINER_AND_CONVERTER  # noqa: E402
+from time_budget import TimeBudget, pytest_addoption  # noqa: E402,F401 (a hook of this conftest)
 from megatron_neobert.parallel.launch import preload_on_ranks  # noqa: E402
 
 preload_on_ranks(*TRAINER_AND_CONVERTER)
@@ -18,6 +19,7 @@ os.environ.setdefault("NEOBERT_ALLOW_CPU", "1")
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(TimeBudget(config), "time_budget")
     # The markers of transformers' common model tests (test_hf_transformers_common.py), registered
     # by transformers' own conftest, which its sdist does not ship.
     for marker in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
