@@ -819,7 +819,9 @@ def test_a_lost_node_continues_on_the_rest(data, tmp_path, job_factory):
 # --------------------------------------------------------------------------------------------------
 
 WORKERS = "2"  # --num-workers' default (tiny_argv runs without workers)
-ANY_WORKERS = pytest.mark.parametrize("workers", ["0", "1", WORKERS])  # for the faults that cost seconds
+# For the faults that cost seconds: without DataLoader workers, and with the default's (one worker or two take the
+# same path: the fault in a worker process, reported by the rank).
+WITH_AND_WITHOUT_WORKERS = pytest.mark.parametrize("workers", ["0", WORKERS])
 
 
 def ends_after_error(job: Job, error: str, within: float = 30, mark: str = r"iteration +1/",
@@ -947,7 +949,7 @@ cli()
 
 
 @pytest.mark.integration
-@ANY_WORKERS
+@WITH_AND_WITHOUT_WORKERS
 def test_a_full_disk_is_named_and_ends_the_job(workers, data, tmp_path, job_factory):
     root, rank = str(tmp_path / "ckpt"), tmp_path / "full_disk_rank.py"
     rank.write_text(FULL_DISK_RANK.format(tests=os.path.dirname(os.path.abspath(__file__))))
@@ -1002,7 +1004,7 @@ def test_ids_beyond_the_vocabulary_with_a_record_end_the_job_before_training(bey
 
 
 @pytest.mark.integration
-@ANY_WORKERS
+@WITH_AND_WITHOUT_WORKERS
 def test_ids_beyond_the_vocabulary_without_a_record_end_the_job_as_read(workers, beyond_the_vocabulary, tmp_path,
                                                                         job_factory):
     """The error is raised where the sample is read: in a DataLoader worker when there are any."""
