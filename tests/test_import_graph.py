@@ -19,7 +19,8 @@ def test_no_import_cycles():
 # never from above (a lazy import counts too: it runs when its function does; so does a module named in a string,
 # which some code imports by name).
 LAYERS = (
-    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes", "te_support"),
+    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes", "te_support",
+     "extras"),
     ("checkpoint",),  # where checkpoints are and what they hold: for data, conversion and training alike
     ("model_source", "kernels"),
     ("hf", "model"),
