@@ -58,7 +58,9 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-SUPPORTED = ("0.16", "0.19")
+from megatron_neobert.install.releases import RELEASES
+
+SUPPORTED = tuple(sorted(release.series for release in RELEASES))  # ("0.16", "0.19")
 # Read from the installed package's metadata: importing megatron.core itself takes seconds, and the patches
 # import their modules only when applied.
 MEGATRON_CORE_VERSION = importlib.metadata.version("megatron-core")
