@@ -1,6 +1,6 @@
-"""The Dockerfile's choice of megatron-core (megatron_neobert.install.te_support) over the TE versions of NVIDIA's images,
-each a fake `transformer_engine` package that provides what the case says; the shipped lists of TE names against a
-fresh read of the installed megatron-core."""
+"""The Dockerfile's choice of megatron-core (megatron_neobert.install.te_support) over the TE versions of NVIDIA's
+images, each a fake `transformer_engine` package that provides what the case says; the shipped lists of TE names
+against a fresh read of the installed megatron-core."""
 
 import json
 import os
@@ -114,7 +114,7 @@ def test_the_dockerfile_step(tmp_path):
         root = fake_te(tmp_path / version, version, api)
         out = tmp_path / f"{version}.txt"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(te_support.__file__).parents[2])]))
-        # as `python -m megatron_neobert.install.te_support --choose FILE`, then neither torch nor megatron-core imported
+        # as `python -m megatron_neobert.install.te_support --choose FILE`: neither torch nor megatron-core imported
         code = ("import sys; from megatron_neobert.install.te_support import main; rc = main(sys.argv[1:]); "
                 "assert not {'torch', 'megatron.core'} & set(sys.modules); sys.exit(rc)")
         run = subprocess.run([sys.executable, "-c", code, "--choose", str(out)], env=env, capture_output=True,

@@ -321,7 +321,7 @@ def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, comp
 
     from megatron_neobert.training.config.arguments import parse_settings
     from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
-    from megatron_neobert.training.engine.step import grads_are_finite, run_micro_batches
+    from megatron_neobert.training.engine.forward_step import grads_are_finite, run_micro_batches
 
     # No data is read: the batches are synthetic. No warmup: the steps learn at the peak rate from the first, so
     # that the losses compared between rows (FP8's and bf16's) are those of training, not of one forward repeated.

@@ -340,7 +340,8 @@ class ProgressWatchdog:
                      or now - self._checked_at >= self.host_check_after_s):
                 self._checked_at = now
                 found = self.hosts.ask()
-                if found.someone_silent and self._where is where:  # no progress meanwhile: the wait is on the silent host
+                # no progress meanwhile: the wait is on the silent host
+                if found.someone_silent and self._where is where:
                     self._end_attempt(found, iteration, phase, time.monotonic() - since)
 
     def _end_attempt(self, found, iteration: int, phase: str, idle: float) -> None:
