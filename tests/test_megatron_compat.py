@@ -196,7 +196,7 @@ def test_wordpiece_from_vocab_file_matches_the_tokenizer_it_came_from(kind):
 
 def _lrs(argv, steps):
     """The learning rate of each of the first `steps` iterations of the run's scheduler."""
-    from megatron_neobert.training.config.schedule import build_scheduler
+    from megatron_neobert.training.engine.model_setup import build_scheduler
 
     training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)

@@ -130,7 +130,7 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.config.schedule import build_scheduler
+    from megatron_neobert.training.engine.model_setup import build_scheduler
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)

@@ -18,7 +18,7 @@ from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation
 from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
-from megatron_neobert.training.config.data_files import DataFiles
+from megatron_neobert.training.engine.data_files import DataFiles
 from megatron_neobert.training.reporting.goodput import GoodputAccount, LaunchersExitCloser, write_final_account
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.resilience.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,

@@ -23,7 +23,7 @@ from megatron_neobert.checkpoint.integrity import sealed_at
 from megatron_neobert.checkpoint.layout import find_pretrained_checkpoint, iteration_dir
 from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
-from megatron_neobert.training.config.data_files import DataFiles
+from megatron_neobert.training.engine.data_files import DataFiles
 from megatron_neobert.training.engine.data_setup import build_data
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.engine.evaluate import evaluate
