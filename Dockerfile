@@ -7,13 +7,13 @@
 #   docker build --build-arg NGC_IMAGE=nvcr.io/nvidia/pytorch:25.11-py3 -t megatron-neobert:mc0.16 .  # 0.16.1
 #   docker run --gpus all --ipc=host --rm -it -v $PWD/data:/data megatron-neobert bash examples/quickstart.sh
 #
-# Which megatron-core (megatron_neobert/te_support.py, docs/gpu.md): the newest supported release whose needs the
-# container's TE meets: CPython (0.19.2: >=3.12), TE's base release at or above the oldest tested (0.19.2: 2.17;
-# 0.16.1: 2.9) and below a declared bound (0.16.1: <2.12, so 2.12.0a0 is refused), and every TE name the release
-# needs, with the keywords this project's layers pass, there on import (no GPU needed). So 25.11 -> 0.16.1; 26.06,
-# 26.08, 26.09 and later -> 0.19.2. Run on a GPU: NGC 25.11 (TE 2.9) with 0.16.1; TE 2.17.1 with 0.19.2 on the GPU
-# host; NGC 26.06 (TE 2.17.1) with 0.19.2 is the pair NVIDIA tested. Only read, not run: 26.08, 26.09 (TE 2.19.0),
-# TE 2.20.2.
+# Which megatron-core (megatron_neobert/install/releases.py declares them, install/te_support.py chooses; docs/gpu.md):
+# the newest supported release whose needs the container's TE meets: CPython (0.19.2: >=3.12), TE's base release at or
+# above the oldest tested (0.19.2: 2.17; 0.16.1: 2.9) and below a declared bound (0.16.1: <2.12, so 2.12.0a0 is
+# refused), and every TE name the release needs, with the keywords this project's layers pass, there on import (no GPU
+# needed). So 25.11 -> 0.16.1; 26.06, 26.08, 26.09 and later -> 0.19.2. Run on a GPU: NGC 25.11 (TE 2.9) with 0.16.1; TE
+# 2.17.1 with 0.19.2 on the GPU host; NGC 26.06 (TE 2.17.1) with 0.19.2 is the pair NVIDIA tested. Only read, not run:
+# 26.08, 26.09 (TE 2.19.0), TE 2.20.2.
 # MEGATRON_CORE=auto picks; 0.16.1 or 0.19.2 checks that one alone. A TE that fits none fails the build here, not the
 # first training step.
 ARG NGC_IMAGE=nvcr.io/nvidia/pytorch:26.06-py3
@@ -35,7 +35,7 @@ for dist in md.distributions():
 PY
 
 # Which megatron-core: written to /tmp/megatron-core.txt, each release refused in one line.
-RUN python -m megatron_neobert.te_support --megatron-core "$MEGATRON_CORE" --choose /tmp/megatron-core.txt
+RUN python -m megatron_neobert.install.te_support --megatron-core "$MEGATRON_CORE" --choose /tmp/megatron-core.txt
 
 RUN cat /tmp/container-builds.txt \
     && pip install --no-cache-dir --constraint /tmp/container-builds.txt \

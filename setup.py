@@ -1,5 +1,7 @@
 from setuptools import find_namespace_packages, setup
 
+# megatron_neobert/extras.py names each extra's modules for the commands' one-line refusals; tests/test_extras.py
+# holds the two lists together.
 EVAL = ["scipy", "scikit-learn", "datasets", "sentence-transformers", "mteb>=2"]
 # The container and the GPU hosts are CUDA 13; the cuda130 wheel's CPU pipelines also run on a machine without a GPU
 # or CUDA driver (2.4.0 checked on one), so the test install (CI) keeps it.

@@ -1,43 +1,17 @@
-"""Every difference between the megatron-core releases this package supports (0.16.x and 0.19.x), and every private
-internal it patches or reads, in one file: nothing else in the package tests the version.
+"""Every difference between the supported megatron-core releases (`install/releases.py`), and every private internal
+the package patches or reads, in one file: nothing else tests the version, so a new release means reviewing this file.
 
-Importing it refuses any other release in one line (0.17 and 0.18 were not reviewed; 0.17 on need CPython 3.12).
-Each entry says what upstream does, why, and which release changed it; tests/test_megatron_core_compat.py fails
-when a patched name moved. A new release means reviewing this file, not the whole package.
-
-Patches and private reads, needed on both releases (checked against 0.19.2):
-1. `prepare_torch_adam_for_state_load`: the distributed optimizer's state load into torch's Adam.
-2. `keep_write_results_with_the_rank`: the write-results queue of a distributed-checkpoint save (the queue is
-   `_get_write_results_queue()` on 0.16, `get_write_results_queue()` from 0.17: `write_results_queue`).
-3. `keep_disk_full_in_writer_errors`: a full disk as an OSError from the checkpoint writers (from 0.17 the
-   in-thread writer's error is also raised, or the rank is told only its type).
-4. `rank_zero_without_process_group`: MLM datasets built, and indexed datasets read, in a process without a group
-   (0.16 raises in BlendedDataset's cache build, 0.19 warns at each rank it cannot determine).
-5. `cuda_rng_on_cpu`: the tensor-parallel RNG tracker's CUDA RNG states, on CPU, for a block
-   (`parallel/cpu.py` redirects the rest of megatron-core's CUDA calls, through torch's own hooks, 0.19's
-   `torch.cuda.current_stream` in DDP's gradient sync among them).
-6. Private names read, not patched: the `.idx` header, RoPE's rotation, apex's wgrad fusion flag.
-7. `destroy_model_parallel_groups`: megatron-core's parallel groups destroyed, not only forgotten.
-
-What changed between the releases, one branch each:
-8. `micro_batch_calculator`: 0.18 removed `RampupBatchsizeNumMicroBatchesCalculator` (--rampup-batch-size) for a
-   step schedule; `ramp_schedule` gives it 0.16's sizes.
-9. `write_results_queue`: renamed in 0.17 (see 2).
-10. `mlp_submodule`: 0.18 builds a layer's MLP through `MLP.as_mlp_submodule` (a ModuleSpec is rewrapped, warning).
-11. `whole_layer_cuda_graphs`: 0.18 renamed `cuda_graph_scope` to `cuda_graph_modules`.
-12. `load_common_state`: 0.19 saves the common state inside the .distcp files, no common.pt; 0.16 refuses such a
-    checkpoint in one line.
-13. `async_save_strategy`, `async_save_arguments`, `async_calls_queue`: 0.19's asynchronous save defaults to
-    nvidia-resiliency-ext ("nvrx"); used where it imports, megatron-core's "mcore" writer named explicitly
-    otherwise.
-14. `IMPORT_WARNINGS`, `QUIET_IMPORTS`, `drop_the_sync_save_deprecation`, `ignore_no_process_group_warnings`:
-    0.19's warnings that say nothing to a user of this package.
-
-What changed in torch under both releases:
-15. `placeholders_without_strides`: torch 2.15 gave a checkpoint's tensor metadata a `strides` field, which
-    megatron-core's placeholders pass on to `torch.empty`.
-Transformer Engine's path (the TE layers' arguments, FP8 recipes, THD attention) reads the same on 0.16 with TE
-2.9-2.11 and on 0.19 with TE 2.17: nothing to branch on there.
+Importing it refuses another series in one line. Each entry sits under a numbered comment and says what upstream does,
+why we need it and which release changed it; tests/test_megatron_core_compat.py fails when a patched name moved.
+- On both releases: 1 `prepare_torch_adam_for_state_load`, 2 `keep_write_results_with_the_rank`,
+  3 `keep_disk_full_in_writer_errors`, 4 `rank_zero_without_process_group`, 5 `cuda_rng_on_cpu`, 6 the private names
+  read (`.idx` header, RoPE's rotation, apex's wgrad flag), 7 `destroy_model_parallel_groups`.
+- Between the releases: 8 `micro_batch_calculator`, 9 `write_results_queue`, 10 `mlp_submodule`,
+  11 `whole_layer_cuda_graphs`, 12 `load_common_state`, 13 the asynchronous save (`async_save_strategy`,
+  `async_save_arguments`, `async_calls_queue`), 14 the warnings dropped (`IMPORT_WARNINGS`, `QUIET_IMPORTS`,
+  `drop_the_sync_save_deprecation`, `ignore_no_process_group_warnings`).
+- torch 2.15 under both: 15 `placeholders_without_strides`.
+Transformer Engine's path reads the same on 0.16 with TE 2.9-2.11 and on 0.19 with TE 2.17: nothing to branch on.
 """
 
 import contextlib
@@ -58,7 +32,9 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-SUPPORTED = ("0.16", "0.19")
+from megatron_neobert.install.releases import RELEASES
+
+SUPPORTED = tuple(sorted(release.series for release in RELEASES))  # ("0.16", "0.19")
 # Read from the installed package's metadata: importing megatron.core itself takes seconds, and the patches
 # import their modules only when applied.
 MEGATRON_CORE_VERSION = importlib.metadata.version("megatron-core")
@@ -72,21 +48,14 @@ if ".".join(map(str, RELEASE)) not in SUPPORTED:
 
 # 1. ------------------------------------------------------------------------------------------------------
 def prepare_torch_adam_for_state_load(optimizer) -> None:
-    """Let megatron-core's distributed optimizer load per-parameter state into torch's Adam (no TE, no apex:
-    the CPU case), before `optimizer.sharded_state_dict(..., is_loading=True)`.
-
-    Upstream (optimizer/distrib_optimizer.py): building the state dict to load into reads "step" from every
-    parameter's state and fills in only the moments of a fresh optimizer; at load,
-    `DistributedOptimizer._set_main_param_and_optimizer_states` copies every key of a parameter's state from
-    the checkpoint tensors, which hold no "step" (KeyError), after setting "step" from the param groups as
-    one tensor shared by all parameters.
-    Why: torch's Adam keeps "step" per parameter. We give a fresh optimizer its state (the load overwrites
-    it), skip "step" in the copy and give each parameter its own step tensor: with one shared tensor torch's
-    Adam would increment it once per parameter at every step. TE's and apex's FusedAdam keep the step in
-    the param groups and need none of this (`HAVE_APEX_OR_TE`).
-    Still so on 0.19: `_set_main_param_and_optimizer_states(self, model_param, tensors)` copies every key,
-    with `model_param_group_index_map`, `init_state_fn` and `HAVE_APEX_OR_TE` unchanged.
-    """
+    """Let megatron-core's distributed optimizer load per-parameter state into torch's Adam (the CPU case: no TE, no
+    apex), before `optimizer.sharded_state_dict(..., is_loading=True)`; TE's and apex's FusedAdam need none of it."""
+    # Upstream (optimizer/distrib_optimizer.py): the state dict to load into reads "step" from every parameter's state;
+    # `_set_main_param_and_optimizer_states` then copies every key from the checkpoint's tensors, which hold no "step"
+    # (KeyError), after setting "step" as one tensor shared by all parameters. torch's Adam keeps a step per parameter
+    # (a shared one would be incremented once per parameter), so a fresh optimizer gets its state, the copy skips "step"
+    # and each parameter keeps its own. Still so on 0.19 (the method, `model_param_group_index_map`, `init_state_fn`,
+    # `HAVE_APEX_OR_TE`).
     from megatron.core.optimizer import distrib_optimizer
 
     if not distrib_optimizer.HAVE_APEX_OR_TE:
@@ -124,20 +93,14 @@ _async_results_manager = None  # the server behind an asynchronous save's queue,
 
 
 def keep_write_results_with_the_rank(async_save: bool, server_initializer: Callable[[], None]) -> None:
-    """The write results of a distributed-checkpoint save go through a queue that lives and dies with the rank.
-
-    Upstream (dist_checkpointing/strategies/filesystem_async.py, and nvidia-resiliency-ext's module of the same
-    name that 0.19's "nvrx" saves use): `get_write_results_queue` (`_get_write_results_queue` up to 0.16) creates
-    the module global `_results_queue` on first use as a queue of a spawned `multiprocessing.Manager` server, and
-    returns the global when it is set.
-    Why: that server is a process outside the rank's reach: it dies of the scheduler's pre-emption signal in
-    the middle of a save (BrokenPipeError), and survives a rank killed with -9 (~370 MB each).
-    - A synchronous save writes from the rank itself (through megatron-core's module on every release): an
-      in-process queue is enough.
-    - An asynchronous save's writer is a process the rank forks: the queue's server is forked from the rank
-      too, so that the rank's fork hooks tie it to the rank (call this after registering them), and runs
-      `server_initializer` first (the trainer's: ignore the exit signals, as the rank's other helpers do).
-    """
+    """The write results of a distributed-checkpoint save go through a queue that lives and dies with the rank: the
+    default one's server dies of a pre-emption signal mid-save and outlives a rank killed with -9."""
+    # Upstream (dist_checkpointing/strategies/filesystem_async.py, and nvidia-resiliency-ext's for 0.19's "nvrx"):
+    # `get_write_results_queue` (`_get_write_results_queue` up to 0.16) makes the global `_results_queue` on first use,
+    # a queue of a spawned `multiprocessing.Manager` server (~370 MB, out of the rank's reach). A synchronous save
+    # writes from the rank: an in-process queue is enough. An asynchronous save's writer is forked by the rank: the
+    # server is forked too, after the rank's fork hooks (call this after registering them), and runs
+    # `server_initializer` first (the trainer's: ignore the exit signals, as the rank's other helpers do).
     global _async_results_manager
 
     if not async_save:
@@ -169,18 +132,12 @@ def _filesystem_async_modules() -> list:
 
 # 3. ------------------------------------------------------------------------------------------------------
 def keep_disk_full_in_writer_errors(is_disk_full: Callable[[BaseException], bool]) -> None:
-    """A checkpoint writer that runs out of disk space raises an OSError(ENOSPC) the rank can recognise.
-
-    Upstream (filesystem_async.py): the writers call the module's `_write_item`, where torch.save turns a
-    full disk into RuntimeError "unexpected pos" with the OSError only as its context; the error is sent
-    back to the rank pickled, which loses the context.
-    Why: the trainer tells a full disk from other save failures (`is_disk_full`, its predicate) to say so in
-    one line; wrapping `_write_item` raises the OSError itself in the writer.
-    From 0.17 the writer that runs in the calling thread (`write_preloaded_data` without a results queue: the
-    only one for a save of one bucket, this package's) returns its error, and the caller asserts it is a list of
-    results, so the rank is told only the error's type ("error: <class 'OSError'>"). There the error is raised
-    instead, and upstream reports it with its text ("[Errno 28] No space left on device").
-    """
+    """A checkpoint writer that runs out of disk space raises an OSError(ENOSPC), so that the trainer (`is_disk_full`)
+    says a full disk in one line."""
+    # Upstream (filesystem_async.py): torch.save turns a full disk into RuntimeError "unexpected pos" with the OSError
+    # as its context, lost when the error is pickled back to the rank: `_write_item` is wrapped to raise the OSError
+    # itself. From 0.17 the writer that runs in the calling thread (`write_preloaded_data` without a results queue, this
+    # package's one-bucket save) returns its error and the caller reports only its type: there it is raised instead.
     for module in _filesystem_async_modules():
         _keep_disk_full(module, is_disk_full)
 
@@ -219,18 +176,11 @@ def _keep_disk_full(filesystem_async, is_disk_full: Callable[[BaseException], bo
 # 4. ------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def rank_zero_without_process_group():
-    """Inside the block, a process without a process group is rank 0 to `torch.distributed.get_rank()`, and to
-    megatron-core's own rank helper without a warning.
-
-    Upstream (datasets/blended_dataset.py): `BlendedDataset._build_indices` asks
-    `torch.distributed.get_rank() == 0` on a cache miss, to let one rank write the index cache; without a
-    process group that call raises.
-    Why: the data tools and the dataset checks build blends and read indexed datasets in a single process without a
-    group; that process is the only one, so it is rank 0 and writes the cache.
-    0.18 guards the call itself (`not torch.distributed.is_initialized() or ...`). 0.19's `log_single_rank` (each
-    line the indexed reader logs) asks `_rank_utils.safe_get_rank`, which warns "Could not determine rank" before
-    it answers 0: the answer this block gives, said to a tool's user as a UserWarning.
-    """
+    """Inside the block a process without a process group is rank 0, to torch and to megatron-core's rank helper,
+    without a warning: the data tools build blends and read indexed datasets alone, as the rank that writes caches."""
+    # Upstream (datasets/blended_dataset.py): `BlendedDataset._build_indices` asks `torch.distributed.get_rank() == 0`
+    # on a cache miss, which raises without a group; 0.18 guards the call itself. 0.19's `log_single_rank` asks
+    # `_rank_utils.safe_get_rank`, which warns "Could not determine rank" before answering 0.
     if torch.distributed.is_initialized():
         yield
         return
@@ -250,16 +200,11 @@ def rank_zero_without_process_group():
 # 5. ------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def cuda_rng_on_cpu():
-    """Inside the block, the CUDA RNG functions megatron-core uses are pointed at the CPU default generator (CPU
-    execution only); restored after it.
-
-    Upstream (tensor_parallel/random.py): the tensor-parallel RNG tracker forks "CUDA" RNG states around
-    dropout and initialisation through the private `_get_cuda_rng_state` / `_set_cuda_rng_state`, and seeds
-    with `torch.cuda.manual_seed`.
-    Why: on CPU the kernels draw from the CPU generator, so the fork must swap that state.
-    Still so on 0.19: the tracker goes through `_get_cuda_rng_state` / `_set_cuda_rng_state` (module functions,
-    looked up at call time) and `torch.cuda.get_rng_state` / `set_rng_state`.
-    """
+    """Inside the block (CPU execution only), the CUDA RNG functions megatron-core uses draw on the CPU generator,
+    which the CPU kernels use; restored after it."""
+    # Upstream (tensor_parallel/random.py): the tensor-parallel RNG tracker forks "CUDA" RNG states around dropout and
+    # initialisation through the private `_get_cuda_rng_state` / `_set_cuda_rng_state` (looked up at call time), and
+    # `torch.cuda.get_rng_state` / `set_rng_state` / `manual_seed`. Still so on 0.19.
     from megatron.core.tensor_parallel import random as mcore_random
 
     def get_state(device="cuda", *args, **kwargs):
@@ -317,19 +262,13 @@ def linear_wgrad_fusion_available() -> bool:
 
 # 7. ------------------------------------------------------------------------------------------------------
 def destroy_model_parallel_groups() -> None:
-    """Destroy every process group megatron-core's parallel state created, and drop every reference it keeps to them.
-
-    Upstream (parallel_state.py): `destroy_model_parallel` sets most of its group globals to None and destroys only
-    its gloo copies of the data-parallel groups; it leaves `_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP` (and its gloo
-    copy) set. `create_group` lists every group it made in the private `_global_process_group_list` (None standing
-    for the default group). RotaryEmbedding.forward is an lru_cache keyed on the module, which holds its
-    context-parallel group.
-    Why: torch keeps a group alive while anything refers to it, a gloo group with its threads and sockets, so a
-    process that sets the parallel state up again and again (the test suite's workers, a tool called in a loop)
-    gathered thousands of threads.
-    Still so on 0.19: `destroy_model_parallel` leaves `_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP` set,
-    `_global_process_group_list` lists the groups, and RotaryEmbedding.forward is cached that way.
-    """
+    """Destroy every process group megatron-core's parallel state created and drop every reference to them: a process
+    that sets it up again and again (a test worker, a tool in a loop) would otherwise gather thousands of threads."""
+    # Upstream (parallel_state.py): `destroy_model_parallel` destroys only the gloo copies of the data-parallel groups
+    # and leaves `_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP` set; `create_group` lists every group in the private
+    # `_global_process_group_list` (None for the default group); RotaryEmbedding.forward is an lru_cache keyed on the
+    # module, which holds its context-parallel group. torch keeps a group alive while anything refers to it. Still so on
+    # 0.19.
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
@@ -551,18 +490,13 @@ def drop_the_sync_save_deprecation() -> None:
 
 # 15. -----------------------------------------------------------------------------------------------------
 def placeholders_without_strides() -> None:
-    """megatron-core's placeholders for a checkpoint's tensors, made from the tensor metadata as torch wrote it up to
-    2.14. Applied by `checkpoint.state`'s import, the module every checkpoint read of ours goes through.
-
-    Upstream (dist_checkpointing/strategies/torch.py, 0.16.1 and 0.19.2 alike):
-    `TorchDistLoadShardedStrategy.load_tensors_metadata` builds each placeholder as
-    `torch.empty(size, **properties.__dict__, device='meta')`.
-    Why: torch 2.15 added the field `strides` to `TensorProperties` (set to None when it reads an older
-    checkpoint), which `torch.empty` does not take: every read of a checkpoint's tensor metadata (the export to
-    Hugging Face, a load whose strictness checks the keys) failed with TypeError. The placeholders are given the
-    properties without it: a tensor on the meta device holds no data, so its strides say nothing. A no-op on a torch
-    without the field. Reads the private `_get_filesystem_reader`, as upstream does, when no metadata is given.
-    """
+    """megatron-core's placeholders for a checkpoint's tensors made without torch 2.15's `strides` property, which
+    `torch.empty` does not take (every read of tensor metadata failed); a no-op on an older torch. Applied by
+    `checkpoint.state`'s import, which every checkpoint read goes through."""
+    # Upstream (dist_checkpointing/strategies/torch.py, 0.16.1 and 0.19.2 alike): `load_tensors_metadata` builds each
+    # placeholder as `torch.empty(size, **properties.__dict__, device='meta')`; torch 2.15 added `strides` to
+    # `TensorProperties` (None when it reads an older checkpoint). A meta tensor holds no data: its strides say nothing.
+    # Reads the private `_get_filesystem_reader`, as upstream does, when no metadata is given.
     from torch.distributed.checkpoint.metadata import TensorProperties
 
     if "strides" not in {field.name for field in dataclasses.fields(TensorProperties)}:

@@ -4,7 +4,7 @@
         --tokenizer-model bert-base-uncased --bf16 --use-distributed-optimizer --save ckpt --load ckpt
 
 The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as a library:
-`megatron_neobert.training.engine.loop.train(parse_settings(argv))`.
+`megatron_neobert.training.engine.entry.train(parse_settings(argv))`.
 """
 
 import logging
@@ -50,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _report(err)
     account.lap("megatron-core's import")
     from megatron_neobert.parallel.cpu import cpu_execution
-    from megatron_neobert.training.engine.loop import train
+    from megatron_neobert.training.engine.entry import train
     from megatron_neobert.training.resilience.process_guards import kill_children, kill_stopped_local_ranks
 
     account.lap("the trainer's modules")

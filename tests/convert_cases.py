@@ -14,7 +14,7 @@ from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.layout import resolve_checkpoint_dir
 from megatron_neobert.checkpoint.state import checkpoint_args, load_model_state, model_sharded_state_dict
 from megatron_neobert.model.chunks import build_model_chunks
-from megatron_neobert.training.engine.step import micro_batch_tensor_shape
+from megatron_neobert.training.engine.forward_step import micro_batch_tensor_shape
 from parallel_cases import Layout
 
 Batch = Dict[str, torch.Tensor]

@@ -17,7 +17,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from megatron_neobert.model.attention import BidirectionalAttention
-from megatron_neobert.training.engine.step import micro_batch_tensor_shape, mlm_forward_step
+from megatron_neobert.training.engine.forward_step import micro_batch_tensor_shape, mlm_forward_step
 
 # The four GEMMs of every transformer layer, the ones FP8 applies to (attention itself, the norms and the MLM head
 # stay in bf16).

@@ -14,7 +14,7 @@ from megatron_neobert.model import NeoBERTArch, padded_vocab_size, transformer_c
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.model.chunks import build_model_chunks
-from megatron_neobert.training.engine.step import micro_batch_tensor_shape, mlm_forward_step
+from megatron_neobert.training.engine.forward_step import micro_batch_tensor_shape, mlm_forward_step
 
 # Small enough for 4 ranks on 2 cores, big enough to split: 4 layers, 4 heads, vocab 256.
 TEST_ARCH = NeoBERTArch(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=48,

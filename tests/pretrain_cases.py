@@ -15,11 +15,11 @@ from megatron_neobert.training.engine import trainer
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
-from megatron_neobert.training.engine.loop import train
-from megatron_neobert.training.engine.optimizer_step import NonFiniteLossError
+from megatron_neobert.training.engine.entry import train
+from megatron_neobert.training.engine.train_step import NonFiniteLossError
 from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.training.engine.model_setup import run_model_shape
-from megatron_neobert.training.engine.step import mlm_forward_step
+from megatron_neobert.training.engine.forward_step import mlm_forward_step
 from megatron_neobert.training.reporting.train_log import configure_logging
 
 

@@ -88,7 +88,8 @@ def test_wandb_project_without_wandb(data, capsys, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
     line = fails_in_one_line(capsys, tiny_argv(*data, "--wandb-project", "p", "--wandb-exp-name", "e", "--save", "x"))
-    assert "--wandb-project needs the wandb package: pip install wandb" in line
+    assert ('--wandb-project needs wandb, not installed: install the package\'s wandb extra '
+            '(pip install ".[wandb]"') in line
 
 
 @pytest.fixture(scope="module")

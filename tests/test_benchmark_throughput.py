@@ -12,7 +12,7 @@ import torch
 from megatron_neobert.evaluation.throughput import (FP8_COMPARED_FROM_STEP, Measurement, _attempt, document_lengths,
                                                     format_table, fp8_loss_gap, mlm_batch, plot, table_cells,
                                                     training_runs)
-from megatron_neobert.model import padded_vocab_size
+from megatron_neobert.model import ModelShape, padded_vocab_size
 from megatron_neobert.training.reporting.metrics import step_flops
 from tools import benchmark_throughput
 from tools.benchmark_throughput import check_targets, format_markdown
@@ -182,6 +182,34 @@ def test_the_trainers_rows_record_the_same_losses_from_the_same_seed_and_batches
         assert len(losses[model]) == 4 and all(math.isfinite(x) for x in losses[model])  # warm-up steps included
         assert losses[model][-1] < losses[model][0]  # the same micro-batches, learnt
     assert [r.losses for r in again] == [r.losses for r in first]
+
+
+def test_the_trainers_rows_time_the_trainers_own_train_step(monkeypatch):
+    """The benchmark's figures are the trainer's: each step it times is one call of train_step on its batches, whose
+    loss it records (a step of its own, which could drift from the trainer's, fails here)."""
+    from megatron_neobert.cli import megatron_runtime
+    from megatron_neobert.evaluation import throughput
+    from megatron_neobert.training.engine import train_step
+
+    calls = []
+
+    def recorded(*args, **kwargs):
+        record = trainers_step(*args, **kwargs)
+        calls.append((args[4], record["loss"]))  # the batches it stepped on, the loss it gave
+        return record
+
+    trainers_step = train_step.train_step
+    monkeypatch.setattr(train_step, "train_step", recorded)
+    arch = benchmark_throughput.smoke_arch()
+    shape = ModelShape(arch, padded_vocab_size(arch.vocab_size), preset=None, base="the smoke arch")
+    batches = throughput.mlm_micro_batches(32, 2, 2, arch.vocab_size, True, 0.2, torch.device("cpu"))
+    losses = []
+    with megatron_runtime():
+        step = throughput._megatron_train_step(shape, batches, fp8=False, compiled=False, losses=losses)
+        step()
+        step()
+    assert len(calls) == 2 and all(stepped is batches for stepped, _ in calls)
+    assert losses == [loss for _, loss in calls] and losses[1] < losses[0]
 
 
 def _row(benchmark, model, tokens_per_s, seq=1024, precision="bf16", compiled=False, mfu=None, error=None,

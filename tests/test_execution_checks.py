@@ -15,7 +15,7 @@ from megatron_neobert.model import resolve_model_shape
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
-from megatron_neobert.training.engine.step import run_micro_batches
+from megatron_neobert.training.engine.forward_step import run_micro_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "cpu_execution")
 

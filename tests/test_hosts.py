@@ -33,7 +33,7 @@ def one_rank_group(monkeypatch):
 def test_a_rank_answers_a_frozen_process_does_not_and_a_gone_one_is_refused_by_its_host(one_rank_group):
     hosts = HostAnswers()
     try:
-        assert hosts.others == [] and not hosts.ask()  # one host: nobody to ask
+        assert hosts.others == [] and not hosts.ask().someone_silent  # one host: nobody to ask
         assert answers("127.0.0.1", hosts.server.getsockname()[1], echo=True)
         # A stopped (or cut off) process: the kernel may accept the connection, but no byte comes back.
         with socket.create_server(("127.0.0.1", 0)) as frozen:
@@ -83,7 +83,11 @@ def test_uneven_hosts_and_small_jobs():
 ])
 def test_a_host_is_cut_off_when_neither_the_store_nor_any_asked_rank_answers(silent, store_silent, asked, cut_off):
     found = Answers([Host(name, "10.0.0.2", 1, 1) for name in silent], store_silent, asked)
-    assert found and found.cut_off == cut_off
+    assert found.someone_silent and found.cut_off == cut_off
+
+
+def test_no_one_is_silent_when_every_asked_host_and_the_store_answer():
+    assert not Answers([], store_silent=False, asked=2).someone_silent
 
 
 class FakeHosts:

@@ -19,7 +19,8 @@ def test_no_import_cycles():
 # never from above (a lazy import counts too: it runs when its function does; so does a module named in a string,
 # which some code imports by name).
 LAYERS = (
-    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes", "te_support"),
+    ("errors", "flags", "atomic_write", "progress", "defaults", "megatron_core_compat", "processes", "install",
+     "extras"),
     ("checkpoint",),  # where checkpoints are and what they hold: for data, conversion and training alike
     ("model_source", "kernels"),
     ("hf", "model"),
@@ -115,3 +116,24 @@ def test_every_name_imported_from_the_package_exists():
                     except ImportError:
                         missing.append(f"{path.relative_to(repo)}:{node.lineno} {module}.{alias.name}")
     assert not missing, missing
+
+
+def layers_sentence() -> str:
+    """docs/development.md's sentence of the layers, from LAYERS: a folder with a slash, training's rooms as its
+    folder (its table row names them)."""
+    def name(module: str) -> str:
+        return f"`{module}/`" if (PACKAGE_DIR / module).is_dir() else f"`{module}`"
+
+    groups = []
+    for layer in LAYERS:
+        names = [name(module) for module in layer if not module.startswith("training.")]
+        if names:
+            groups.append(" and ".join(names))
+    base, *middle, top = groups
+    return (f"The folders are layers, lowest first: the base modules ({base.replace(' and ', ', ')}), "
+            f"{', '.join(middle)}, and on top {top}.")
+
+
+def test_the_development_guide_lists_the_layers_of_the_import_graph():
+    guide = " ".join((PACKAGE_DIR.parent / "docs" / "development.md").read_text().split())
+    assert layers_sentence() in guide, f"docs/development.md's layers should read:\n{layers_sentence()}"

@@ -158,7 +158,8 @@ def test_a_resume_says_when_the_checkpoints_schedule_is_not_the_flags(override):
     the trainer prints then says so."""
     import torch
 
-    from megatron_neobert.training.config.schedule import build_scheduler, checkpoint_schedule_note
+    from megatron_neobert.training.config.schedule import checkpoint_schedule_note
+    from megatron_neobert.training.engine.model_setup import build_scheduler
 
     def scheduler(*flags):
         training = parse_settings(["--mock-data", "--global-batch-size", "8", "--lr-warmup-iters", "2", *WSD,

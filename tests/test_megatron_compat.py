@@ -196,7 +196,7 @@ def test_wordpiece_from_vocab_file_matches_the_tokenizer_it_came_from(kind):
 
 def _lrs(argv, steps):
     """The learning rate of each of the first `steps` iterations of the run's scheduler."""
-    from megatron_neobert.training.config.schedule import build_scheduler
+    from megatron_neobert.training.engine.model_setup import build_scheduler
 
     training = parse_settings(argv).training
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
@@ -312,7 +312,7 @@ def _step_with(optimizer_name, argv_extra=()):
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.engine.model_setup import run_model_shape, setup_model_and_optimizer
-    from megatron_neobert.training.engine.step import run_micro_batches
+    from megatron_neobert.training.engine.forward_step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--optimizer", optimizer_name, "--weight-decay", "0.5", "--lr", "0.01",
                                          "--lr-warmup-iters", "0", "--train-iters", "10", "--clip-grad", "0",
@@ -348,7 +348,7 @@ def test_bf16_on_a_cpu_computes_in_bf16_and_the_start_up_says_so(single_rank):
     from megatron_neobert.training.engine.data_setup import build_data
     from megatron_neobert.training.reporting.startup_report import startup_notes
     from megatron_neobert.training.engine.model_setup import run_model_shape, setup_model_and_optimizer
-    from megatron_neobert.training.engine.step import run_micro_batches
+    from megatron_neobert.training.engine.forward_step import run_micro_batches
 
     settings = parse_settings(_mock_argv("--bf16", "--lr-warmup-iters", "0", "--train-iters", "10"))
     shape = run_model_shape(settings)

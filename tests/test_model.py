@@ -229,7 +229,7 @@ def test_fixed_size_masked_list_gives_the_loss_and_gradients_of_the_labelled_pos
     cross-entropy of the full logits at the labelled positions: same per-token losses, same
     gradients; the padding of the list adds nothing."""
     from megatron_neobert.data.loader import masked_position_list
-    from megatron_neobert.training.engine.step import model_inputs
+    from megatron_neobert.training.engine.forward_step import model_inputs
 
     model = small_model().train()
     batch = _masked_lm_batch(packed)

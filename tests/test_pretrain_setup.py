@@ -10,9 +10,8 @@ import types
 import pytest
 
 from megatron_neobert.model import get_arch
-from megatron_neobert.training.engine.model_setup import run_model_shape
+from megatron_neobert.training.engine.model_setup import build_scheduler, run_model_shape
 from megatron_neobert.training.config.run_checks import check_vocabulary_rows
-from megatron_neobert.training.config.schedule import build_scheduler
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.reporting.metrics import non_embedding_params, step_flops
 from megatron_neobert.checkpoint.layout import (find_checkpoint, iteration_dir, prune_checkpoints,

@@ -10,12 +10,12 @@ import pytest
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.model import ModelShape, parallel_shape_problems
-from megatron_neobert.model.config import PRESETS, get_arch
+from megatron_neobert.model.config import PRESETS, NeoBERTArch, get_arch
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.errors import InputError, TrainingError
 from megatron_neobert.training.engine.model_setup import run_model_shape
-from megatron_neobert.training.config.run_checks import (check_inputs, check_model_shape, check_optimizer_setup,
-                                                         check_parallel_shape, check_positions,
+from megatron_neobert.training.config.run_checks import (TENSOR_SHAPE_FIELDS, check_inputs, check_model_shape,
+                                                         check_optimizer_setup, check_parallel_shape, check_positions,
                                                          check_tokenizer_matches_checkpoint, check_vocabulary)
 
 TINY = get_arch("neobert-tiny")
@@ -130,7 +130,7 @@ def test_a_one_iteration_run_gets_a_scheduler_that_decays_over_it():
     """90% of one iteration rounds to none, which megatron-core's scheduler refuses: the default is at least 1."""
     import torch
 
-    from megatron_neobert.training.config.schedule import build_scheduler
+    from megatron_neobert.training.engine.model_setup import build_scheduler
     training = parse_settings(["--mock-data", "--train-iters", "1", "--lr-warmup-iters", "0"]).training
     assert training.lr_decay_iters == 1
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=training.lr)
@@ -242,3 +242,12 @@ def test_the_converter_is_offered_layouts_only():
         "and 8 does not divide 12; use --tensor-model-parallel-size 1, 2 or 4",
         "--num-layers 28 (the model in f) at --pipeline-model-parallel-size 3: each stage holds an equal share of the "
         "layers, and 3 does not divide 28; use --pipeline-model-parallel-size 2 or 4"]
+
+
+def test_every_architecture_field_is_checked_against_a_checkpoint_or_said_not_to_decide_the_tensors():
+    """A field added to NeoBERTArch fails here until it joins TENSOR_SHAPE_FIELDS (a checkpoint of another value is
+    refused by name) or the fields that decide no tensor, or that another check reads."""
+    checked_apart = {"vocab_size",  # check_vocabulary_rows: the padded rows, not the value
+                     "max_sequence_length"}  # a tensor with learned positions alone (check_model_shape adds it)
+    no_tensor = {"norm_epsilon", "rotary_base", "init_range"}  # values in the computation, not in the weights
+    assert {f.name for f in dataclasses.fields(NeoBERTArch)} == set(TENSOR_SHAPE_FIELDS) | checked_apart | no_tensor

@@ -103,3 +103,19 @@ def test_info_lines_show_from_rank_0_and_warnings_from_every_rank(monkeypatch, c
     assert printed.out == "ckpt was saved with --no-save-rng: RNG states not restored\nrank 1's profile\n"
     assert printed.err == "WARNING megatron_neobert.training.trainer_checkpoint: iteration folders are incomplete\n"
 
+
+
+def test_every_data_setting_is_in_the_data_stream_or_said_not_to_change_the_sample_order():
+    """A data setting added without a decision fails here: in DATA_STREAM_KEYS, a resumed run with another value reads
+    the new data from its start; outside, it keeps the checkpoint's data position."""
+    from megatron_neobert.training.config.settings import DataSettings
+    from megatron_neobert.training.engine.trainer import DATA_STREAM_KEYS
+
+    same_order = {"valid_data_path", "test_data_path",  # validation and test splits, not the training order
+                  "vocab_file",  # named by tokenizer_model once resolved
+                  "null_tokenizer_pad_id", "null_tokenizer_cls_id", "null_tokenizer_sep_id", "null_tokenizer_mask_id",
+                  "data_cache_path", "data_loader", "num_workers",  # where and how the same samples are read
+                  "mask_rate", "mask_scheme"}  # the masks, drawn afresh for the same documents
+    data = {f.name for f in dataclasses.fields(DataSettings)}
+    assert data == (set(DATA_STREAM_KEYS) - {"seed"}) | same_order
+    assert "seed" in {f.name for f in dataclasses.fields(SECTIONS["training"])}  # the one key from another section

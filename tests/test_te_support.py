@@ -1,6 +1,6 @@
-"""The Dockerfile's choice of megatron-core (megatron_neobert.te_support) over the TE versions of NVIDIA's images,
-each a fake `transformer_engine` package that provides what the case says; the shipped lists of TE names against a
-fresh read of the installed megatron-core."""
+"""The Dockerfile's choice of megatron-core (megatron_neobert.install.te_support) over the TE versions of NVIDIA's
+images, each a fake `transformer_engine` package that provides what the case says; the shipped lists of TE names
+against a fresh read of the installed megatron-core."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_neobert import te_support
+from megatron_neobert.install import te_support
 
 OLD, NEW = (te_support.shipped_api(release) for release in ("0.16.1", "0.19.2"))
 BOTH = {**OLD, **{name: sorted(set(OLD.get(name, [])) | set(keywords)) for name, keywords in NEW.items()}}
@@ -113,9 +113,9 @@ def test_the_dockerfile_step(tmp_path):
     def choose(version: str, api: dict):
         root = fake_te(tmp_path / version, version, api)
         out = tmp_path / f"{version}.txt"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(te_support.__file__).parents[1])]))
-        # as `python -m megatron_neobert.te_support --choose FILE`, and then neither torch nor megatron-core imported
-        code = ("import sys; from megatron_neobert.te_support import main; rc = main(sys.argv[1:]); "
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(Path(te_support.__file__).parents[2])]))
+        # as `python -m megatron_neobert.install.te_support --choose FILE`: neither torch nor megatron-core imported
+        code = ("import sys; from megatron_neobert.install.te_support import main; rc = main(sys.argv[1:]); "
                 "assert not {'torch', 'megatron.core'} & set(sys.modules); sys.exit(rc)")
         run = subprocess.run([sys.executable, "-c", code, "--choose", str(out)], env=env, capture_output=True,
                              text=True, timeout=120)
@@ -165,17 +165,17 @@ def test_scanner_reads_what_megatron_core_needs(tmp_path):
 
 
 def test_shipped_list_is_the_installed_megatron_cores():
-    """Fails when a maintainer bumps megatron-core without `python -m megatron_neobert.te_support --write`."""
+    """Fails when a maintainer bumps megatron-core without `python -m megatron_neobert.install.te_support --write`."""
     release, root = te_support.installed_megatron_core()
     shipped = json.loads(te_support.api_path(release).read_text())
     assert shipped["megatron_core"] == te_support.scan_te_api(root), f"python -m {te_support.__name__} --write"
-    assert shipped["project"] == te_support.project_te_api(Path(te_support.__file__).parent, root)
+    assert shipped["project"] == te_support.project_te_api(te_support.PACKAGE_DIR, root)
 
 
 def test_project_layers_needs_are_checked():
     """The TE classes behind the model's four TE layers (layer_specs) are on the list the choice checks."""
     release, root = te_support.installed_megatron_core()
-    project = te_support.project_te_api(Path(te_support.__file__).parent, root)
+    project = te_support.project_te_api(te_support.PACKAGE_DIR, root)
     layers = {"transformer_engine.pytorch." + name for name in ("LayerNormLinear", "Linear", "DotProductAttention")}
     assert layers <= set(project)
     assert project["transformer_engine.pytorch.DotProductAttention"], "no keywords read from TEDotProductAttention"

@@ -9,8 +9,9 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
+from megatron_neobert import extras
 from megatron_neobert.flags import setting
 
 
@@ -28,6 +29,15 @@ class ProgressFlag:
 @dataclasses.dataclass(frozen=True)
 class HubSplitFlag:
     split: str = setting("train", "split of hub datasets")
+
+
+def require_extra(extra: str, command: str, modules: Optional[Sequence[str]] = None) -> None:
+    """Ends `command` in one `error:` line naming the install when `extra`'s `modules` are missing
+    (`extras.require_extra`), before the import that would end it in a traceback."""
+    try:
+        extras.require_extra(extra, command, modules)
+    except extras.MissingExtra as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 def import_megatron_core_quietly() -> None:

@@ -13,7 +13,7 @@ import logging
 from dataclasses import fields
 from typing import List, Optional
 
-from megatron_neobert.cli import DeviceFlag, HubSplitFlag, console_logging
+from megatron_neobert.cli import DeviceFlag, HubSplitFlag, console_logging, require_extra
 from megatron_neobert.embeddings.config import CDEConfig
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -44,7 +44,7 @@ def build_parser() -> ArgumentParser:
 @console_logging("%(asctime)s %(levelname)s %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from megatron_neobert.embeddings.cde import finetune_cde
+    require_extra("eval", "neobert-finetune-cde", ("sklearn",))  # the pseudo-contexts' k-means
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
     from megatron_neobert.model_source import check_model_source
 
@@ -62,6 +62,8 @@ def main(argv=None):
         except (ValueError, FileNotFoundError) as err:  # a bad spec, file, line or record
             raise SystemExit(f"error: {err}") from None
     config = CDEConfig(**{f.name: getattr(args, f.name) for f in fields(CDEConfig)})
+    from megatron_neobert.embeddings.cde import finetune_cde  # torch: after the datasets' checks
+
     out = finetune_cde(args.model, datasets, args.output, config, second_dir=args.second_stage_model,
                        device=args.device, checkpoint_dir=args.checkpoint_dir)
     logging.info("wrote %s", out)

@@ -45,7 +45,6 @@ def build_parser() -> ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     from megatron_neobert.embeddings.data import load_pair_dataset, parse_dataset_spec
-    from megatron_neobert.embeddings.finetune import finetune_contrastive
     from megatron_neobert.model_source import check_model_source
 
     try:  # the folder first: a mistyped one fails before the datasets are read
@@ -70,6 +69,8 @@ def main(argv=None):
         logging.info("dataset %s: %d pairs from %s; instruction: %r", ds.name, len(ds), ds.source, ds.instruction)
         datasets.append(ds)
     config = ContrastiveConfig(**{k: getattr(args, k) for k in vars(ContrastiveConfig())})
+    from megatron_neobert.embeddings.finetune import finetune_contrastive  # torch: after the datasets' checks
+
     out = finetune_contrastive(args.model, datasets, args.output, config, device=args.device,
                                checkpoint_dir=args.checkpoint_dir)
     logging.info("wrote %s", out)

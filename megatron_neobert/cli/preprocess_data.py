@@ -7,7 +7,7 @@ writes data/refinedweb_content_document.bin/.idx (one whole document per sequenc
 per input record) and data/refinedweb_content_document.tokenizer.json. Each input file is first
 written as a shard in data/refinedweb_shards/; a killed run started again skips complete shards.
 
-With --split-sentences (as Megatron-LM's: NLTK punkt; pip install nltk and
+With --split-sentences (as Megatron-LM's: NLTK punkt; the data extra, pip install ".[data]", and
 python -m nltk.downloader punkt_tab), each sentence is one sequence of its document and the
 output is data/refinedweb_content_sentence.bin/.idx.
 
@@ -29,7 +29,7 @@ import os
 import sys
 from typing import List, Optional
 
-from megatron_neobert.cli import ProgressFlag, console_logging, import_megatron_core_quietly
+from megatron_neobert.cli import ProgressFlag, console_logging, import_megatron_core_quietly, require_extra
 from megatron_neobert.data.preprocess_settings import (InputSettings, OutputSettings, PreprocessSettings,
                                                        PreprocessTokenizerSettings, RuntimeSettings)
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
@@ -97,6 +97,8 @@ def get_args(argv=None) -> dict:
 @console_logging("%(levelname)s %(message)s")
 def main(argv=None) -> int:
     given = get_args(argv)
+    if given.get("split_sentences"):  # before megatron-core's import and the inputs' reading
+        require_extra("data", "--split-sentences")
     import_megatron_core_quietly()  # the data modules import megatron-core
     from megatron_neobert.data.preprocess import preprocess_data
 

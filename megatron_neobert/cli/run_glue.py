@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_neobert.cli import console_logging
+from megatron_neobert.cli import console_logging, require_extra
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 from megatron_neobert.evaluation.glue_data import HF_DATASET, TASKS
 from megatron_neobert.evaluation.glue_protocol import PAPER_GRID, Protocol
@@ -59,6 +59,8 @@ def build_parser() -> ArgumentParser:
 @console_logging("%(asctime)s %(levelname)s %(name)s: %(message)s")
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # The metrics always; the Hub's datasets only where there are no local TSV folders.
+    require_extra("eval", "neobert-run-glue", ("scipy", "sklearn") + (() if args.data_dir else ("datasets",)))
     from megatron_neobert.evaluation.glue_grid import grid_specs, preset_specs, run_glue
 
     transfer = not args.no_transfer

@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_neobert.cli import DeviceFlag, console_logging
+from megatron_neobert.cli import DeviceFlag, console_logging, require_extra
 from megatron_neobert.defaults import DEFAULT_BENCHMARK, DTYPE_NAMES
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
 
@@ -50,6 +50,7 @@ def build_parser() -> ArgumentParser:
 def main(argv=None, tasks=None):
     """`tasks` (task objects) replaces --tasks and --local-task."""
     args = build_parser().parse_args(argv)
+    require_extra("eval", "neobert-run-mteb", ("mteb", "datasets"))  # local tasks are datasets' Datasets too
     from megatron_neobert.embeddings.mteb_eval import MTEBTaskError, NeoBERTEncoder, resolve_tasks, run_mteb
     from megatron_neobert.embeddings.mteb_local import local_task
     from megatron_neobert.model_source import check_model_source

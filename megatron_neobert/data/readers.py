@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from ..extras import require_extra
+
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
 PARQUET_SUFFIXES = (".parquet",)
 
@@ -166,11 +168,9 @@ def _iter_parquet(path: str, keys: Sequence[str], batch_rows: int = 1024) -> Ite
 
 
 def _iter_hf_dataset(path: str, keys: Sequence[str], batch_rows: int = 1024) -> Iterator[Record]:
-    try:
-        import datasets
-    except ImportError as err:
-        raise DataInputError(f"{path} is a saved Hugging Face dataset; reading it needs the "
-                             "'datasets' package (pip install datasets)") from err
+    require_extra("eval", f"{path} (a saved Hugging Face dataset)", ("datasets",))
+    import datasets
+
     ds = datasets.load_from_disk(path)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:

@@ -8,11 +8,13 @@ comes from NLTK's data path (``$NLTK_DATA``, ``~/nltk_data``, ...): ``punkt_tab`
 import functools
 from typing import List
 
+from ..extras import require_extra
+
 # Megatron-LM splits each text in pieces of this many characters before punkt sees it.
 MAX_SPLIT_CHARS = 1_000_000
 
-_INSTALL = ("pip install nltk, then python -m nltk.downloader punkt_tab (nltk < 3.8.2: punkt), "
-            "or put the model under $NLTK_DATA/tokenizers/punkt_tab/LANG/")
+_MODEL = ("python -m nltk.downloader punkt_tab (nltk < 3.8.2: punkt), "
+          "or put the model under $NLTK_DATA/tokenizers/punkt_tab/LANG/")
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,11 +39,10 @@ def _keep_newlines_language_vars():
 
 
 def _punkt_parameters(lang: str):
-    try:
-        import nltk
-        from nltk.tokenize import punkt
-    except ImportError:
-        raise ValueError(f"--split-sentences needs nltk, which is not installed: {_INSTALL}") from None
+    require_extra("data", "--split-sentences")  # the punkt model is a separate download, named if missing below
+    import nltk
+    from nltk.tokenize import punkt
+
     try:
         if hasattr(punkt, "PunktTokenizer"):
             return punkt.PunktTokenizer(lang)._params
@@ -50,7 +51,7 @@ def _punkt_parameters(lang: str):
         reason = next((line.strip() for line in str(err).splitlines() if line.strip()
                        and not line.strip().startswith("*")), type(err).__name__)
         raise ValueError(f"--split-sentences --lang {lang}: no NLTK punkt model for {lang!r} "
-                         f"({reason}); {_INSTALL}") from None
+                         f"({reason}): {_MODEL}") from None
 
 
 class SentenceSplitter:

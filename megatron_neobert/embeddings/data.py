@@ -9,6 +9,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..extras import require_extra
 from .instructions import finetune_instruction
 
 # Column names accepted for each role; the sentence-transformers hub datasets use anchor/positive/negative(_i).
@@ -54,6 +55,7 @@ def _read_records(source: str, split: str) -> Tuple[Sequence[dict], str]:
     if path.suffix in LOCAL_SUFFIXES or path.exists():
         raise FileNotFoundError(f"{path} is not a readable data file")
     # Not a local file: a hub dataset "owner/name" or "owner/name:config".
+    require_extra("eval", f"hub dataset {source}", ("datasets",))
     import datasets
 
     name, _, config = source.partition(":")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..atomic_write import atomic_file, atomic_path
 from ..conversion.hf_format import load_neobert_auto_config
 from ..defaults import DEFAULT_BUCKETS
+from ..extras import require_extra
 from ..progress import progress_bar
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
@@ -90,6 +91,7 @@ def load_texts(source, text_field: str = "text", split: str = "train", config_na
         return texts[:limit] if limit else texts
     if path.suffix.lower() in TEXT_SUFFIXES:
         raise FileNotFoundError(f"text file {source} does not exist")
+    require_extra("eval", f"hub dataset {source}", ("datasets",))
     from datasets import load_dataset
 
     stream = load_dataset(str(source), config_name, split=split, streaming=True)

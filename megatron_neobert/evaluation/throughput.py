@@ -3,9 +3,9 @@
 - Inference: tokens/s against sequence length with the largest batch that fits (up to 512), as
   the paper's table 10, for our HF model, the megatron-core model, and transformers' own
   ModernBERT-base and BERT-base built from their configs with random weights.
-- Training: real (non-pad) tokens/s, TFLOP/s and MFU of the trainer's own step (its set-up,
-  megatron-core schedule over the micro-batches, finiteness checks, optimizer), packed and padded
-  (and FP8 when Transformer Engine runs), against a reference baseline trained the way the
+- Training: real (non-pad) tokens/s, TFLOP/s and MFU of the trainer's own step (its set-up and its
+  `train_step`: megatron-core's schedule over the micro-batches, finiteness checks, optimizer, schedule), packed
+  and padded (and FP8 when Transformer Engine runs), against a reference baseline trained the way the
   released NeoBERT trains: HF model, padded batches, AdamW, bf16 autocast, PyTorch SDPA, the MLM
   head on every position, the same micro-batches. Every figure is also a ratio to its baseline.
 - With `compile`, torch.compile'd variants run beside their eager models (ratio "x eager").
@@ -85,6 +85,9 @@ def document_lengths(seq_length: int, count: int, seed: int = 0) -> List[int]:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.exp(torch.randn(count, generator=g) * 0.9 + math.log(seq_length / 3))
     return lengths.clamp(8, seq_length).long().tolist()
+
+
+SYNTHETIC_PAD_ID = 0  # the padding id of mlm_batch's vocabulary, whose tokens are >= 5
 
 
 def mlm_batch(lengths: List[int], seq_length: int, vocab_size: int, packed: bool, mask_rate: float,
@@ -315,13 +318,14 @@ def _reference_train_step(arch: NeoBERTArch, batches: List[dict], device, compil
 
 def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, compiled: bool,
                          losses: List[float]) -> Callable:
-    """The trainer's step for the model's `shape`, built by the trainer's own set-up from its flags; each step
-    appends its loss to `losses`."""
+    """The trainer's step (`train_step`) for the model's `shape`, built by the trainer's own set-up from its flags, so
+    that the figures are the trainer's; each step appends its loss to `losses`."""
     from megatron.core.utils import unwrap_model
 
     from megatron_neobert.training.config.arguments import parse_settings
+    from megatron_neobert.training.engine import train_step
+    from megatron_neobert.training.engine.forward_step import mlm_forward_step
     from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
-    from megatron_neobert.training.engine.step import grads_are_finite, run_micro_batches
 
     # No data is read: the batches are synthetic. No warmup: the steps learn at the peak rate from the first, so
     # that the losses compared between rows (FP8's and bf16's) are those of training, not of one forward repeated.
@@ -329,7 +333,7 @@ def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, comp
     flags += ["--bf16"] if torch.cuda.is_available() else []
     flags += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"] if fp8 else []
     settings = parse_settings(flags)
-    _, chunks, optimizer, _ = setup_model_and_optimizer(settings, shape)
+    _, chunks, optimizer, scheduler = setup_model_and_optimizer(settings, shape)
     if compiled:
         # The layers, not the model: the MLM head gathers the masked positions (a data-dependent
         # shape), and the DDP wrappers own the gradient hooks.
@@ -337,16 +341,15 @@ def _megatron_train_step(shape: ModelShape, batches: List[dict], fp8: bool, comp
             for layer in unwrap_model(chunk).decoder.layers:
                 layer.compile()
 
+    state = train_step.TrainState()
+
     def step():
-        for c in chunks:
-            c.zero_grad_buffer()
-        optimizer.zero_grad()
-        stats = run_micro_batches(chunks, batches, forward_only=False)
-        # As the trainer: the loss and the gradients' finiteness reach the host every step.
-        if not (math.isfinite(stats.loss) and grads_are_finite(chunks)):
-            raise FloatingPointError("non-finite loss or gradient: the trainer would skip this step")
-        losses.append(stats.loss)
-        optimizer.step()
+        record = train_step.train_step(settings, chunks, optimizer, scheduler, batches, state, mlm_forward_step,
+                                       pad_id=SYNTHETIC_PAD_ID)
+        if record["skipped"]:  # a skipped step would time no update
+            raise FloatingPointError(f"non-finite loss or gradient at step {record['iteration']}: the trainer "
+                                     f"skipped it")
+        losses.append(record["loss"])
     return step
 
 
@@ -363,8 +366,8 @@ def _measure_training(row: Measurement, arch: NeoBERTArch, batches: List[dict], 
     # what it computes (on real tokens), at the vocabulary size it computes.
     predicted = real if reference else sum(int((b["labels"] != -100).sum()) for b in batches)
     vocab = arch.vocab_size if reference else shape.padded_vocab_size
-    # Synthetic tokens are >= 5: none is padding (id 0), so every packed piece is a document.
-    pairs = sum(int(attended_pairs(b, pad_id=0)) for b in batches)
+    # Synthetic tokens are >= 5: none is padding, so every packed piece is a document.
+    pairs = sum(int(attended_pairs(b, pad_id=SYNTHETIC_PAD_ID)) for b in batches)
     tflops = step_flops(arch, real, predicted, pairs, vocab) / seconds / 1e12
     fp8 = row.precision == "fp8"
     peak, bf16_peak = peak_tflops(fp8=fp8), peak_tflops(fp8=False)

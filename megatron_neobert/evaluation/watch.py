@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from megatron_neobert.atomic_write import atomic_path
+from megatron_neobert.extras import require_extra
 from megatron_neobert.model_source import folder_listing
 from megatron_neobert.checkpoint.layout import (LATEST_MARKER, complete_iterations, iteration_dir,
                                                          saved_iterations)
@@ -86,13 +87,14 @@ def run_mteb(hf_dir: Path, s: dict, device: str, workdir: Path) -> List[Tuple[st
 @dataclass(frozen=True)
 class TaskGroup:
     """What a suite's task group is: the function that scores an exported folder with the group's settings, the
-    settings a suite must give, the others with their defaults, and those that name files (relative to the suite
-    file's folder)."""
+    settings a suite must give, the others with their defaults, those that name files (relative to the suite
+    file's folder), and the eval extra's modules it imports (checked when the suite is read)."""
 
     run: Callable[[Path, dict, str, Path], List[Tuple[str, str, float]]]
     required: Tuple[str, ...]
     defaults: Dict[str, object]
     paths: Tuple[str, ...]
+    needs: Tuple[str, ...] = ()
 
     @property
     def settings(self) -> Tuple[str, ...]:
@@ -104,11 +106,11 @@ TASK_GROUPS: Dict[str, TaskGroup] = {
         run_pseudo_perplexity, required=("texts",), paths=("texts",),
         defaults=dict(text_field="text", num_texts=None, max_length=512, min_length=2, buckets=None, batch_size=32)),
     "glue": TaskGroup(
-        run_glue, required=("data_dir", "tasks"), paths=("data_dir",),
+        run_glue, required=("data_dir", "tasks"), paths=("data_dir",), needs=("scipy", "sklearn"),
         defaults=dict(max_train_examples=256, epochs=1, batch_size=16, learning_rate=1e-4, weight_decay=0.01,
                       max_length=128, seed=0)),
     "mteb": TaskGroup(
-        run_mteb, required=("tasks",), paths=("tasks",),
+        run_mteb, required=("tasks",), paths=("tasks",), needs=("mteb", "datasets"),
         defaults=dict(dtype="float32", batch_size=32, max_length=None, instructions=True)),
 }
 
@@ -133,6 +135,8 @@ def load_suite(path) -> Dict[str, dict]:
         if group not in TASK_GROUPS:
             raise ValueError(f"suite {path}: unknown task group {group!r} (known: {', '.join(TASK_GROUPS)})")
         task_group, given = TASK_GROUPS[group], given or {}
+        if task_group.needs:
+            require_extra("eval", f"suite {path}: {group}", task_group.needs)
         unknown = sorted(set(given) - set(task_group.settings))
         if unknown:
             raise ValueError(f"suite {path}: {group} has unknown settings {unknown} "

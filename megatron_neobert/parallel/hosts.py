@@ -34,8 +34,8 @@ _PROBE = b"?"
 class Host:
     name: str
     address: str
-    port: int  # where one of its ranks answers (None: the rendezvous store, which only accepts connections)
-    rank: Optional[int]
+    port: int  # where one of its ranks answers, or the rendezvous store's MASTER_PORT, which only accepts connections
+    rank: Optional[int]  # None for the rendezvous store's host when no rank runs there
 
 
 def answers(address: str, port: int, echo: bool, timeout: float = ANSWER_S) -> bool:
@@ -86,7 +86,9 @@ class Answers:
     store_silent: bool
     asked: int
 
-    def __bool__(self) -> bool:
+    @property
+    def someone_silent(self) -> bool:
+        """An asked rank's host, or the rendezvous store, did not answer."""
         return bool(self.silent) or self.store_silent
 
     @property

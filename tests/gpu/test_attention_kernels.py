@@ -6,7 +6,7 @@ import pytest
 
 from execution_checks import assert_packed_kernel_ran, packed_kernels
 from megatron_neobert.model.attention import flash_attn_varlen
-from megatron_neobert.training.engine.step import model_inputs
+from megatron_neobert.training.engine.forward_step import model_inputs
 from gpu_cases import ARCH, batch, build, loss_and_grads, needs, needs_gpu, relative_error
 
 pytestmark = needs_gpu

@@ -24,7 +24,7 @@ def losses_over_steps(fp8: bool, packed: bool):
     start it at 0) and the scheduler stepped as the loop does."""
     from megatron_neobert.training.config.arguments import parse_settings
     from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
-    from megatron_neobert.training.engine.step import run_micro_batches
+    from megatron_neobert.training.engine.forward_step import run_micro_batches
 
     flags = ["--mock-data", "--micro-batch-size", str(MICRO_BATCH), "--seq-length", str(SEQ),
              "--bf16", "--transformer-impl", "transformer_engine", "--lr", "1e-3", "--lr-warmup-iters", "0",

@@ -14,7 +14,7 @@ from execution_checks import PLANTED_ITEM, PLANTED_TOLIST, planted_host_reads, p
 from megatron_neobert.model.attention import PACKED_ATTENTION_ENV, flash_attn_varlen
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
-from megatron_neobert.training.engine.step import run_micro_batches
+from megatron_neobert.training.engine.forward_step import run_micro_batches
 from gpu_cases import MICRO_BATCH, SEQ, SHAPE, batch, needs, needs_fp8, needs_gpu, needs_te
 
 pytestmark = needs_gpu

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron_neobert.training.engine.step import model_inputs
+from megatron_neobert.training.engine.forward_step import model_inputs
 from gpu_cases import batch, build, copy_local_to_te, loss_and_grads, needs_te, relative_error, te_key
 
 pytestmark = needs_te

@@ -4,7 +4,6 @@ combination that cannot run refused in one line, before anything is built."""
 
 import contextlib
 import dataclasses
-import importlib.util
 import os
 import tempfile
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple, Union
@@ -13,6 +12,7 @@ from megatron_neobert.data.tokenizer import (NULL_TOKENIZER, NULL_TOKENIZER_ROLE
                                               resolve_tokenizer_flags)
 from megatron_neobert.flags import defaults
 from megatron_neobert.errors import InputError, refuse
+from megatron_neobert.extras import require_extra
 from megatron_neobert.training.config.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
 from megatron_neobert.training.config.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
@@ -96,8 +96,7 @@ def _check_logging(logging: LoggingSettings) -> None:
     refuse(logging.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
     if logging.wandb_project:
         refuse(not logging.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
-        refuse(importlib.util.find_spec("wandb") is None,
-                "--wandb-project needs the wandb package: pip install wandb (or this package's wandb extra)")
+        require_extra("wandb", "--wandb-project")
 
 
 def _check_optimizer(training: TrainingSettings) -> None:

@@ -1,8 +1,8 @@
 """The learning-rate and weight-decay schedule, with Megatron-LM's meanings: lengths in iterations or, with
 --train-samples, in samples; resolved once from the settings (`resolve_schedule`), counted by megatron-core's
-`OptimizerParamScheduler` in samples as Megatron-LM counts them. Its decay styles are megatron-core's: cosine,
-linear, constant, inverse-square-root and WSD (warmup-stable-decay, with its own final decay); the iterations of a
-growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
+`OptimizerParamScheduler` (built by `engine.model_setup.build_scheduler`) in samples as Megatron-LM counts them. Its
+decay styles are megatron-core's: cosine, linear, constant, inverse-square-root and WSD (warmup-stable-decay, with
+its own final decay); the iterations of a growing batch (--rampup-batch-size) are counted in `batch_size.py`."""
 
 import dataclasses
 from typing import NamedTuple, Optional, Set
@@ -136,23 +136,6 @@ def schedule_steps(training) -> ScheduleSteps:
     if training.lr_warmup_fraction is not None:
         warmup = training.lr_warmup_fraction * decay
     return ScheduleSteps(warmup, decay, wsd, span)
-
-
-def build_scheduler(training, optimizer):
-    """megatron-core's `OptimizerParamScheduler` for `training` (the TrainingSettings): linear warmup from
-    --lr-warmup-init, the --lr-decay-style to --min-lr, then --min-lr; step it by the samples of each iteration (its
-    global batch), as Megatron-LM does."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    warmup, decay, wsd, span = schedule_steps(training)
-    return OptimizerParamScheduler(
-        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
-        lr_warmup_steps=warmup, lr_decay_steps=decay,
-        lr_decay_style=training.lr_decay_style, start_wd=training.weight_decay, end_wd=training.weight_decay,
-        wd_incr_steps=span, wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=not training.override_opt_param_scheduler,
-        override_opt_param_scheduler=training.override_opt_param_scheduler,
-        wsd_decay_steps=wsd, lr_wsd_decay_style=training.lr_wsd_decay_style)
 
 
 def describe_schedule(training) -> str:

@@ -3,7 +3,7 @@
 import torch
 
 from megatron_neobert.training.engine.model_setup import finish_param_sync, resume_param_sync
-from megatron_neobert.training.engine.step import ForwardStep, StepStats, mlm_forward_step, run_micro_batches
+from megatron_neobert.training.engine.forward_step import ForwardStep, StepStats, mlm_forward_step, run_micro_batches
 
 
 def evaluate(chunks, valid_iter, num_micro_batches: int, eval_iters: int,

@@ -15,7 +15,7 @@ from megatron_neobert.model import ModelShape, resolve_model_shape, transformer_
 from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.parallel.launch import initialize_model_parallel
 from megatron_neobert.checkpoint.state import checkpoint_args
-from megatron_neobert.training.config.schedule import build_scheduler
+from megatron_neobert.training.config.schedule import schedule_steps
 from megatron_neobert.training.config.settings import Settings
 
 
@@ -30,6 +30,23 @@ def run_model_shape(settings: Settings, tokenizer_vocab_size: Optional[int] = No
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         checkpoint_args=checkpoint_args(common) if common else None,
         use_checkpoint_args=settings.checkpoint.use_checkpoint_args)
+
+
+def build_scheduler(training, optimizer):
+    """megatron-core's `OptimizerParamScheduler` for `training` (the TrainingSettings): linear warmup from
+    --lr-warmup-init, the --lr-decay-style to --min-lr, then --min-lr; step it by the samples of each iteration (its
+    global batch), as Megatron-LM does."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    warmup, decay, wsd, span = schedule_steps(training)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=training.lr_warmup_init, max_lr=training.lr, min_lr=training.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=decay,
+        lr_decay_style=training.lr_decay_style, start_wd=training.weight_decay, end_wd=training.weight_decay,
+        wd_incr_steps=span, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=not training.override_opt_param_scheduler,
+        override_opt_param_scheduler=training.override_opt_param_scheduler,
+        wsd_decay_steps=wsd, lr_wsd_decay_style=training.lr_wsd_decay_style)
 
 
 def set_random_seed(seed: int) -> None:

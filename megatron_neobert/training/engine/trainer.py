@@ -1,7 +1,7 @@
 """A run on one rank, as named phases: `set_up` (the checkpoint to start from, the model's shape and the checks on it,
 model, optimizer and schedule), `resume` (the checkpoint loaded, the data positioned), then `step`, `validate` and
-`save` as the run asks, and `finish`. `run()` holds their order; the process guards (signals, watchdog, the --save
-lock) are around it, in `loop.py`.
+`save` as the run asks, and `finish`. `run()` holds their order and keeps what the first two return; the process
+guards (signals, watchdog, the --save lock) are around it, in `entry.py`.
 """
 
 import collections
@@ -23,7 +23,7 @@ from megatron_neobert.checkpoint.integrity import sealed_at
 from megatron_neobert.checkpoint.layout import find_pretrained_checkpoint, iteration_dir
 from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state, load_checkpoint,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
-from megatron_neobert.training.config.data_files import DataFiles
+from megatron_neobert.training.engine.data_files import DataFiles
 from megatron_neobert.training.engine.data_setup import build_data
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.engine.evaluate import evaluate
@@ -31,7 +31,7 @@ from megatron_neobert.training.reporting.goodput import GoodputAccount
 from megatron_neobert.training.reporting.metrics import step_flops
 from megatron_neobert.training.engine.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
                                                           setup_model_and_optimizer)
-from megatron_neobert.training.engine.optimizer_step import TrainState, train_step
+from megatron_neobert.training.engine.train_step import TrainState, train_step
 from megatron_neobert.training.resilience.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
 from megatron_neobert.training.reporting.profiling import StepProfiler
 from megatron_neobert.training.resilience.restarts import RestartReport, world_size_change
@@ -42,7 +42,7 @@ from megatron_neobert.training.config.run_checks import (check_model_shape, chec
 from megatron_neobert.training.config.schedule import checkpoint_schedule_note
 from megatron_neobert.training.config.settings import Settings
 from megatron_neobert.training.reporting.startup_report import describe_layout, startup_notes
-from megatron_neobert.training.engine.step import ForwardStep, params_are_finite
+from megatron_neobert.training.engine.forward_step import ForwardStep, params_are_finite
 from megatron_neobert.training.reporting.train_log import TrainingLog
 
 # Settings that define the order of the samples; a checkpoint's data position applies only to the
@@ -94,8 +94,8 @@ def should_save(settings: Settings, state: TrainState, stop: Optional[str], inte
 
 
 @dataclasses.dataclass(frozen=True)
-class SetUp:
-    """What `Trainer.set_up` decided and built."""
+class Built:
+    """What `Trainer.set_up` decided and built: where the run starts, the model and its optimizer."""
 
     checkpoint: Optional[str]  # the iteration folder the run starts from (None: from scratch)
     common: Optional[dict]  # its common state
@@ -128,9 +128,9 @@ class Trainer:
     run's start, in words (`startup_report.describe_folder`); `account`: the wall time of this attempt so far, by
     category (continued from the checkpoint the run resumes from).
 
-    Its whole state is declared here: what `set_up` makes (`setup`), what `resume` makes (`loop`), and what the
-    steps and saves change. A phase that needs one of the two before it exists raises a RuntimeError naming the phase
-    to run first."""
+    Its whole state is declared here: what `set_up` returns (`built`), what `resume` returns (`loop_parts`), and
+    what the steps and saves change. A phase that needs one of the two before it exists raises a RuntimeError naming
+    the phase to run first."""
 
     def __init__(self, settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
                  handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str,
@@ -138,8 +138,8 @@ class Trainer:
         self.settings, self.tokenizer, self.data_files = settings, tokenizer, data_files
         self.forward_step, self.handler, self.watchdog = forward_step, handler, watchdog
         self.started, self.load_folder, self.account = started, load_folder, account
-        self._setup: Optional[SetUp] = None
-        self._loop: Optional[LoopParts] = None
+        self._built: Optional[Built] = None
+        self._loop_parts: Optional[LoopParts] = None
         self.state = TrainState()
         self.saved_account: Optional[dict] = None  # the account of the checkpoint the run resumes from
         self.first_step_reported = False
@@ -150,50 +150,50 @@ class Trainer:
                         "exit": "skip-train" if settings.evaluation.skip_train else "finished"}
 
     @property
-    def setup(self) -> SetUp:
-        if self._setup is None:
+    def built(self) -> Built:
+        if self._built is None:
             raise RuntimeError("Trainer.set_up has not run: it comes first (Trainer.run holds the phases' order)")
-        return self._setup
+        return self._built
 
     @property
-    def loop(self) -> LoopParts:
-        if self._loop is None:
+    def loop_parts(self) -> LoopParts:
+        if self._loop_parts is None:
             raise RuntimeError("Trainer.resume has not run: it comes after set_up and before the steps, validations "
                                "and saves (Trainer.run holds the phases' order)")
-        return self._loop
+        return self._loop_parts
 
     def run(self) -> dict:
         """{"train": [records of the last HISTORY_STEPS steps], "eval": [records], "iteration", "exit": "finished" |
         "signal" | "exit-duration" | "exit-interval" | "skip-train", "skipped", "goodput": the job's account (a
         snapshot), "save_interval": the last interval in iterations (auto's choice), "startup": [(part, seconds)] of
         this attempt's start-up}."""
-        self.set_up()
-        self.resume()
+        self._built = self.set_up()
+        self._loop_parts = self.resume()
         training, evaluation = self.settings.training, self.settings.evaluation
         try:
             if evaluation.skip_train:
                 self.validate()
             while not evaluation.skip_train and self.state.iteration < training.train_iters:
                 self.step()
-                if self.loop.valid_iter is not None and evaluation.eval_interval \
+                if self.loop_parts.valid_iter is not None and evaluation.eval_interval \
                         and self.state.iteration % evaluation.eval_interval == 0:
                     self.validate()
                 self.watchdog.at(self.state.iteration, "agreeing whether to stop")
                 stop = stop_reason(self.settings, self.state, self.handler, self.started)
                 self.finish_async_save(blocking=False)
-                due = self.loop.save_interval.due(self.state.iteration, self.last_saved_iteration)
+                due = self.loop_parts.save_interval.due(self.state.iteration, self.last_saved_iteration)
                 if should_save(self.settings, self.state, stop, due):
                     self.save()
                 if stop:
                     logger.info(f"stopping at iteration {self.state.iteration} ({stop})")
                     self.history["exit"] = stop
                     break
-            self.loop.profiler.stop()  # a run stopped inside the window still writes it
+            self.loop_parts.profiler.stop()  # a run stopped inside the window still writes it
             with self.timed("save", count=0):
                 self.finish_async_save(blocking=True)
-            self.account.run_ended = time.time()  # the rest is shutdown, up to the account's close (loop.train)
+            self.account.run_ended = time.time()  # the rest is shutdown, up to the account's close (entry.train)
         finally:
-            self.loop.log.close()
+            self.loop_parts.log.close()
         return self.finish()
 
     @contextlib.contextmanager
@@ -202,7 +202,7 @@ class Trainer:
         yield
         self.account.add(category, time.perf_counter() - began, count)
 
-    def set_up(self) -> None:
+    def set_up(self) -> Built:
         """The checkpoint to start from (--load's, else --pretrained-checkpoint's), the model's shape, decided once
         and then checked, and this rank's model chunks, optimizer and schedule."""
         settings, options = self.settings, self.settings.checkpoint
@@ -229,30 +229,30 @@ class Trainer:
         for note in startup_notes(settings, shape):
             logger.info(note)
         self.account.lap("kernels and layout lines")
-        self._setup = SetUp(checkpoint, common, pretrained, shape, chunks, optimizer, scheduler, num_micro)
+        return Built(checkpoint, common, pretrained, shape, chunks, optimizer, scheduler, num_micro)
 
-    def resume(self) -> None:
+    def resume(self) -> LoopParts:
         """The checkpoint loaded (a fine-tune start: the weights alone, at iteration 0) and the data read from the
         run's position; then the step loop's companions (batch ramp, logs, profiler, asynchronous saves)."""
-        settings, options, setup = self.settings, self.settings.checkpoint, self.setup
+        settings, options, built = self.settings, self.settings.checkpoint, self.built
         training, evaluation = settings.training, settings.evaluation
-        if setup.checkpoint:
-            finetune = options.finetune or setup.pretrained
-            if not finetune and not holds_training_state(setup.common):
-                logger.info(f"{setup.checkpoint} holds model weights only: starting from iteration 0 as with "
+        if built.checkpoint:
+            finetune = options.finetune or built.pretrained
+            if not finetune and not holds_training_state(built.common):
+                logger.info(f"{built.checkpoint} holds model weights only: starting from iteration 0 as with "
                             f"--finetune")
                 finetune = True
             self.state = self.load(finetune)
             self.account.lap("checkpoint load", category="load")
-            change = None if finetune else world_size_change(setup.common, setup.num_micro)
+            change = None if finetune else world_size_change(built.common, built.num_micro)
             if change:
                 logger.info(change)
         elif options.load:
             logger.info(f"no checkpoint in {options.load} ({self.load_folder}): starting from scratch")
         restarts = RestartReport(self.state.iteration,
                                  datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
-        if setup.checkpoint and self.saved_account:  # the job's account goes on
-            self.account.continue_from(self.saved_account, sealed_at(setup.checkpoint), self.state.iteration,
+        if built.checkpoint and self.saved_account:  # the job's account goes on
+            self.account.continue_from(self.saved_account, sealed_at(built.checkpoint), self.state.iteration,
                                        restarts.failed_at)
         evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
         _, train_iter, valid_iter = build_data(settings, self.state.consumed_samples,
@@ -266,31 +266,32 @@ class Trainer:
             raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to "
                                 "run: give a validation split (--split or --valid-data-path) and --eval-iters and "
                                 "--eval-interval above 0")
-        self._loop = LoopParts(
+        parts = LoopParts(
             restarts, evals_done, train_iter, valid_iter, batch_sizes,
             async_saves=AsyncSaves() if options.async_save else None,
-            log=TrainingLog(settings, setup.shape.arch, setup.shape.padded_vocab_size), profiler=StepProfiler(settings),
+            log=TrainingLog(settings, built.shape.arch, built.shape.padded_vocab_size), profiler=StepProfiler(settings),
             save_interval=SaveInterval(options.save_interval, settings.logging.log_interval,
                                        torch.distributed.get_world_size(), options.failure_rate_per_gpu_day))
         self.last_saved_iteration = self.state.iteration
         self.account.lap("logs, profiler")
         self.window_start = time.perf_counter()
+        return parts
 
     def load(self, finetune: bool) -> TrainState:
         """The checkpoint's weights (and unless `finetune` its optimizer, schedule, RNG and data position)."""
-        settings, options, setup = self.settings, self.settings.checkpoint, self.setup
-        checkpoint, common = setup.checkpoint, setup.common
+        settings, options, built = self.settings, self.settings.checkpoint, self.built
+        checkpoint, common = built.checkpoint, built.common
         if not (finetune or options.no_load_optim):
             check_optimizer_setup(settings, checkpoint, common)
-        flags_schedule = setup.scheduler.state_dict()
+        flags_schedule = built.scheduler.state_dict()
         keeps_position = not finetune and common["train_state"]["data_stream"] == data_stream(settings)
         if not finetune:  # before the load: data that changed is refused at once
             self.data_files.check_resume(common["train_state"].get("data_files"), checkpoint, keeps_position,
                                          options.allow_data_change)
-        load_checkpoint(checkpoint, common, setup.chunks, setup.optimizer, setup.scheduler,
+        load_checkpoint(checkpoint, common, built.chunks, built.optimizer, built.scheduler,
                         load_optimizer=not options.no_load_optim, load_rng=not options.no_load_rng,
                         finetune=finetune, strict=options.dist_ckpt_strictness)
-        note = None if finetune else checkpoint_schedule_note(flags_schedule, setup.scheduler.state_dict())
+        note = None if finetune else checkpoint_schedule_note(flags_schedule, built.scheduler.state_dict())
         if note:
             logger.info(note)
         state = TrainState()
@@ -310,45 +311,45 @@ class Trainer:
 
     def step(self) -> None:
         """One optimizer step over the next global batch, counted, reported and kept in the history."""
-        settings, state, setup, loop = self.settings, self.state, self.setup, self.loop
+        settings, state, built, parts = self.settings, self.state, self.built, self.loop_parts
         self.watchdog.at(state.iteration + 1, "training step")
         began = time.perf_counter()
-        loop.profiler.step_begins(state.iteration)
-        batches = [next(loop.train_iter) for _ in range(loop.batch_sizes.get())]
-        record = train_step(settings, setup.chunks, setup.optimizer, setup.scheduler, batches, state,
+        parts.profiler.step_begins(state.iteration)
+        batches = [next(parts.train_iter) for _ in range(parts.batch_sizes.get())]
+        record = train_step(settings, built.chunks, built.optimizer, built.scheduler, batches, state,
                             self.forward_step, self.tokenizer.pad_id)
-        loop.batch_sizes.update(state.consumed_samples, consistency_check=True)
-        if loop.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
+        parts.batch_sizes.update(state.consumed_samples, consistency_check=True)
+        if parts.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
             logger.info(f"ramping up batch size from {record['global_batch_size']} to "
-                        f"{loop.batch_sizes.get_current_global_batch_size()}")
-        state.floating_point_operations += step_flops(setup.shape.arch, record["tokens"], record["predicted"],
-                                                      record["attended"], setup.shape.padded_vocab_size)
-        loop.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
+                        f"{parts.batch_sizes.get_current_global_batch_size()}")
+        state.floating_point_operations += step_flops(built.shape.arch, record["tokens"], record["predicted"],
+                                                      record["attended"], built.shape.padded_vocab_size)
+        parts.profiler.step_ends(state.iteration)  # the window holds the steps alone, not evaluations or saves
         took = time.perf_counter() - began
-        self.account.add("skipped" if record["skipped"] else "redone" if loop.restarts.redoes(state.iteration)
+        self.account.add("skipped" if record["skipped"] else "redone" if parts.restarts.redoes(state.iteration)
                          else "productive", took)
         if not self.first_step_reported:
             self.first_step_reported = True
             logger.info(self.account.startup_line(took))
-        loop.restarts.step_done(state.iteration)
+        parts.restarts.step_done(state.iteration)
         self.history["train"].append(record)
         report = (state.iteration % settings.logging.log_interval == 0
                   or state.iteration == settings.training.train_iters)
-        loop.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
+        parts.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
                       self.account)
         if report:
             self.window_start = time.perf_counter()
 
     def validate(self) -> None:
-        setup, loop = self.setup, self.loop
+        built, parts = self.built, self.loop_parts
         self.watchdog.at(self.state.iteration, "evaluation")
         with self.timed("evaluation"):
-            stats = evaluate(setup.chunks, loop.valid_iter, setup.num_micro, self.settings.evaluation.eval_iters,
+            stats = evaluate(built.chunks, parts.valid_iter, built.num_micro, self.settings.evaluation.eval_iters,
                              self.forward_step)
         result = dict(loss=stats.loss, accuracy=stats.accuracy, iteration=self.state.iteration,
                       consumed_samples=self.state.consumed_samples)
         self.history["eval"].append(result)
-        loop.log.evaluation(result)
+        parts.log.evaluation(result)
 
     def save(self) -> None:
         """A checkpoint of this iteration (in the background with --async-save), once the parameters are finite
@@ -356,7 +357,7 @@ class Trainer:
         with self.timed("save"):
             self.write_checkpoint()
         self.last_saved_iteration = self.state.iteration
-        self.loop.save_interval.measured(self.account_snapshot(saving=False))
+        self.loop_parts.save_interval.measured(self.account_snapshot(saving=False))
 
     def account_snapshot(self, saving: bool) -> dict:
         """Rank 0's account (megatron-core checks that the checkpoint's common state is the same on every rank)."""
@@ -366,8 +367,8 @@ class Trainer:
 
     def write_checkpoint(self) -> None:
         settings, options, state = self.settings, self.settings.checkpoint, self.state
-        setup, loop = self.setup, self.loop
-        training, evaluation, shape, chunks = settings.training, settings.evaluation, setup.shape, setup.chunks
+        built, parts = self.built, self.loop_parts
+        training, evaluation, shape, chunks = settings.training, settings.evaluation, built.shape, built.chunks
         self.watchdog.at(state.iteration, "checkpoint save")
         self.finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
@@ -382,18 +383,18 @@ class Trainer:
             world_size=torch.distributed.get_world_size(),
             virtual_pipeline_model_parallel_size=len(chunks) if len(chunks) > 1 else None,
             consumed_train_samples=state.consumed_samples, skipped_train_samples=0,
-            consumed_valid_samples=(loop.evals_done + len(self.history["eval"])) * evaluation.eval_iters
+            consumed_valid_samples=(parts.evals_done + len(self.history["eval"])) * evaluation.eval_iters
             * training.global_batch_size)
         save_checkpoint(
-            options.save, state.iteration, chunks, setup.optimizer, setup.scheduler,
+            options.save, state.iteration, chunks, built.optimizer, built.scheduler,
             dict(consumed_samples=state.consumed_samples, data_stream=data_stream(settings),
                  data_files=self.data_files.files, skipped_iters=state.skipped_iters,
-                 skipped_in_a_row=state.skipped_in_a_row, goodput=self.account_snapshot(saving=not loop.async_saves)),
+                 skipped_in_a_row=state.skipped_in_a_row, goodput=self.account_snapshot(saving=not parts.async_saves)),
             saved_args, options.keep_last_n_checkpoints, save_optimizer=not options.no_save_optim,
             save_rng=not options.no_save_rng, floating_point_operations=state.floating_point_operations,
-            async_saves=loop.async_saves)
+            async_saves=parts.async_saves)
         resume_param_sync(chunks)
-        if loop.async_saves:
+        if parts.async_saves:
             self.async_save_began = time.time()
             logger.info(f"writing the checkpoint of iteration {state.iteration} to {options.save} in the background "
                         f"(--async-save)")
@@ -409,15 +410,15 @@ class Trainer:
         logger.info(f"saved checkpoint at iteration {iteration} to {self.settings.checkpoint.save}")
 
     def finish_async_save(self, blocking: bool) -> None:
-        async_saves = self.loop.async_saves
+        async_saves = self.loop_parts.async_saves
         done = async_saves.finish(blocking) if async_saves else None
         if done is not None:
             self.account.async_save_background += time.time() - self.async_save_began
             self.saved(done)
 
     def finish(self) -> dict:
-        history, loop = self.history, self.loop
+        history, parts = self.history, self.loop_parts
         history.update(train=list(history["train"]), iteration=self.state.iteration, skipped=self.state.skipped_iters,
-                       goodput=self.account.snapshot(time.time(), saving=False), save_interval=loop.save_interval.every,
-                       startup=list(self.account.startup_parts))
+                       goodput=self.account.snapshot(time.time(), saving=False),
+                       save_interval=parts.save_interval.every, startup=list(self.account.startup_parts))
         return history

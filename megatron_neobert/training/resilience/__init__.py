@@ -1,3 +1,3 @@
 """What keeps a run going at scale: the process guards (pre-emption signals, the launcher's death, the progress
-watchdog and the other hosts' check, the --save lock), in-job restarts, the goodput model at scale and the save
-interval chosen from the goodput account."""
+watchdog and the other hosts' check), in-job restarts, the goodput model at scale and the save interval chosen from
+the goodput account. The --save lock is the checkpoint's (`checkpoint/lock.py`)."""

@@ -1,6 +1,6 @@
 """Process guards: how a rank and the processes around it end together, and never mid-checkpoint.
 
-A training job ends in one of four ways, and each rank must take part in the same one:
+A training job ends in one of these six ways, and each rank must take part in the same one:
 - Pre-emption. The scheduler sends `--exit-signal` (SIGTERM by default, as Megatron-LM), or the
   `--exit-duration-in-mins` wall-clock limit runs out. `ExitSignalHandler`, a context manager around the
   run, only sets a flag; once per step `stop_requested` agrees on it with one all-reduce, so that every rank
@@ -340,7 +340,8 @@ class ProgressWatchdog:
                      or now - self._checked_at >= self.host_check_after_s):
                 self._checked_at = now
                 found = self.hosts.ask()
-                if found and self._where is where:  # no progress meanwhile: the wait is on the silent host
+                # no progress meanwhile: the wait is on the silent host
+                if found.someone_silent and self._where is where:
                     self._end_attempt(found, iteration, phase, time.monotonic() - since)
 
     def _end_attempt(self, found, iteration: int, phase: str, idle: float) -> None:

@@ -12,7 +12,7 @@ from megatron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.config.settings import Settings
-from megatron_neobert.training.engine.step import ForwardStep, grads_are_finite, params_norm, run_micro_batches
+from megatron_neobert.training.engine.forward_step import ForwardStep, grads_are_finite, params_norm, run_micro_batches
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The pre-training run: the process guards (pre-emption signals, the launcher's death, bus errors of changed data
-files, the progress watchdog and its check of the other hosts, the --save lock) around the `Trainer`'s phases, after
-the inputs are checked and the process group is made.
+"""The pre-training run's entry point: the process guards (pre-emption signals, the launcher's death, bus errors of
+changed data files, the progress watchdog and its check of the other hosts) and the --save lock around the `Trainer`'s
+phases, after the inputs are checked and the process group is made.
 
 `train(settings)` runs on every rank of an initialised (or torchrun) process group and returns the
 history of the run.
@@ -18,7 +18,7 @@ from megatron_neobert.megatron_core_compat import drop_the_sync_save_deprecation
 from megatron_neobert.parallel.hosts import HostAnswers
 from megatron_neobert.parallel.launch import DistributedState, init_distributed
 from megatron_neobert.checkpoint.lock import claim_save_dir
-from megatron_neobert.training.config.data_files import DataFiles
+from megatron_neobert.training.engine.data_files import DataFiles
 from megatron_neobert.training.reporting.goodput import GoodputAccount, LaunchersExitCloser, write_final_account
 from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.resilience.process_guards import (ExitSignalHandler, ProgressWatchdog, bus_errors_named,
@@ -27,7 +27,7 @@ from megatron_neobert.training.resilience.process_guards import (ExitSignalHandl
 from megatron_neobert.training.config.run_checks import check_inputs, data_prefixes
 from megatron_neobert.training.config.settings import Settings
 from megatron_neobert.training.reporting.startup_report import describe_folder
-from megatron_neobert.training.engine.step import ForwardStep, mlm_forward_step
+from megatron_neobert.training.engine.forward_step import ForwardStep, mlm_forward_step
 from megatron_neobert.training.engine.trainer import Trainer
 
 logger = logging.getLogger(__name__)

@@ -3,13 +3,13 @@ than by a window of its version numbers.
 
 The Dockerfile asks before it installs megatron-core (so nothing here imports torch or megatron-core at module level):
 
-    python -m megatron_neobert.te_support --choose /tmp/megatron-core.txt     # MEGATRON_CORE=auto|0.16.1|0.19.2
+    python -m megatron_neobert.install.te_support --choose /tmp/megatron-core.txt   # MEGATRON_CORE=auto|0.16.1|0.19.2
 
-Each supported release has a list of the TE names its source uses, with the keyword arguments it passes to them where
-the source shows them (assets/te_api_megatron_core_<release>.json), read statically by `scan_te_api`. After a
-release bump a maintainer regenerates the installed release's list:
+Each supported release (`releases.RELEASES`) has a list of the TE names its source uses, with the keyword arguments
+it passes to them where the source shows them (`Release.te_api`), read statically by `scan_te_api`. After a release
+bump a maintainer regenerates the installed release's list:
 
-    python -m megatron_neobert.te_support --write
+    python -m megatron_neobert.install.te_support --write
 """
 
 import ast
@@ -26,30 +26,20 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from packaging.version import Version
 
 from megatron_neobert.flags import ArgumentParser, add_flags, setting
+from megatron_neobert.install.releases import RELEASES
 
 TE = "transformer_engine"
-ASSETS = Path(__file__).parent / "assets"
+PACKAGE_DIR = Path(__file__).parents[1]  # the project's own layers, whose TE names the lists include
 # The megatron-core wrappers of TE layers are imported from this module (the model's layer specs use four of them).
 TE_WRAPPERS = "megatron.core.extensions.transformer_engine"
 
 
-@dataclasses.dataclass(frozen=True)
-class Release:
-    """A supported megatron-core release and what it needs of the container."""
-    version: str
-    min_python: Tuple[int, int]
-    min_te: str  # base release: the oldest TE it was tested with, or its declared floor
-    te_below: Optional[str] = None  # base release it declares TE must stay below, where it declares one
-
-
-# Newest first: "auto" takes the first that fits. 0.16.1's TE range is its `dev` extra's `>=2.9.0a0,<2.12.0`;
-# 0.19.2 declares none, and 2.17.1 is the oldest TE it was run with (NGC 26.06, and the GPU host).
-RELEASES = (Release("0.19.2", (3, 12), "2.17"), Release("0.16.1", (3, 10), "2.9", te_below="2.12"))
 MISSING_SHOWN = 3  # missing names a refusal names; more would not fit its one line
 
 
 def api_path(release: str) -> Path:
-    return ASSETS / f"te_api_megatron_core_{release}.json"
+    """The shipped list of TE names of a supported release (`Release.te_api`), by its version."""
+    return next(r.te_api for r in RELEASES if r.version == release)
 
 
 def _is_te(module: str) -> bool:
@@ -265,8 +255,8 @@ def choose_megatron_core(te_version: str, python_version: Sequence[int],
     reasons = []
     for release in candidates:
         why = []
-        if tuple(python_version[:2]) < release.min_python:
-            why.append(f"needs CPython >={'.'.join(map(str, release.min_python))}, "
+        if tuple(python_version[:2]) < release.python[0]:
+            why.append(f"needs CPython >={'.'.join(map(str, release.python[0]))}, "
                        f"this is {'.'.join(map(str, python_version[:3]))}")
         if te < Version(release.min_te):
             why.append(f"needs transformer_engine >={release.min_te}")
@@ -284,11 +274,11 @@ def choose_megatron_core(te_version: str, python_version: Sequence[int],
 
 
 def write_api(megatron_core_root: Path, release: str) -> Path:
-    """Regenerates assets/te_api_megatron_core_<release>.json from the megatron-core source at `megatron_core_root`
+    """Regenerates the release's shipped list (`Release.te_api`) from the megatron-core source at `megatron_core_root`
     (the installed one), with this project's layers' names on it."""
     path = api_path(release)
     path.write_text(json.dumps({"megatron_core": scan_te_api(megatron_core_root),
-                                "project": project_te_api(Path(__file__).parent, megatron_core_root)},
+                                "project": project_te_api(PACKAGE_DIR, megatron_core_root)},
                                indent=1) + "\n")
     return path
 
@@ -312,13 +302,13 @@ class TeSupportFlags:
 
 
 def main(argv=None) -> int:
-    p = ArgumentParser(prog="python -m megatron_neobert.te_support", description=__doc__)
+    p = ArgumentParser(prog="python -m megatron_neobert.install.te_support", description=__doc__)
     add_flags(p, TeSupportFlags)
     args = p.parse_args(argv)
     if args.write:
         release, root = installed_megatron_core()
         if release not in {r.version for r in RELEASES}:
-            print(f"error: megatron-core {release} is not in te_support.RELEASES", file=sys.stderr)
+            print(f"error: megatron-core {release} is not in megatron_neobert/install/releases.py", file=sys.stderr)
             return 1
         print(f"megatron-core {release}: {write_api(root, release)}")
     if args.choose:
