@@ -16,6 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The CPU tests also run with a CUDA build of torch on machines without a GPU.
 os.environ.setdefault("NEOBERT_ALLOW_CPU", "1")
+# One intra-op thread in each test worker and in what it starts: the tests' models are tiny, and two workers' threads
+# spin against each other on shared cores (a fine-tune took 1.4 s with one thread, 260 s with two; the model and
+# attention tests take 0.83x the CPU time). Set up once here, for the whole session.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config):
@@ -93,14 +98,3 @@ def data(tmp_path_factory):
     finds there does not depend on which other modules ran first in its worker."""
     prefix = run_once(tmp_path_factory, "data", preprocess_sample_corpus)
     return prefix, str(tmp_path_factory.mktemp("data") / "cache")
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores the threads spin against other jobs
-    (measured: a 60-step fine-tune took 1.4 s with one thread, 260 s with two). Modules opt in with
-    `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

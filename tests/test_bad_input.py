@@ -18,8 +18,6 @@ from megatron_neobert.kernels import transformer_engine_available
 from megatron_neobert.pretrain import main
 from pretrain_cases import tiny_argv
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def short_run(data, *extra) -> list:
     """The tiny model for 1-2 steps: a schedule that fits them."""

@@ -18,8 +18,6 @@ from tools import benchmark_throughput
 from tools.benchmark_throughput import check_targets, format_markdown
 
 # The tool runs in this process: tiny models on shared cores (no timing asserts).
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 H100 = "NVIDIA H100 80GB HBM3"
 
 

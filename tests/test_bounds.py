@@ -11,8 +11,6 @@ from megatron_neobert.parallel.launch import DistributedState, initialize_model_
 from megatron_neobert.training.engine.trainer import HISTORY_STEPS
 from pretrain_cases import run_train, run_train_sampling_memory, tiny_argv
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def thread_names() -> collections.Counter:
     names = collections.Counter()

@@ -12,7 +12,6 @@ from megatron_neobert.embeddings.cde import (CDEEncoder, ContextualNeoBERT, cde_
 from megatron_neobert.embeddings.contrastive import info_nce_loss
 from megatron_neobert.embeddings.finetune import load_encoder
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 DOCS = ["pw1 pw2 red", "pw3 the dog", "pw4 with a cat and a bird", "pw5", "city river tree house road"]
 
 

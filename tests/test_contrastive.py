@@ -17,7 +17,6 @@ from megatron_neobert.embeddings.data import (MixtureBatchSampler, load_pair_dat
 from megatron_neobert.embeddings.finetune import load_encoder, lr_lambda, lr_reached
 from megatron_neobert.embeddings.instructions import finetune_instruction, format_query, load_instructions
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 INSTRUCTION = "Retrieve semantically similar text."
 
 

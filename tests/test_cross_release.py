@@ -20,7 +20,6 @@ OTHER_PYTHON = os.environ.get("NEOBERT_MEGATRON_CORE_0_16_PYTHON")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(RELEASE < (0, 19) or not OTHER_PYTHON,
                        reason="needs megatron-core 0.19 here and NEOBERT_MEGATRON_CORE_0_16_PYTHON (the 0.19 lane)"),
 ]

@@ -21,8 +21,6 @@ OUTPUTS = {
     "mteb.md": ["tasks/NFCorpus/qrels.tsv", "mteb_local/summary.md"],
 }
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

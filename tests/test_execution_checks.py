@@ -17,7 +17,7 @@ from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.engine.model_setup import setup_model_and_optimizer
 from megatron_neobert.training.engine.forward_step import run_micro_batches
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread", "cpu_execution")
+pytestmark = pytest.mark.usefixtures("cpu_execution")
 
 SHAPE = resolve_model_shape("neobert-tiny", dict(num_layers=2, hidden_size=64, num_attention_heads=4,
                                                   ffn_hidden_size=128, vocab_size=512))

@@ -33,8 +33,6 @@ from megatron_neobert.processes import process_start_ticks
 from pretrain_cases import after_each_step, full_disk_open, run_train, run_train_until_nonfinite, tiny_argv
 from shared_runs import run_once
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 SCHEDULE = ["--lr-decay-iters", "20"]
 LONG = "400"  # --train-iters of the runs a signal stops
 

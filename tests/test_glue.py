@@ -73,8 +73,6 @@ def write_glue_folder(root, n_train=48, n_dev=24, seed=0):
     return root
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -17,8 +17,6 @@ from megatron_neobert.hf import (
 
 from test_hf_model import ATOL, VOCAB, load_model, pad, random_official_state_dict, sentences, tiny_config
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def sd():

@@ -248,7 +248,6 @@ class NeoBERTModelTest(ModelTesterMixin, unittest.TestCase):
         super().tearDownClass()
 
     def setUp(self):
-        torch.set_num_threads(1)  # tiny models; threads only spin against other jobs on shared cores
         self.model_tester = NeoBERTModelTester(self)
         self.config_tester = ConfigTester(self, config_class=NeoBERTConfig, hidden_size=32, num_attention_heads=4)
 

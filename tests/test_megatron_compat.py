@@ -14,8 +14,6 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 VOCAB = os.path.join(SAMPLE_TOKENIZER, "vocab.txt")
 SHAPE = ["--model-preset", "neobert-tiny", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--ffn-hidden-size", "128"]

@@ -18,8 +18,6 @@ from checkpoint_files import args_only_checkpoint
 from pretrain_cases import run_train
 from test_train_log import ITERATION, MEGATRON_FIELDS, VALIDATION
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 VOCAB = os.path.join(SAMPLE_TOKENIZER, "vocab.txt")
 
 

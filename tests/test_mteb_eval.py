@@ -20,7 +20,6 @@ from megatron_neobert.embeddings.instructions import format_query, load_instruct
 from megatron_neobert.embeddings.mteb_eval import (NeoBERTEncoder, checkpoint_revision, resolve_tasks,  # noqa: E402
                                                    run_mteb, summarize)
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PAIRS = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
 LOCAL = dict(description="Local test task.", reference=None, dataset={"path": "local/none", "revision": "1"},
              category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], date=None, dialect=[], domains=[],

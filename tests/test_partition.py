@@ -24,7 +24,7 @@ from megatron_neobert.parallel.launch import run_on_ranks
 from pretrain_cases import run_train
 from test_faults import IDLE_S, RESTARTED, Job, argv, logged, losses, restart_cost
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.integration
 
 ADDRESSES = {"a": "10.213.0.1", "b": "10.213.0.2"}
 RENDEZVOUS_PORT = 29500

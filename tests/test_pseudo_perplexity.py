@@ -22,8 +22,6 @@ MASK = VOCAB.index("[MASK]")
 TEXT = "the quick dog jumps over the lazy cat and the bird sings in the old tree by the river"
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models on shared cores
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):

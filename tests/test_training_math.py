@@ -21,7 +21,7 @@ from megatron_neobert.training.engine import trainer
 from megatron_neobert.training.config.arguments import parse_settings
 from pretrain_cases import run_train, tiny_argv
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.integration
 
 STEPS = 5
 # Megatron-LM's WordPiece tokenizer (8194 ids: BERT's 8192 and [BOS] [EOS]) pads the vocabulary to 8320 rows;

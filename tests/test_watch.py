@@ -20,8 +20,6 @@ from pretrain_cases import tiny_argv
 
 from megatron_neobert.data.assets import SAMPLE_CORPUS
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 REPO = Path(__file__).resolve().parents[1]
 ITERATIONS = [2, 4, 6]
 TASKS = ["glue/sst2", "mteb/MySTS", "pppl/len_64"]
