@@ -6,8 +6,8 @@ it got slower. A fixture shared by a session is made by whichever test asks firs
 it as `fixture:NAME`. Tests are named from tests/, parametrized cases sharing their test's entry.
 
 MARGIN is the spread of repeated runs: in three whole-suite runs on the 2-core machine, other jobs beside them, the
-slowest phase not on the list took 28 s at best and 49 s at worst, so a phase fails only past twice the budget. `--no-time-budget` reports
-the overruns without failing (a loaded workstation, a debugger).
+slowest phase not on the list took 28 s at best and 49 s at worst, so a phase fails only past twice the budget.
+`--no-time-budget` reports the overruns without failing (a loaded workstation, a debugger).
 """
 
 import dataclasses
