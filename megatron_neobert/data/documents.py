@@ -68,9 +68,18 @@ class CorpusDocuments:
                 raw = index.sequence_lengths[first_sequence[0]:first_sequence[-1]]  # one sequence a document
             else:
                 raw = raw_lengths(index, numpy.arange(lo, hi))
-            lead = numpy.minimum(self.lead[lo:hi], raw)
-            out[lo:hi] = raw - lead - numpy.minimum(self.trail[lo:hi], raw - lead)
+            out[lo:hi] = _trimmed(raw, self.lead[lo:hi], self.trail[lo:hi])
         return out
+
+    def lengths_of(self, index, docs: numpy.ndarray) -> numpy.ndarray:
+        """``lengths`` of the given documents only (a sample's, when it is read)."""
+        return _trimmed(raw_lengths(index, docs), self.lead[docs], self.trail[docs])
+
+
+def _trimmed(raw: numpy.ndarray, lead: numpy.ndarray, trail: numpy.ndarray) -> numpy.ndarray:
+    """Tokens left of documents of `raw` tokens once their lead and trail are dropped (none where none are)."""
+    lead = numpy.minimum(lead, raw)
+    return raw - lead - numpy.minimum(trail, raw - lead)
 
 
 def uniform(value: int, n: int) -> numpy.ndarray:

@@ -19,209 +19,216 @@ leave such a gap:
 Only a sample whose pieces cannot be split that way (1-token pieces, at most one of 2: a corpus
 of 1-2 token documents) gets a ``[PAD]`` piece (doc = -1, no [CLS]/[SEP]) without labels.
 
-``pack_documents`` is vectorised: in the coordinate where every document start costs 2 tokens,
-samples advance by ``seq_length - 2`` until a sample ends exactly at a document end or on a gap;
-numpy finds the next such event and only events run Python code (about 3 per ``mean document
-length + 2`` samples on web text).
+A sample's pieces depend only on where it starts and on the lengths of the documents it reaches, so the layout
+keeps two integers per sample, as megatron-core's sample index does: the *stream position* of its first document
+(its place in the epoch order; positions past the order re-read its start, to complete the last sample) and the
+token offset in it. The pieces are derived when a sample is read (``packed_pieces``, ``chunk_piece``).
+
+``pack_starts`` finds the starts vectorised. In the coordinate ``h`` where every document start costs 2 tokens
+([CLS]/[SEP]), sample ends advance by ``seq_length - 2`` until one lands 0-2 past a document's start (it ends on
+a document end, or leaves a 1-2 token gap: an *event*, about one sample in 200 on web text). Such a document is
+found among the next ones by its ``h`` modulo ``seq_length - 2``, so only events run Python code; the other
+samples' documents come from one search of their ends at the end.
 """
 
-from typing import NamedTuple
+from typing import Callable, List, NamedTuple
 
 import numpy
 
 PAD_PIECE = -1
+_CHUNK = 1 << 22  # elements per slice of the passes over documents and samples: no temporary as large as the input
 
 
-class Layout(NamedTuple):
-    sample_ptr: numpy.ndarray  # int64 [n_samples + 1]: pieces of sample i are ptr[i]:ptr[i+1]
-    piece_doc: numpy.ndarray  # int32 (int64 from 2**31 documents): position in the `lengths` given (PAD_PIECE: padding)
-    piece_start: numpy.ndarray  # int64: first token of the piece within its document
-    piece_len: numpy.ndarray  # int32: tokens taken (without [CLS]/[SEP])
-    piece_wrapped: numpy.ndarray  # bool: piece re-reads the start of the order to fill the last
-    #                              sample (it is not part of this epoch's single pass)
+class SampleStarts(NamedTuple):
+    position: numpy.ndarray  # int32 (int64 past 2**31 positions): stream position of the first document
+    offset: numpy.ndarray  # int32: tokens of that document in the samples before
 
 
-def _stream(lengths: numpy.ndarray, order: numpy.ndarray, seq_length: int):
-    """The epoch's documents followed by re-reads of its start (>= 2 samples' worth), so the
-    last sample can be completed. Returns (document id per stream position, starts)."""
-    total = int(lengths[order].sum(dtype=numpy.int64))
+def _position_dtype(n: int):
+    return numpy.int32 if n < 2**31 else numpy.int64
+
+
+def _document_starts(lengths: numpy.ndarray, seq_length: int) -> numpy.ndarray:
+    """``h`` of the stream: the epoch's documents, then re-reads of its start (>= 2 samples' worth) so that the last
+    sample can be completed; one more entry after the last."""
+    n = lengths.shape[0]
+    total = int(lengths.sum(dtype=numpy.int64))
     if total >= 2 * seq_length:
-        extra = int(numpy.searchsorted(numpy.cumsum(lengths[order[:2 * seq_length]]),
-                                       2 * seq_length)) + 1
-        doc_of = numpy.concatenate([order, order[:extra]])
-    else:
-        doc_of = numpy.tile(order, 1 + -(-2 * seq_length // total))
-    starts = numpy.zeros(doc_of.shape[0] + 1, numpy.int64)
-    # (dtype given: an int32 input summed into int64 without it takes the slow casting path, 10x)
-    numpy.cumsum(lengths[doc_of], out=starts[1:], dtype=numpy.int64)
-    return doc_of, starts
+        stream = n + int(numpy.searchsorted(numpy.cumsum(lengths[:2 * seq_length]), 2 * seq_length)) + 1
+    else:  # a corpus shorter than two samples: the order repeated
+        stream = n * (1 + -(-2 * seq_length // total))
+    h = numpy.empty(stream + 1, numpy.int64)
+    h[0], carry = 0, 0
+    for lo in range(0, stream, _CHUNK):
+        hi = min(stream, lo + _CHUNK)
+        part = lengths[numpy.arange(lo, hi) % n] if hi > n else lengths[lo:hi]
+        numpy.cumsum(part + 2, out=h[lo + 1:hi + 1], dtype=numpy.int64)
+        h[lo + 1:hi + 1] += carry
+        carry = int(h[hi])
+    return h
 
 
-def pack_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
-    """Pack documents, in the given order, into samples of exactly ``seq_length`` tokens.
+def _residues(h: numpy.ndarray, period: int) -> numpy.ndarray:
+    """h modulo period (float division: a fifth of integer division's time; h < 2**53 keeps it exact but for the
+    rounding at multiples, corrected)."""
+    r = numpy.empty(h.shape[0], numpy.int16 if period < 2**14 else numpy.int32)
+    for lo in range(0, h.shape[0], _CHUNK):
+        part = h[lo:lo + _CHUNK]
+        q = numpy.floor(part * (1.0 / period))
+        rest = part - (q * period).astype(numpy.int64)
+        rest[rest < 0] += period
+        rest[rest >= period] -= period
+        r[lo:lo + part.shape[0]] = rest
+    return r
 
-    ``lengths[i]`` is the token count of the i-th document in epoch order (0 = skipped). The last
-    sample is completed by wrapping around to the first documents again (marked ``wrapped``).
-    """
+
+def pack_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
+    """Where each packed sample of exactly ``seq_length`` tokens starts, for documents of ``lengths`` (each > 0)
+    in epoch order. Samples start while the epoch's own tokens last; the last one is completed by re-reading the
+    order's start (stream positions ``>= len(lengths)`` are documents ``position % len(lengths)``)."""
     if seq_length < 8:
         raise ValueError(f"packed samples need seq_length >= 8, got {seq_length}")
-    lengths = numpy.asarray(lengths)  # int32 is enough: positions are summed in int64
-    order = numpy.flatnonzero(lengths > 0)
-    if order.size and order[-1] < 2**31:  # int32 document positions: half the memory of the pieces' documents
-        order = order.astype(numpy.int32)
-    if not order.size:
+    lengths = numpy.asarray(lengths)
+    if not lengths.size:
         raise ValueError("no non-empty document to pack")
-    doc_of, starts = _stream(lengths, order, seq_length)
-    n_own = order.size
-    end_of_epoch = int(starts[n_own])
-    del lengths, order  # the stream holds what is needed of them: peak memory
-    # h[d]: the coordinate of document d's start when each document start costs 2 ([CLS]/[SEP]).
-    h = numpy.arange(doc_of.shape[0], dtype=numpy.int64)
-    h *= 2
-    h += starts[:-1]
-    ends, end_docs = [], []  # where samples end (token positions) and the document holding it
-    splits, pads = [], []  # in-sample splits (token positions), (sample, tokens) paddings
-    n_ends, start, target = 0, 0, seq_length  # target: the current sample's end coordinate
-    window, steps = 256, (seq_length - 2) * numpy.arange(1 << 16, dtype=numpy.int64)
-    while start < end_of_epoch:
-        ys = target + steps[:window]
-        d = numpy.searchsorted(h, ys, "right") - 1
-        off = ys - h[d]
-        bad = numpy.flatnonzero(off < 3)  # 0: ends on a document end; 1-2: a gap
-        run = int(bad[0]) if bad.size else window
-        cut = starts[d[:run]] + off[:run] - 2  # ends inside a document: plain cuts
-        if run and cut[-1] >= end_of_epoch:
-            last = int(numpy.searchsorted(cut, end_of_epoch)) + 1
-            ends.append(cut[:last])
-            end_docs.append(d[:last])
+    n, period = lengths.shape[0], seq_length - 2
+    h = _document_starts(lengths, seq_length)
+    r = _residues(h[:-1], period)
+    last_plain = int(h[n]) + 3  # a plain end at or past it lies in a re-read document: the epoch's last sample
+    segments, events = [], []  # (first end coordinate, samples) per run of samples; (position, offset) per event
+    target, first, first_doc, window = seq_length, 0, 0, 512
+    while True:
+        # Plain ends are target + period * m; the epoch's last is the first at or past last_plain.
+        m_last = max(0, -(-(last_plain - target) // period))
+        y_last, phase = target + period * m_last, target % period
+        d, event = int(numpy.searchsorted(h, target - 2)), None
+        while event is None and d < r.shape[0] and int(h[d]) <= y_last:
+            w = r[d:d + window]  # an event document: (target - h) % period in {0, 1, 2}
+            hits = (w <= phase) & (w >= phase - 2) if phase >= 2 else (w <= phase) | (w >= phase - 2 + period)
+            at = int(hits.argmax())  # (the first True: argmax stops there)
+            if hits[at]:
+                event, window = d + at, max(512, 2 * at)
+            else:
+                d, window = d + window, min(2 * window, 1 << 16)
+        free = None if event is None else (phase - int(r[event])) % period
+        if event is None or int(h[event]) + free > y_last:
+            segments.append((target, m_last + 1))
             break
-        ends.append(cut)
-        end_docs.append(d[:run])
-        n_ends += run
-        start = int(cut[-1]) if run else start
-        if run == window:
-            target = int(ys[-1]) + seq_length - 2
-            window = min(2 * window, 1 << 16)
-            continue
-        window = max(64, 2 * run)
-        dd, free = int(d[run]), int(off[run])
-        end = (int(starts[dd]) if free == 0
-               else _close_sample(starts, start, dd, free, splits, pads, n_ends))
-        k = int(numpy.searchsorted(starts, end, "right")) - 1
-        ends.append(numpy.array([end], numpy.int64))
-        end_docs.append(numpy.array([k], numpy.int64))
-        n_ends += 1
-        start = end
-        # The next sample starts on a document start (its [CLS] is already counted) or inside one.
-        target = int(h[k]) + seq_length if end == starts[k] else end + 2 * k + seq_length
-    del h
-    ends, end_docs = numpy.concatenate(ends), numpy.concatenate(end_docs)
-    return _pieces(ends, end_docs, numpy.asarray(splits, numpy.int64), pads, starts, doc_of, n_own)
+        m = (int(h[event]) + free - target) // period
+        if m:  # the event sample starts where the plain one before it ends
+            first_doc = int(numpy.searchsorted(h, target + period * (m - 1), "right")) - 1
+            first = target + period * (m - 1) - 2 * first_doc - 2
+        end = int(h[event]) - 2 * event if free == 0 else _close_sample(h, first, first_doc, event, free)
+        k = event if end == int(h[event]) - 2 * event else event - 1  # the document the next sample starts in
+        segments.append((target, m + 1))
+        events.append((k, end - (int(h[k]) - 2 * k)))
+        if end >= int(h[n]) - 2 * n:
+            break
+        first, first_doc = end, k
+        target = (int(h[k]) if end == int(h[k]) - 2 * k else end + 2 * k) + seq_length
+    return _starts(h, segments, events, period)
 
 
-def _close_sample(starts, first, d, free, splits, pads, sample):
-    """A sample from token ``first`` whose document ``d - 1`` ends with ``free`` (1-2) tokens
-    left: split pieces (after moving the last token, or a 1-token last piece, to the next
-    sample when 1 is free), or pad. Returns where the sample ends."""
-    lo = max(first, int(starts[d - 1]))  # the last piece (document d - 1) starts here
-    whole = int(starts[d])
-    bounds = numpy.concatenate([[first], starts[numpy.searchsorted(starts, first, "right"):d]])
+def _close_sample(h, first, first_doc, d, free):
+    """Where a sample from token ``first`` (in document ``first_doc``) ends when document ``d - 1`` ends with
+    ``free`` (1-2) tokens left: after moving the last token, or a 1-token last piece, to the next sample when 1 is
+    free, if its pieces can be split ``needed`` times (a split takes a piece of >= 2 tokens: possible while the
+    tokens exceed the pieces by ``needed``); else the sample is padded and ends with the document."""
+    whole, last = int(h[d]) - 2 * d, int(h[d - 1]) - 2 * (d - 1)
+    lo = max(first, last)  # the last piece (document d - 1) starts here
     if free == 2:
-        end, needed = whole, 1
+        end, needed, pieces = whole, 1, d - first_doc
     elif whole - lo >= 2:
-        end, needed = whole - 1, 1
+        end, needed, pieces = whole - 1, 1, d - first_doc
     else:  # a 1-token last piece moves to the next sample: 4 tokens to fill
-        end, needed = lo, 2
-    # A sample holds a few pieces: plain Python lists beat numpy calls here (this runs once per event).
-    cuts = [c for c in bounds.tolist() if c < end] + [end]
-    made = []
-    for _ in range(needed):
-        sizes = [b - a for a, b in zip(cuts, cuts[1:])]
-        big = [i for i, size in enumerate(sizes) if size >= 2]
-        if not big:
-            break
-        b = big[-1]
-        made.append(cuts[b] + sizes[b] // 2)
-        cuts.insert(b + 1, made[-1])
-    if len(made) == needed:
-        splits.extend(sorted(made))
-        return end
-    pads.append((sample, free))
-    return whole
+        end, needed, pieces = lo, 2, d - 1 - first_doc
+    return end if end - first - pieces >= needed else whole
 
 
-def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
-    """Every document up to the last sample end, cut at the sample ends and splits inside it,
-    then the padding pieces after their sample's last piece. No sort, no search over pieces:
-    the cuts arrive sorted with their documents."""
-    last = int(ends[-1])
-    aligned = ends == starts[end_docs]  # the sample ends on a document end
-    n_docs = int(end_docs[-1]) + (0 if aligned[-1] else 1)
-    inner_end = ~aligned
-    inner_end[-1] = False  # the last end closes the layout, it opens no piece
-    ends_in, docs_in = ends[inner_end], end_docs[inner_end]
-    n_samples = ends.shape[0]
-    del ends, inner_end  # peak memory
-    split_docs = numpy.searchsorted(starts, splits, "right") - 1
-    # Merge two sorted runs: an element's place is its rank plus the other run's elements before.
-    at_end = numpy.arange(ends_in.shape[0]) + numpy.searchsorted(splits, ends_in)
-    at_split = numpy.arange(splits.shape[0]) + numpy.searchsorted(ends_in, splits)
-    n_inner = ends_in.shape[0] + splits.shape[0]
-    inner, inner_doc, inner_is_end = (numpy.empty(n_inner, numpy.int64),
-                                      numpy.empty(n_inner, numpy.int64), numpy.zeros(n_inner, bool))
-    inner[at_end], inner[at_split] = ends_in, splits
-    inner_doc[at_end], inner_doc[at_split] = docs_in, split_docs
-    inner_is_end[at_end] = True
-    del ends_in, docs_in, at_end, at_split
-    per_doc = numpy.bincount(inner_doc, minlength=n_docs) + 1
-    del inner_doc
-    first = numpy.zeros(n_docs, numpy.int64)  # each document's first piece
-    numpy.cumsum(per_doc[:-1], out=first[1:])
-    opens_doc = numpy.zeros(n_docs + n_inner, bool)
-    opens_doc[first] = True
-    lo = numpy.empty(n_docs + n_inner, numpy.int64)
-    lo[first] = starts[:n_docs]
-    lo[~opens_doc] = inner
-    opens_sample = numpy.zeros(n_docs + n_inner, bool)
-    opens_sample[~opens_doc] = inner_is_end
-    opens_sample[first[end_docs[aligned][:-1 if aligned[-1] else None]]] = True
-    del inner, inner_is_end, opens_doc, first, end_docs, aligned
-    sample_ptr = numpy.concatenate([[0], numpy.flatnonzero(opens_sample), [n_docs + n_inner]])
-    del opens_sample
-    piece_len = numpy.empty(lo.shape[0], numpy.int32)
-    numpy.subtract(lo[1:], lo[:-1], out=piece_len[:-1], casting="unsafe")
-    piece_len[-1] = last - lo[-1]
-    index = numpy.int32 if n_docs < 2**31 else numpy.int64
-    doc = numpy.repeat(numpy.arange(n_docs, dtype=index), per_doc)
-    del per_doc
-    piece_doc = numpy.empty(doc.shape[0], doc_of.dtype)
-    for at in range(0, doc.shape[0], 1 << 22):  # in slices: no temporary as large as the pieces
-        piece = doc[at:at + (1 << 22)]
-        piece_doc[at:at + piece.shape[0]] = doc_of[piece]
-        lo[at:at + piece.shape[0]] -= starts[piece]
-    piece_start, piece_wrapped = lo, doc >= n_own
-    del doc
-    if pads:
-        pad_sample, pad_len = (numpy.asarray(x, numpy.int64) for x in zip(*pads))
-        at = sample_ptr[pad_sample + 1]  # after the sample's last piece
-        piece_doc = numpy.insert(piece_doc, at, PAD_PIECE)
-        piece_start = numpy.insert(piece_start, at, 0)
-        piece_len = numpy.insert(piece_len, at, pad_len.astype(numpy.int32))
-        piece_wrapped = numpy.insert(piece_wrapped, at, False)
-        sample_ptr[1:] += numpy.cumsum(numpy.bincount(pad_sample, minlength=n_samples))
-    return Layout(sample_ptr, piece_doc, piece_start, piece_len, piece_wrapped)
+def _starts(h, segments, events, period) -> SampleStarts:
+    """Sample i + 1 starts where sample i ends: a plain end's document found by one search over ``h`` a slice at
+    a time, an event's given."""
+    counts = numpy.array([c for _, c in segments], numpy.int64)
+    n_samples = int(counts.sum())
+    seg_first = numpy.zeros(counts.shape[0] + 1, numpy.int64)
+    numpy.cumsum(counts, out=seg_first[1:])
+    base = numpy.array([t for t, _ in segments], numpy.int64) - period * seg_first[:-1]
+    position = numpy.zeros(n_samples, _position_dtype(h.shape[0]))
+    offset = numpy.zeros(n_samples, numpy.int32)
+    step = max(1, _CHUNK // max(1, n_samples // max(1, counts.shape[0])))  # segments per slice
+    for s in range(0, counts.shape[0], step):
+        lo, hi = int(seg_first[s]), int(seg_first[min(counts.shape[0], s + step)])
+        ends = numpy.repeat(base[s:s + step], counts[s:s + step]) + period * numpy.arange(lo, hi, dtype=numpy.int64)
+        # Searched among the documents the slice spans: a part of h that stays in the CPU's caches.
+        first, last = numpy.searchsorted(h, [ends[0], ends[-1]], "right") - 1
+        doc = numpy.searchsorted(h[first:last + 1], ends, "right") + (first - 1)
+        ends -= h[doc]
+        ends -= 2  # tokens of the document before the end
+        hi = min(hi, n_samples - 1)  # the last sample's end starts nothing
+        position[lo + 1:hi + 1], offset[lo + 1:hi + 1] = doc[:hi - lo], ends[:hi - lo]
+    events = events[:counts.shape[0] - 1]  # the last sample's end starts nothing
+    if events:
+        at = seg_first[1:len(events) + 1]  # an event ends its segment; its end starts the next one's first sample
+        position[at], offset[at] = zip(*events)
+    return SampleStarts(position, offset)
 
 
-def chunk_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
-    """One piece per sample: each document cut into chunks of ``seq_length - 2`` tokens."""
+def chunk_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
+    """One sample per chunk of ``seq_length - 2`` tokens of each document (each > 0), in order."""
     if seq_length < 3:
         raise ValueError(f"seq_length must be >= 3, got {seq_length}")
     lengths = numpy.asarray(lengths, numpy.int64)
     room = seq_length - 2
     chunks = (lengths + room - 1) // room
-    docs = numpy.repeat(numpy.arange(len(lengths), dtype=numpy.int64), chunks)
+    position = numpy.repeat(numpy.arange(lengths.shape[0], dtype=_position_dtype(lengths.shape[0])), chunks)
     first_chunk = numpy.repeat(numpy.cumsum(chunks) - chunks, chunks)
-    starts = (numpy.arange(len(docs), dtype=numpy.int64) - first_chunk) * room
-    lens = numpy.minimum(lengths[docs] - starts, room).astype(numpy.int32)
-    return Layout(numpy.arange(len(docs) + 1, dtype=numpy.int64), docs, starts, lens,
-                  numpy.zeros(len(docs), bool))
+    return SampleStarts(position, ((numpy.arange(position.shape[0]) - first_chunk) * room).astype(numpy.int32))
+
+
+def chunk_piece(position: int, offset: int, seq_length: int, length: int) -> List[List[int]]:
+    """The one piece of a padded sample, of a document of ``length`` tokens."""
+    return [[position, offset, min(length - offset, seq_length - 2)]]
+
+
+def packed_pieces(position: int, offset: int, seq_length: int,
+                  lengths_at: Callable[[int, int], List[int]]) -> List[List[int]]:
+    """The pieces ``[stream position, start, length]`` (padding: ``[PAD_PIECE, 0, length]``) of the packed sample
+    that starts ``offset`` tokens into the document at ``position``. ``lengths_at(lo, hi)``: the lengths of the
+    documents at stream positions lo..hi-1, asked for a few at a time."""
+    pieces, room, j, off = [], seq_length, position, offset
+    ahead, known = [], position
+    while room:
+        if j == known:
+            ahead = lengths_at(j, j + max(4, 2 * len(ahead)))
+            known = j + len(ahead)
+        rest = ahead[j - known + len(ahead)] - off
+        free = room - rest - 2
+        if free == 0 or free >= 3:  # the document fits whole
+            pieces.append([j, off, rest])
+            room, j, off = free, j + 1, 0
+        elif free < 0:  # cut: the rest opens the next sample
+            pieces.append([j, off, room - 2])
+            room = 0
+        else:  # a 1-2 token gap
+            def can_split():
+                return any(p[2] >= 2 for p in pieces)
+            if free == 1 and rest >= 2 and (rest >= 3 or can_split()):
+                pieces.append([j, off, rest - 1])  # the last token opens the next sample
+                _split_last_big(pieces)
+            elif free == 1 and rest == 1 and sum(p[2] - 1 for p in pieces) >= 2:
+                _split_last_big(pieces)  # the 1-token document opens the next sample
+                _split_last_big(pieces)
+            else:
+                pieces.append([j, off, rest])
+                if free == 2 and can_split():
+                    _split_last_big(pieces)
+                else:
+                    pieces.append([PAD_PIECE, 0, free])
+            room = 0
+    return pieces
+
+
+def _split_last_big(pieces):
+    k = max(i for i, p in enumerate(pieces) if p[2] >= 2)
+    j, start, length = pieces[k]
+    pieces[k:k + 1] = [[j, start, length // 2], [j, start + length // 2, length - length // 2]]

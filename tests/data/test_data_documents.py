@@ -54,7 +54,7 @@ def test_a_second_start_reads_no_document(sample_tokenizer, tmp_path):
     _keep_mtime(prefix + ".bin", lambda: open(prefix + ".bin", "r+b").write(bytes(os.path.getsize(prefix + ".bin"))))
     second = _build(tok, prefix, str(tmp_path / "cache"))
     assert int(second._doc_lead[0]) == 1
-    for name in ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index"):
+    for name in ("documents", "sample_position", "sample_offset", "shuffle_index"):
         assert isinstance(getattr(second, name), numpy.memmap), name
         assert numpy.array_equal(getattr(second, name), getattr(first, name)), name
     assert second.indices is None  # megatron-core's document ids are not kept once the layout exists

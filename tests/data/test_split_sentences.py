@@ -165,10 +165,7 @@ def test_the_trainer_reads_a_document_as_its_sentences(punkt_model, corpus_slice
         sample = train[i]
         tokens = torch.where(sample["labels"] != -100, sample["labels"], sample["tokens"]).numpy()
         bounds = sample["cu_seqlens"].tolist()
-        j = int(train.shuffle_index[i])
-        for p, a, b in zip(range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1])),
-                           bounds[:-1], bounds[1:]):
-            d, start = int(train.piece_doc[p]), int(train.piece_start[p])
+        for (d, start, _), a, b in zip(train.pieces(i), bounds[:-1], bounds[1:]):
             assert tokens[a] == sample_tokenizer.cls_id and tokens[b - 1] == sample_tokenizer.sep_id
             numpy.testing.assert_array_equal(tokens[a + 1:b - 1], documents[d][start:start + b - a - 2])
             covered[d][start:start + b - a - 2] = True
