@@ -37,8 +37,8 @@ from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa
 
 
 def real_token_share(prefix, tokenizer, seq_length, packed, micro_batch_size):
-    from megatron_neobert.data.loader import build_data_loader
-    from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+    from megatron_neobert.data.datasets.loader import build_data_loader
+    from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
     config = MLMDatasetConfig(random_seed=1234, sequence_length=seq_length, blend=([prefix], None),
                               split="1,0,0", tokenizer=tokenizer, packed=packed,
                               path_to_cache=os.path.join(os.path.dirname(prefix), "cache"))
@@ -88,7 +88,7 @@ def peak_kb():
 
 _LAYOUT_SCRIPT = _PEAK_KB + """
 import json, sys, time, numpy
-from megatron_neobert.data.packing import chunk_starts, pack_starts
+from megatron_neobert.data.datasets.packing import chunk_starts, pack_starts
 n, seq, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 lengths = numpy.maximum(1, numpy.random.default_rng(0).lognormal(6.0, 1.0, n)).astype(numpy.int32)
 base = peak_kb()
@@ -151,8 +151,8 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
 _BUILD_SCRIPT = _PEAK_KB + """
 import json, sys, time, os, numpy, psutil
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
-from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+from megatron_neobert.data.datasets.mlm_dataset import LAYOUT_FIELDS
+from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.config.arguments import parse_settings
 settings = parse_settings(json.loads(sys.argv[1]))
 tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
@@ -281,7 +281,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
     from megatron_neobert.data.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
@@ -368,7 +368,7 @@ def main(argv=None):
 _MERGE_SCRIPT = _PEAK_KB + """
 import json, sys, time, numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-from megatron_neobert.data.index_writer import IndexedWriter
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 out, how, shards = sys.argv[1], sys.argv[2], sys.argv[3:]
 start = time.perf_counter()
 writer = (IndexedWriter(out + ".bin", numpy.uint16) if how == "ours"
@@ -390,7 +390,7 @@ def merge_at_scale(documents, folder, shards=4):
 
     import numpy
 
-    from megatron_neobert.data.index_writer import IndexedWriter
+    from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
     prefixes = []
     for i in range(shards):
         n = documents // shards

@@ -1,4 +1,4 @@
-"""Layout 3's packer (megatron_neobert/data/packing.py until the per-sample layout), kept as the oracle of the
+"""Layout 3's packer (megatron_neobert/data/datasets/packing.py until the per-sample layout), kept as the oracle of the
 tests: vectorised, it materialises every piece of every sample, fast enough to compare the per-sample layout with at
 scale. Its rules are those of packing.py's docstring; ``packing_reference.py`` is the slow sequential reference.
 """

@@ -1,4 +1,4 @@
-"""The corpus's document table (data/documents.py): worked out once, cached, never re-read from the .bin."""
+"""The corpus's document table (data/datasets/documents.py): worked out once, cached, never re-read from the .bin."""
 
 import os
 
@@ -6,9 +6,9 @@ import numpy
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-import megatron_neobert.data.documents as documents
+import megatron_neobert.data.datasets.documents as documents
 from megatron_neobert.data.indexed import IndexedDataError, open_indexed
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 
 
 def _write(prefix, docs):

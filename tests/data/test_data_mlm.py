@@ -13,11 +13,12 @@ from packing_layout3 import pack_documents
 from packing_reference import reference_pack
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.blend import parse_data_path
-from megatron_neobert.data.length_subset import make_length_subset
-from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
-from megatron_neobert.data.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
+from megatron_neobert.data.datasets.blend import parse_data_path
+from megatron_neobert.data.preprocessing.length_subset import make_length_subset
+from megatron_neobert.data.datasets.batches import collate_mlm_batch
+from megatron_neobert.data.datasets.loader import build_data_loader
+from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
 
 SEQ = 256
 
@@ -239,7 +240,7 @@ sys.path.insert(0, {os.getcwd()!r}); sys.path.insert(0, {os.path.dirname(__file_
 from test_data_mlm import _config
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.mlm_dataset import build_mlm_datasets
+from megatron_neobert.data.datasets.mlm_dataset import build_mlm_datasets
 tok = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
 train = build_mlm_datasets(_config(tok, [{indexed_prefix!r}], cache={cache!r}), [1000, None, None])[0]
 torch.save([train[i] for i in (0, 7, 999)], {out!r})
@@ -291,7 +292,7 @@ def test_sample_i_does_not_depend_on_the_number_of_samples(sample_tokenizer, ind
 
 
 def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, monkeypatch):
-    import megatron_neobert.data.mlm_dataset as mlm
+    import megatron_neobert.data.datasets.mlm_dataset as mlm
     cache = str(tmp_path / "cache")
     first = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
                                        split="90,5,5"), [None] * 3)
@@ -322,7 +323,7 @@ def test_a_cache_of_another_layout_or_cut_short_is_rebuilt_with_a_line(sample_to
     names = _layout_files(cache)
     for name in names:  # the same dataset's files, as layout 3 named them
         os.replace(os.path.join(cache, name), os.path.join(cache, name.replace("-layout4-", "-layout3-")))
-    with caplog.at_level(logging.INFO, logger="megatron_neobert.data.mlm_dataset"):
+    with caplog.at_level(logging.INFO, logger="megatron_neobert.data.datasets.mlm_dataset"):
         again = build_mlm_datasets(config(), [None] * 3)[0]
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 1 and "as an earlier version of this package wrote it" in lines[0], lines
@@ -336,7 +337,7 @@ def test_a_cache_of_another_layout_or_cut_short_is_rebuilt_with_a_line(sample_to
         else:
             os.remove(offsets)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="megatron_neobert.data.mlm_dataset"):
+        with caplog.at_level(logging.WARNING, logger="megatron_neobert.data.datasets.mlm_dataset"):
             rebuilt = build_mlm_datasets(config(), [None] * 3)[0]
         assert [r.getMessage().split(":")[0] for r in caplog.records] == [
             f"rebuild the MLMDataset train layout in {cache}"], damage
@@ -513,7 +514,7 @@ def _segments(dataset, tok):
 def test_special_tokens_in_the_data_are_not_doubled(written_with, sample_tokenizer, corpus_slice,
                                                      expected_ids, tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
     tok = sample_tokenizer
     if written_with == "append_eod":
         prefix = preprocess_data([corpus_slice[0]], str(tmp_path / "eod"), tokenizer_model=SAMPLE_TOKENIZER,
@@ -560,8 +561,8 @@ def test_a_length_subset_blend_never_trains_on_a_validation_document(sample_toke
 def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_prefix, tmp_path,
                                                      monkeypatch):
     import json
-    import megatron_neobert.data.mlm_dataset as mlm
-    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    import megatron_neobert.data.datasets.mlm_dataset as mlm
+    from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
     from megatron_neobert.training.config.arguments import parse_settings
     from tools.build_data_cache import main
     subset = str(tmp_path / "plus1024")

@@ -3,7 +3,8 @@ materialised every piece): the same pieces, [CLS]/[SEP] and masks, in the same o
 resumes exactly across the change.
 
 ``layout_identity.json`` holds a digest of every sample of every case below, written by layout 3's code (commit
-f8318c6) with ``python tests/data/test_layout_identity.py FILE``; the test recomputes them with the code of today.
+f8318c6, with this file as of commit c5107c5: ``python tests/data/test_layout_identity.py FILE``); the test
+recomputes them with the code of today.
 The corpora hold every edge of packing: 1- and 2-token documents and the 1-2 token gaps that force splits, corpora
 of only such documents (padding pieces), empty documents and documents emptied by their trimmed [CLS]/[SEP], a
 corpus shorter than two samples (the stream re-read several times), the epoch wrap, several epochs, train and
@@ -71,7 +72,7 @@ def _digest(sample):
 def digests(folder):
     """{case: {split: [digest of each sample]}} with the code on the path."""
     from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-    from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+    from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
     from megatron_neobert.data.tokenizer import build_tokenizer
     tok = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
     assert (tok.cls_id, tok.sep_id) == (2, 3)  # the ids the cls_sep corpus is written with
