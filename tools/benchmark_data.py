@@ -32,8 +32,8 @@ from typing import Optional
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
 
-from megatron_neobert.flags import ArgumentParser, add_flags, setting  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
+from megatron_neobert.flags import ArgumentParser, add_flags, setting  # noqa: E402
 
 
 def real_token_share(prefix, tokenizer, seq_length, packed, micro_batch_size):
@@ -150,9 +150,9 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
 
 _BUILD_SCRIPT = _PEAK_KB + """
 import json, sys, time, os, numpy, psutil
-from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.datasets.mlm_dataset import LAYOUT_FIELDS
 from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
+from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.training.config.arguments import parse_settings
 settings = parse_settings(json.loads(sys.argv[1]))
 tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
@@ -220,8 +220,8 @@ def build_at_scale(documents, seq_length, tokenizer_model, folder):
     """Cold (no cache) and warm trainer builds of a `documents`-document corpus, as Megatron-LM writes it and
     with our record, length `seq_length`, split 100,0,0 (one epoch), each with the cache it wrote (MB); and
     megatron-core's GPTDataset builds of the first (cold, warm) between our cold and warm builds."""
-    from megatron_neobert.data.tokenizer import build_tokenizer
     from megatron_neobert.data.records import tokenizer_record
+    from megatron_neobert.data.tokenizer import build_tokenizer
     record = tokenizer_record(build_tokenizer("HuggingFaceTokenizer", tokenizer_model), append_eod=False)
     results, gpt = {}, None
     for name, rec in (("Megatron-LM's", None), ("ours", {**record, "max_token_id": 0})):

@@ -7,8 +7,8 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 import megatron_neobert.data.datasets.documents as documents
-from megatron_neobert.data.indexed import IndexedDataError, open_indexed
 from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.indexed import IndexedDataError, open_indexed
 
 
 def _write(prefix, docs):

@@ -13,12 +13,12 @@ from packing_layout3 import pack_documents
 from packing_reference import reference_pack
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.datasets.blend import parse_data_path
-from megatron_neobert.data.preprocessing.length_subset import make_length_subset
 from megatron_neobert.data.datasets.batches import collate_mlm_batch
+from megatron_neobert.data.datasets.blend import parse_data_path
 from megatron_neobert.data.datasets.loader import build_data_loader
 from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
+from megatron_neobert.data.preprocessing.length_subset import make_length_subset
 
 SEQ = 256
 
@@ -239,8 +239,8 @@ import sys, torch
 sys.path.insert(0, {os.getcwd()!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_data_mlm import _config
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.tokenizer import build_tokenizer
 from megatron_neobert.data.datasets.mlm_dataset import build_mlm_datasets
+from megatron_neobert.data.tokenizer import build_tokenizer
 tok = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
 train = build_mlm_datasets(_config(tok, [{indexed_prefix!r}], cache={cache!r}), [1000, None, None])[0]
 torch.save([train[i] for i in (0, 7, 999)], {out!r})

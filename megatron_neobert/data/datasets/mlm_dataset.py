@@ -38,8 +38,8 @@ from megatron.core.datasets.utils import Split
 from megatron_neobert.atomic_write import commit, temporary_sibling, write_text_atomic
 from megatron_neobert.data.datasets.checks import check_vocabulary, split_as_corpus, unknown_token_error
 from megatron_neobert.data.datasets.documents import corpus_documents
-from megatron_neobert.data.indexed import IndexArrays, open_indexed
 from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
+from megatron_neobert.data.indexed import IndexArrays, open_indexed
 from megatron_neobert.megatron_core_compat import rank_zero_without_process_group
 
 logger = logging.getLogger(__name__)

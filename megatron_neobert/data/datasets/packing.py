@@ -126,6 +126,7 @@ def pack_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
             break
         first, first_doc = end, k
         target = (int(h[k]) if end == int(h[k]) - 2 * k else end + 2 * k) + seq_length
+    del r  # peak memory
     return _starts(h, segments, events, period)
 
 
@@ -155,7 +156,8 @@ def _starts(h, segments, events, period) -> SampleStarts:
     base = numpy.array([t for t, _ in segments], numpy.int64) - period * seg_first[:-1]
     position = numpy.zeros(n_samples, _position_dtype(h.shape[0]))
     offset = numpy.zeros(n_samples, numpy.int32)
-    step = max(1, _CHUNK // max(1, n_samples // max(1, counts.shape[0])))  # segments per slice
+    # Segments per slice: about a million samples (four temporaries of 8 bytes a sample).
+    step = max(1, (_CHUNK // 4) // max(1, n_samples // max(1, counts.shape[0])))
     for s in range(0, counts.shape[0], step):
         lo, hi = int(seg_first[s]), int(seg_first[min(counts.shape[0], s + step)])
         ends = numpy.repeat(base[s:s + step], counts[s:s + step]) + period * numpy.arange(lo, hi, dtype=numpy.int64)

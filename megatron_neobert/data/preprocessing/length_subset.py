@@ -18,8 +18,8 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path
 
 from megatron_neobert.atomic_write import atomic_path
-from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths, raw_lengths
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 from megatron_neobert.data.records import SOURCE_IDS_SUFFIX, publish, read_record
 from megatron_neobert.progress import progress_bar
 

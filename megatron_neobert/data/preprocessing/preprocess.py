@@ -44,13 +44,13 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_idx_path
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, token_dtype
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 from megatron_neobert.data.preprocessing.merge import merge_datasets
 from megatron_neobert.data.preprocessing.preprocess_settings import PreprocessSettings
 from megatron_neobert.data.preprocessing.readers import Record, count_records, expand_inputs, iter_records
-from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
 from megatron_neobert.data.preprocessing.sentences import SentenceSplitter
+from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
