@@ -156,11 +156,11 @@ def _starts(h, segments, events, period) -> SampleStarts:
     base = numpy.array([t for t, _ in segments], numpy.int64) - period * seg_first[:-1]
     position = numpy.zeros(n_samples, _position_dtype(h.shape[0]))
     offset = numpy.zeros(n_samples, numpy.int32)
-    # Segments per slice: about a million samples (four temporaries of 8 bytes a sample).
-    step = max(1, (_CHUNK // 4) // max(1, n_samples // max(1, counts.shape[0])))
-    for s in range(0, counts.shape[0], step):
-        lo, hi = int(seg_first[s]), int(seg_first[min(counts.shape[0], s + step)])
-        ends = numpy.repeat(base[s:s + step], counts[s:s + step]) + period * numpy.arange(lo, hi, dtype=numpy.int64)
+    for lo in range(0, n_samples, _CHUNK // 4):  # a million samples at a time: four temporaries of 8 bytes each
+        hi = min(n_samples, lo + _CHUNK // 4)
+        s0, s1 = int(numpy.searchsorted(seg_first, lo, "right")) - 1, int(numpy.searchsorted(seg_first, hi))
+        in_slice = numpy.diff(numpy.clip(seg_first[s0:s1 + 1], lo, hi))  # each segment's samples in the slice
+        ends = numpy.repeat(base[s0:s1], in_slice) + period * numpy.arange(lo, hi, dtype=numpy.int64)
         # Searched among the documents the slice spans: a part of h that stays in the CPU's caches.
         first, last = numpy.searchsorted(h, [ends[0], ends[-1]], "right") - 1
         doc = numpy.searchsorted(h[first:last + 1], ends, "right") + (first - 1)
