@@ -36,7 +36,7 @@ from typing import Callable, List, NamedTuple
 import numpy
 
 PAD_PIECE = -1
-_CHUNK = 1 << 22  # elements per slice of the passes over documents and samples: no temporary as large as the input
+_CHUNK = 1 << 20  # elements per slice of the passes over documents and samples: temporaries of a few MB
 
 
 class SampleStarts(NamedTuple):
@@ -156,8 +156,8 @@ def _starts(h, segments, events, period) -> SampleStarts:
     base = numpy.array([t for t, _ in segments], numpy.int64) - period * seg_first[:-1]
     position = numpy.zeros(n_samples, _position_dtype(h.shape[0]))
     offset = numpy.zeros(n_samples, numpy.int32)
-    for lo in range(0, n_samples, _CHUNK // 4):  # a million samples at a time: four temporaries of 8 bytes each
-        hi = min(n_samples, lo + _CHUNK // 4)
+    for lo in range(0, n_samples, _CHUNK):  # a million samples at a time: four temporaries of 8 bytes each
+        hi = min(n_samples, lo + _CHUNK)
         s0, s1 = int(numpy.searchsorted(seg_first, lo, "right")) - 1, int(numpy.searchsorted(seg_first, hi))
         in_slice = numpy.diff(numpy.clip(seg_first[s0:s1 + 1], lo, hi))  # each segment's samples in the slice
         ends = numpy.repeat(base[s0:s1], in_slice) + period * numpy.arange(lo, hi, dtype=numpy.int64)
