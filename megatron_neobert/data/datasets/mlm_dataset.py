@@ -380,8 +380,10 @@ class MLMDataset(MegatronDataset):
             if not order_lengths.all():  # documents without tokens take no place in the stream
                 keep = order_lengths > 0
                 order, order_lengths = order[keep], order_lengths[keep]
-            starts = (pack_starts if self.config.packed else chunk_starts)(order_lengths, seq)
+            # Handed over, not kept here: the packer drops the lengths once it has what it needs of them (peak memory).
+            handed = [order_lengths]
             del order_lengths
+            starts = (pack_starts if self.config.packed else chunk_starts)(handed.pop(), seq)
             n = starts.position.shape[0]
             # Shuffle samples within the epoch so one long document's chunks spread over batches.
             shuffle = numpy.arange(samples, samples + n, dtype=sample_id)

@@ -93,6 +93,7 @@ def pack_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
         raise ValueError("no non-empty document to pack")
     n, period = lengths.shape[0], seq_length - 2
     h = _document_starts(lengths, seq_length)
+    del lengths  # the caller may have handed it over: h holds what is needed of it (peak memory)
     r = _residues(h[:-1], period)
     last_plain = int(h[n]) + 3  # a plain end at or past it lies in a re-read document: the epoch's last sample
     segments, events = [], []  # (first end coordinate, samples) per run of samples; (position, offset) per event
