@@ -349,6 +349,7 @@ def _build_into(args):
     return len(build_mlm_datasets(_config(tok, [prefix], cache=cache, seq=64), [3000, None, None])[0])
 
 
+@pytest.mark.integration
 def test_builders_at_once_leave_one_complete_cache(sample_tokenizer, indexed_prefix, tmp_path):
     """Two jobs (or ranks) building the same layout at once: each writes under names of its own and renames, so the
     cache ends complete, with no temporary file left, and reads as one build's."""

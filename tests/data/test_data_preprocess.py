@@ -412,6 +412,11 @@ def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, caps
     # the trainer's build beside it: cold and warm, Megatron-LM's data and ours; then the blend's start
     for data in ("Megatron-LM's", "ours"):
         assert re.search(rf"^   {data} +cold +\d+\.\d{{3}}( +[\d,]+){{3}} +\d+\.\d{{3}}\n +warm ", out, re.M), out
+    # megatron-core's GPTDataset build of the same index beside ours: samples, seconds, peak and cache, the ratios
+    for build in ("ours \\(MLMDataset, packed\\)", "megatron-core GPTDataset"):
+        row = rf"^   {build} +[\d,]+ +\d+\.\d\d +[\d,]+ +[\d,]+ +\d+\.\d min, [\d,]+ GB peak"
+        assert re.search(row, out, re.M), out
+    assert re.search(r"^   ours / megatron-core +\d\.\d{3}( +\d+\.\d\d){3}$", out, re.M), out
     assert re.search(r"^5\. a --data-args-path blend of 3 corpora .*: first build \d+\.\d s, start with the caches "
                      r"\d+\.\d s", out, re.M), out
     assert re.search(r"^6\. a merge of 4 datasets, 4,000 documents .*\n.*faster, the same bytes$", out, re.M), out
