@@ -84,7 +84,7 @@ def single_rank(cpu_execution, distributed_state_of_the_session):
 
 def preprocess_sample_corpus(folder) -> str:
     from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
 
     stats = preprocess_data([SAMPLE_CORPUS], str(folder / "sample"), tokenizer_model=SAMPLE_TOKENIZER,
                             progress=False, json_keys=["content"])

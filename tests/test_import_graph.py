@@ -3,14 +3,9 @@ without the modules that import it."""
 
 from import_graph import PACKAGE_DIR, Import, describe_cycle, import_graph, strongly_connected
 
-# The one cycle kept: the loader imports the DALI loader inside a function, only when --dataloader-type dali asks
-# for it, so that nvidia-dali stays optional; the DALI loader reuses the loader's sampler and collate function.
-ALLOWED = [["megatron_neobert.data.dali_loader", "megatron_neobert.data.loader"]]
-
-
 def test_no_import_cycles():
     graph = import_graph()
-    cycles = [c for c in strongly_connected(graph) if c not in ALLOWED]
+    cycles = strongly_connected(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) + "\n" + describe_cycle(graph, c)
                                                       for c in cycles)
 
@@ -25,7 +20,9 @@ LAYERS = (
     ("model_source", "kernels"),
     ("hf", "model"),
     ("parallel",),
-    ("data",),
+    ("data",),  # the floor of data's two rooms: tokenizers, the .bin/.idx checks, the tokenizer record
+    ("data.preprocessing",),  # offline: corpora to .bin/.idx
+    ("data.datasets",),  # training time: .bin/.idx to batches
     ("conversion",),
     ("training", "training.config"),  # training's rooms, lowest first
     ("training.reporting",),
@@ -38,9 +35,9 @@ LAYERS = (
 
 
 def layer_of(module: str) -> str:
-    """The layer of a module: its folder or top-level module, and for training, the room it is in."""
+    """The layer of a module: its folder or top-level module, and for training and data, the room it is in."""
     parts = module.split(".")
-    return ".".join(parts[1:3]) if parts[1] == "training" and len(parts) > 3 else parts[1]
+    return ".".join(parts[1:3]) if parts[1] in ("training", "data") and len(parts) > 3 else parts[1]
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
@@ -54,9 +51,13 @@ def test_no_module_imports_from_a_layer_above_its_own():
     assert not upward, "imports from a layer above:\n" + "\n".join(upward)
 
 
-def test_the_allowed_cycle_is_closed_only_by_a_function_level_import():
-    graph = import_graph()
-    assert all(imp.lazy for imp in graph["megatron_neobert.data.loader"]["megatron_neobert.data.dali_loader"])
+def test_the_rooms_of_data_do_not_import_each_other():
+    """The offline preprocessing and the training-time datasets share only data's floor: in either direction an
+    import between them would be a layer above (datasets -> preprocessing is allowed by the layers, so checked
+    here)."""
+    across = [f"{importer} -> {module}" for importer, imported in import_graph().items() for module in imported
+              if layer_of(importer) == "data.datasets" and layer_of(module) == "data.preprocessing"]
+    assert not across, "\n".join(across)
 
 
 def test_the_graph_follows_relative_lazy_and_submodule_imports(tmp_path):
@@ -119,14 +120,14 @@ def test_every_name_imported_from_the_package_exists():
 
 
 def layers_sentence() -> str:
-    """docs/development.md's sentence of the layers, from LAYERS: a folder with a slash, training's rooms as its
-    folder (its table row names them)."""
+    """docs/development.md's sentence of the layers, from LAYERS: a folder with a slash, data's and training's rooms
+    as their folder (its table row names them)."""
     def name(module: str) -> str:
         return f"`{module}/`" if (PACKAGE_DIR / module).is_dir() else f"`{module}`"
 
     groups = []
     for layer in LAYERS:
-        names = [name(module) for module in layer if not module.startswith("training.")]
+        names = [name(module) for module in layer if not module.startswith(("data.", "training."))]
         if names:
             groups.append(" and ".join(names))
     base, *middle, top = groups

@@ -165,7 +165,7 @@ def test_mock_data_trains_with_a_sample_based_schedule(tmp_path):
 
 
 def test_mock_documents_are_deterministic():
-    from megatron_neobert.data.mlm_dataset import MockDocuments
+    from megatron_neobert.data.datasets.mlm_dataset import MockDocuments
     from megatron_neobert.data.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
@@ -261,7 +261,7 @@ def test_split_with_mock_data_is_accepted_and_said_not_to_apply():
     """Megatron-LM's scripts pass --split with --mock-data (one block for mock and real data); megatron-core splits
     mock data 1,1,1 whatever it says, and the start-up notes say so."""
     from megatron_neobert.data.tokenizer import build_tokenizer
-    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
     from megatron_neobert.training.reporting.startup_report import startup_notes
     from megatron_neobert.training.engine.model_setup import run_model_shape
 

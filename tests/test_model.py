@@ -228,7 +228,7 @@ def test_fixed_size_masked_list_gives_the_loss_and_gradients_of_the_labelled_pos
     """The head on the loader's padded list of masked positions (index_select) against the
     cross-entropy of the full logits at the labelled positions: same per-token losses, same
     gradients; the padding of the list adds nothing."""
-    from megatron_neobert.data.loader import masked_position_list
+    from megatron_neobert.data.datasets.batches import masked_position_list
     from megatron_neobert.training.engine.forward_step import model_inputs
 
     model = small_model().train()

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
+from megatron_neobert.data.datasets.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.engine.model_setup import run_model_shape
 

@@ -241,7 +241,7 @@ def test_stage2_continues_at_a_longer_length_on_the_length_blend(with_optimizer,
     """Stage 2 from a stage-1 checkpoint: length 128 (stage 1: 64), a 0.2 / 0.4 / 0.4 blend of
     all documents / those of 1024+ / 2048+ tokens; with the optimizer state (iterations go on)
     or the weights only (--finetune: iterations restart)."""
-    from megatron_neobert.data.length_subset import make_length_subset
+    from megatron_neobert.data.preprocessing.length_subset import make_length_subset
 
     _, stage1 = distopt_run
     full = data[0]

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.mlm_dataset import IGNORE_INDEX
+from megatron_neobert.data.datasets.mlm_dataset import IGNORE_INDEX
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.engine import trainer
 from megatron_neobert.training.config.arguments import parse_settings

@@ -5,13 +5,16 @@
    encoding in the Rust backend) against Megatron-LM's loop with the same N worker processes: megatron-core's
    HuggingFaceTokenizer.text_to_ids on one document at a time (Pool.imap, 32 per task), and
    against a plain backend loop in one process;
-2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length;
+2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length, and what the
+   torch loader gives in one process (tokens/s: the samples read, masked and collated);
 3. the layout builder at scale: packed and padded layouts of --layout-documents synthetic
    documents (RefinedWeb-like lengths: lognormal, mean about 650 tokens), time and peak memory
    measured in a fresh process, and the cost per document extrapolated to 1B documents;
 4. beside it, the trainer's real dataset build of a corpus of as many documents, written as Megatron-LM's
    tool writes it (no record) and as ours (with our record), the .bin sparse: cold (no cache) and warm
-   (cached) starts, time, peak memory, private and memory-mapped memory, extrapolated to 1B documents;
+   (cached) starts, time, peak memory, private and memory-mapped memory, extrapolated to 1B documents; and
+   side by side with megatron-core's GPTDataset build (its C++ sample index, document and sample shuffles) of
+   the same index at the same length, each in its own process: time, peak memory, samples, cache on disk;
 5. the start of a --data-args-path blend of --blend-prefixes small corpora, cold and cached;
 6. a merge of 4 datasets (--merge-documents in all) by megatron-core's IndexedDatasetBuilder.add_index and by ours
    (IndexedWriter), time, peak memory and whether the bytes are the same.
@@ -29,25 +32,26 @@ from typing import Optional
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per process, fair counts
 
-from megatron_neobert.flags import ArgumentParser, add_flags, setting  # noqa: E402
 from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER  # noqa: E402
+from megatron_neobert.flags import ArgumentParser, add_flags, setting  # noqa: E402
 
 
 def real_token_share(prefix, tokenizer, seq_length, packed, micro_batch_size):
-    from megatron_neobert.data.loader import build_data_loader
-    from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+    from megatron_neobert.data.datasets.loader import build_data_loader
+    from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
     config = MLMDatasetConfig(random_seed=1234, sequence_length=seq_length, blend=([prefix], None),
                               split="1,0,0", tokenizer=tokenizer, packed=packed,
                               path_to_cache=os.path.join(os.path.dirname(prefix), "cache"))
     train = build_mlm_datasets(config, [None, None, None])[0]
     real = total = batches = 0
+    start = time.perf_counter()
     for batch in build_data_loader(train, micro_batch_size, num_workers=0, drop_last=False):
         tokens = batch["tokens"]
         mask = batch.get("attention_mask")
         real += int(mask.sum()) if mask is not None else int((tokens != tokenizer.pad_id).sum())
         total += tokens.numel()
         batches += 1
-    return real / total, len(train), batches
+    return real / total, len(train), batches, total / (time.perf_counter() - start)
 
 
 _megatron_tokenizer = None
@@ -84,17 +88,16 @@ def peak_kb():
 
 _LAYOUT_SCRIPT = _PEAK_KB + """
 import json, sys, time, numpy
-from megatron_neobert.data.packing import chunk_documents, pack_documents
+from megatron_neobert.data.datasets.packing import chunk_starts, pack_starts
 n, seq, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-lengths = numpy.maximum(1, numpy.random.default_rng(0).lognormal(6.0, 1.0, n)).astype(numpy.int64)
+lengths = numpy.maximum(1, numpy.random.default_rng(0).lognormal(6.0, 1.0, n)).astype(numpy.int32)
 base = peak_kb()
 start = time.perf_counter()
-layout = (pack_documents if mode == "packed" else chunk_documents)(lengths, seq)
+layout = (pack_starts if mode == "packed" else chunk_starts)(lengths, seq)
 seconds = time.perf_counter() - start
 peak = peak_kb() - base
 print(json.dumps({"seconds": seconds, "peak_mb": peak / 1024, "mean_length": float(lengths.mean()),
-                  "arrays_mb": sum(a.nbytes for a in layout) / 2**20,
-                  "samples": int(layout.sample_ptr.shape[0] - 1)}))
+                  "arrays_mb": sum(a.nbytes for a in layout) / 2**20, "samples": int(layout.position.shape[0])}))
 """
 
 
@@ -147,9 +150,9 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
 
 _BUILD_SCRIPT = _PEAK_KB + """
 import json, sys, time, os, numpy, psutil
+from megatron_neobert.data.datasets.mlm_dataset import LAYOUT_FIELDS
+from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.mlm_dataset import LAYOUT_FIELDS
-from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.config.arguments import parse_settings
 settings = parse_settings(json.loads(sys.argv[1]))
 tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
@@ -166,26 +169,62 @@ print(json.dumps({"seconds": seconds, "peak_mb": peak_kb() / 1024,
 """
 
 
-def trainer_build(flags):
-    """The trainer's dataset build (blend, split, document tables, layouts, caches) in a fresh process:
-    seconds, peak resident memory of the whole process, private memory the build added, train samples."""
+# megatron-core's GPT dataset build through its builder, as Megatron-LM's pretrain_gpt.py makes it: the tokenizer
+# only gives the vocabulary size (the dtype of its token ids) and the EOD id, which building the indices never reads.
+_GPT_BUILD_SCRIPT = _PEAK_KB + """
+import json, sys, time, types
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+prefix, seq, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tokenizer = types.SimpleNamespace(vocab_size=30522, eod=0, unique_identifiers={"class": "stand-in"})
+config = GPTDatasetConfig(random_seed=1234, sequence_length=seq, blend=([prefix], None), split="100,0,0",
+                          path_to_cache=cache, tokenizer=tokenizer, reset_position_ids=False,
+                          reset_attention_mask=False, eod_mask_loss=False)
+base, start = peak_kb(), time.perf_counter()
+train = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_mb": peak_kb() / 1024, "base_mb": base / 1024,
+                  "samples": len(train)}))
+"""
+
+
+def _in_process(script, *args):
+    """A benchmark script's JSON line, in a fresh process of this checkout."""
     import json
     import subprocess
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-    out = subprocess.run([sys.executable, "-c", _BUILD_SCRIPT, json.dumps(flags)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
     if out.returncode:
         raise RuntimeError(f"the dataset build failed: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def trainer_build(flags):
+    """The trainer's dataset build (blend, split, document tables, layouts, caches) in a fresh process:
+    seconds, peak resident memory of the whole process, private memory the build added, train samples."""
+    import json
+    return _in_process(_BUILD_SCRIPT, json.dumps(flags))
+
+
+def gpt_build(prefix, seq_length, cache):
+    """megatron-core's GPTDataset build of `prefix` (split 100,0,0, one epoch) in a fresh process, no cache: seconds,
+    peak resident memory of the whole process and before the build, samples, and the cache it wrote (MB)."""
+    result = _in_process(_GPT_BUILD_SCRIPT, prefix, str(seq_length), cache)
+    return {**result, "cache_mb": folder_mb(cache)}
+
+
+def folder_mb(folder):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 2**20
+
+
 def build_at_scale(documents, seq_length, tokenizer_model, folder):
     """Cold (no cache) and warm trainer builds of a `documents`-document corpus, as Megatron-LM writes it and
-    with our record, length `seq_length`, split 100,0,0 (one epoch)."""
-    from megatron_neobert.data.tokenizer import build_tokenizer
+    with our record, length `seq_length`, split 100,0,0 (one epoch), each with the cache it wrote (MB); and
+    megatron-core's GPTDataset build of the first between our cold and warm builds."""
     from megatron_neobert.data.records import tokenizer_record
+    from megatron_neobert.data.tokenizer import build_tokenizer
     record = tokenizer_record(build_tokenizer("HuggingFaceTokenizer", tokenizer_model), append_eod=False)
-    results = {}
+    results, gpt = {}, None
     for name, rec in (("Megatron-LM's", None), ("ours", {**record, "max_token_id": 0})):
         prefix = os.path.join(folder, "megatron" if rec is None else "ours")
         write_sparse_corpus(prefix, documents, record=rec)
@@ -194,10 +233,13 @@ def build_at_scale(documents, seq_length, tokenizer_model, folder):
                  "--global-batch-size", "1", "--micro-batch-size", "1", "--eval-iters", "0",
                  "--lr-warmup-iters", "0", "--data-cache-path", os.path.join(folder, f"cache_{len(results)}"),
                  "--tokenizer-model", tokenizer_model]
-        results[name] = [trainer_build(flags), trainer_build(flags)]  # cold, then warm
+        cold = {**trainer_build(flags), "cache_mb": folder_mb(os.path.join(folder, f"cache_{len(results)}"))}
+        if rec is None:
+            gpt = gpt_build(prefix, seq_length, os.path.join(folder, "gpt_cache"))
+        results[name] = [cold, trainer_build(flags)]  # cold, then warm
         for suffix in (".bin", ".idx"):
             os.remove(prefix + suffix)
-    return results
+    return results, gpt
 
 
 def blend_start(prefixes, tokenizer_model, folder):
@@ -240,7 +282,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import pyarrow.parquet as pq
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
     from megatron_neobert.data.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
@@ -260,7 +302,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         runs = [preprocess_data([args.corpus], os.path.join(tmp, "bench"), progress=False,
                                 json_keys=["content"], tokenizer_type=args.tokenizer_type,
-                                tokenizer_model=args.tokenizer_model, workers=args.workers) for _ in range(args.repeats)]
+                                tokenizer_model=args.tokenizer_model, workers=args.workers)
+                for _ in range(args.repeats)]
         stats = min(runs, key=lambda r: r.seconds)
         assert stats.tokens == plain_tokens, (stats.tokens, plain_tokens)
         prefix = stats.outputs["content"]
@@ -287,9 +330,10 @@ def main(argv=None):
           f"with Megatron-LM's loop), e.g. {600e9 / per_worker / 3600 / 1024:.1f} h on 1,024 workers")
     print(f"\n2. real (non-pad) tokens per batch at length {args.seq_length}, "
           f"micro batch {args.micro_batch_size}, one epoch")
-    print(f"   {'mode':<10}{'real tokens':>12}{'samples':>10}{'batches':>10}")
-    for name, (share, samples, batches) in (("packed", packed), ("padded", padded)):
-        print(f"   {name:<10}{share:>12.1%}{samples:>10,}{batches:>10,}")
+    print(f"   {'mode':<10}{'real tokens':>12}{'samples':>10}{'batches':>10}{'loader tokens/s':>17}")
+    for name, (share, samples, batches, rate) in (("packed", packed), ("padded", padded)):
+        print(f"   {name:<10}{share:>12.1%}{samples:>10,}{batches:>10,}{rate:>17,.0f}")
+    print("   (loader: the torch loader in this process, no worker: samples read, masked, collated)")
     print(f"   padded mode needs {padded[1] / packed[1]:.2f}x the samples for the same tokens")
     if args.layout_documents:
         n = args.layout_documents
@@ -304,7 +348,7 @@ def main(argv=None):
         print(f"   (mean document length {r['mean_length']:.0f} tokens; peak = resident memory "
               "added by the build, input lengths excluded)")
         with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
-            report_build(build_at_scale(n, args.seq_length, args.tokenizer_model, tmp), n, args.seq_length)
+            report_build(*build_at_scale(n, args.seq_length, args.tokenizer_model, tmp), n, args.seq_length)
     if args.blend_prefixes:
         with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
             cold, warm = blend_start(args.blend_prefixes, args.tokenizer_model, tmp)
@@ -325,7 +369,7 @@ def main(argv=None):
 _MERGE_SCRIPT = _PEAK_KB + """
 import json, sys, time, numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-from megatron_neobert.data.index_writer import IndexedWriter
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 out, how, shards = sys.argv[1], sys.argv[2], sys.argv[3:]
 start = time.perf_counter()
 writer = (IndexedWriter(out + ".bin", numpy.uint16) if how == "ours"
@@ -347,7 +391,7 @@ def merge_at_scale(documents, folder, shards=4):
 
     import numpy
 
-    from megatron_neobert.data.index_writer import IndexedWriter
+    from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
     prefixes = []
     for i in range(shards):
         n = documents // shards
@@ -367,7 +411,7 @@ def merge_at_scale(documents, folder, shards=4):
     return results, same
 
 
-def report_build(results, documents, seq_length):
+def report_build(results, gpt, documents, seq_length):
     print(f"\n4. the trainer's dataset build of the same number of documents, length {seq_length}, split 100,0,0 "
           "(blend, split, document table, layout, caches), a fresh process each: cold (no cache), warm (cached)")
     print(f"   {'data':<15}{'start':<7}{'seconds':>9}{'peak MB':>9}{'private MB':>12}{'mapped MB':>11}"
@@ -389,6 +433,22 @@ def report_build(results, documents, seq_length):
           "(megatron-core's builder makes a\n   split's document range for a moment: 4 bytes a document, 4 GB at 1B) "
           f"and {mapped_gb:,.0f} GB memory-mapped, the same pages for the 8 ranks "
           f"of a node: {mapped_gb:,.0f} GB of page cache a node, not {8 * mapped_gb:,.0f}")
+    print(f"\n   side by side, Megatron-LM's data: our packed MLM build and megatron-core's GPTDataset build (its C++ "
+          "sample index,\n   the document and sample shuffles), no cache, a fresh process each")
+    print(f"   {'build':<28}{'samples':>13}{'seconds':>9}{'peak MB':>9}{'cache MB':>10}    at 1B documents")
+    ours = {**cold, "warm_peak_mb": warm["peak_mb"]}
+    theirs = {**gpt, "warm_peak_mb": gpt["base_mb"]}
+    for name, r in (("ours (MLMDataset, packed)", ours), ("megatron-core GPTDataset", theirs)):
+        peak_gb = (r["warm_peak_mb"] + (r["peak_mb"] - r["warm_peak_mb"]) * scale) / 1024
+        print(f"   {name:<28}{r['samples']:>13,}{r['seconds']:>9.2f}{r['peak_mb']:>9,.0f}{r['cache_mb']:>10,.0f}"
+              f"    {r['seconds'] * scale / 60:.1f} min, {peak_gb:,.0f} GB peak, "
+              f"{r['cache_mb'] * scale / 1024:,.0f} GB cache")
+    print(f"   {'ours / megatron-core':<28}{ours['samples'] / theirs['samples']:>13.3f}"
+          f"{ours['seconds'] / theirs['seconds']:>9.2f}{ours['peak_mb'] / theirs['peak_mb']:>9.2f}"
+          f"{ours['cache_mb'] / theirs['cache_mb']:>10.2f}")
+    print("   (1B: the time, and the memory above a start with the cache (megatron-core's: above its imports), scaled "
+          "by the\n   documents; ours includes the check of the whole index and the corpus's document table, which "
+          "megatron-core does\n   not make)")
 
 
 if __name__ == "__main__":

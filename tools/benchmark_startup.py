@@ -75,7 +75,7 @@ def measure(checkouts: List[str], args, work: str) -> Dict[str, Dict[str, List[f
     runs alternated so that a change in the machine's load falls on both."""
     from megatron_neobert.cli import import_megatron_core_quietly
     from megatron_neobert.data.assets import SAMPLE_CORPUS, SAMPLE_TOKENIZER
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
 
     import_megatron_core_quietly()
     data_prefix = os.path.join(work, "data", "sample")

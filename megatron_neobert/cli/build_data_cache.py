@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     try:
         settings = parse_settings(argv, parser=parser)  # --help answers here, before megatron-core is imported
         with megatron_runtime():
+            from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
             from megatron_neobert.data.tokenizer import build_tokenizer
-            from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 
             tokenizer = build_tokenizer(settings.data.tokenizer_type, settings.data.tokenizer_model)
             start = time.perf_counter()

@@ -32,7 +32,7 @@ def build_parser() -> ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import_megatron_core_quietly()  # the data modules import megatron-core
-    from megatron_neobert.data.length_subset import make_length_subset
+    from megatron_neobert.data.preprocessing.length_subset import make_length_subset
 
     try:
         stats = make_length_subset(args.input_prefix, args.output_prefix, args.min_tokens)

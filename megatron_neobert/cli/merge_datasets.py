@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     add_flags(parser, MergeFlags)
     args = parser.parse_args(argv)
     import_megatron_core_quietly()  # the data modules import megatron-core
-    from megatron_neobert.data.merge import merge_datasets
-    from megatron_neobert.data.preprocess import shards_of
+    from megatron_neobert.data.preprocessing.merge import merge_datasets
+    from megatron_neobert.data.preprocessing.preprocess import shards_of
 
     try:
         prefixes = args.input or shards_of(args.shard_dir, args.json_key)

@@ -30,7 +30,7 @@ import sys
 from typing import List, Optional
 
 from megatron_neobert.cli import ProgressFlag, console_logging, import_megatron_core_quietly, require_extra
-from megatron_neobert.data.preprocess_settings import (InputSettings, OutputSettings, PreprocessSettings,
+from megatron_neobert.data.preprocessing.preprocess_settings import (InputSettings, OutputSettings, PreprocessSettings,
                                                        PreprocessTokenizerSettings, RuntimeSettings)
 from megatron_neobert.data.tokenizer import NULL_TOKENIZER, TokenizerSettings, resolve_tokenizer_flags
 from megatron_neobert.flags import ArgumentParser, add_flags, parse_given, setting, with_defaults
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     if given.get("split_sentences"):  # before megatron-core's import and the inputs' reading
         require_extra("data", "--split-sentences")
     import_megatron_core_quietly()  # the data modules import megatron-core
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
 
     settings = {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(PreprocessSettings)}}
     try:

@@ -144,3 +144,18 @@ def discard_partial(prefix: str) -> None:
     for path in partial_paths(prefix):
         if os.path.exists(path):
             os.remove(path)
+
+
+def raw_lengths(index, docs: numpy.ndarray) -> numpy.ndarray:
+    """Tokens of the given documents, from the index's sequence pointers (a document's sequences are contiguous
+    in the ``.bin``), so that any set of documents costs what it holds, not what the corpus holds."""
+    pointers, first_sequence = index.sequence_pointers, index.document_indices
+    n_seq = pointers.shape[0]
+    if n_seq == 0:
+        return numpy.zeros(docs.shape[0], numpy.int64)
+    end = int(pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+
+    def offset(sequence):  # byte offset of a sequence's start; the end of the data after the last
+        return numpy.where(sequence < n_seq, pointers[numpy.minimum(sequence, n_seq - 1)], end)
+
+    return (offset(first_sequence[docs + 1]) - offset(first_sequence[docs])) // index.dtype_size

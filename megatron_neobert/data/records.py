@@ -19,6 +19,8 @@ from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.data.indexed import commit_pair
 
 RECORD_SUFFIX = ".tokenizer.json"
+# Beside a length subset: the source corpus's id of each of its documents (the split follows the source's).
+SOURCE_IDS_SUFFIX = ".source_ids.npy"
 
 
 def record_path(prefix: str) -> str:

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from megatron_neobert.atomic_write import atomic_path
-from megatron_neobert.data.loader import masked_position_list
+from megatron_neobert.data.datasets.batches import masked_position_list
 from megatron_neobert.model import ModelShape, NeoBERTArch, padded_vocab_size
 from megatron_neobert.training.reporting.metrics import attended_pairs, peak_tflops, step_flops
 

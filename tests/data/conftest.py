@@ -45,7 +45,7 @@ def expected_ids(corpus_slice):
 
 @pytest.fixture(scope="session")
 def indexed_prefix(corpus_slice, tmp_path_factory):
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
     out = str(tmp_path_factory.mktemp("indexed") / "slice")
     stats = preprocess_data([corpus_slice[0]], out, tokenizer_model=SAMPLE_TOKENIZER,
                             workers=1, progress=False, json_keys=["content"])

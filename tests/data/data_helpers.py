@@ -7,7 +7,7 @@ import numpy
 
 
 def read_documents(prefix):
-    from megatron_neobert.data.documents import raw_lengths
+    from megatron_neobert.data.indexed import raw_lengths
     from megatron_neobert.data.indexed import open_indexed
     ds = open_indexed(prefix)
     lengths = raw_lengths(ds.index, numpy.arange(len(ds.document_indices) - 1))

@@ -1,4 +1,4 @@
-"""The corpus's document table (data/documents.py): worked out once, cached, never re-read from the .bin."""
+"""The corpus's document table (data/datasets/documents.py): worked out once, cached, never re-read from the .bin."""
 
 import os
 
@@ -6,9 +6,9 @@ import numpy
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-import megatron_neobert.data.documents as documents
+import megatron_neobert.data.datasets.documents as documents
+from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 from megatron_neobert.data.indexed import IndexedDataError, open_indexed
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 
 
 def _write(prefix, docs):
@@ -54,7 +54,7 @@ def test_a_second_start_reads_no_document(sample_tokenizer, tmp_path):
     _keep_mtime(prefix + ".bin", lambda: open(prefix + ".bin", "r+b").write(bytes(os.path.getsize(prefix + ".bin"))))
     second = _build(tok, prefix, str(tmp_path / "cache"))
     assert int(second._doc_lead[0]) == 1
-    for name in ("sample_ptr", "piece_doc", "piece_start", "piece_len", "shuffle_index"):
+    for name in ("documents", "sample_position", "sample_offset", "shuffle_index"):
         assert isinstance(getattr(second, name), numpy.memmap), name
         assert numpy.array_equal(getattr(second, name), getattr(first, name)), name
     assert second.indices is None  # megatron-core's document ids are not kept once the layout exists

@@ -9,14 +9,16 @@ import numpy
 import pytest
 import torch
 from data_helpers import read_documents
+from packing_layout3 import pack_documents
 from packing_reference import reference_pack
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.blend import parse_data_path
-from megatron_neobert.data.length_subset import make_length_subset
-from megatron_neobert.data.loader import build_data_loader, collate_mlm_batch
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
-from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
+from megatron_neobert.data.datasets.batches import collate_mlm_batch
+from megatron_neobert.data.datasets.blend import parse_data_path
+from megatron_neobert.data.datasets.loader import build_data_loader
+from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
+from megatron_neobert.data.preprocessing.length_subset import make_length_subset
 
 SEQ = 256
 
@@ -60,26 +62,46 @@ def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected
 
 
 # ---- packing -----------------------------------------------------------------------------------
-def _samples(lay):
+def _samples(lengths, seq):
+    """Every packed sample's pieces (document, start, length, whether it re-reads the order's start), as the
+    dataset derives them from where each sample starts."""
+    lengths = numpy.asarray(lengths)
+    docs = numpy.flatnonzero(lengths > 0)
+    starts = pack_starts(lengths[docs], seq)
+    at = lambda lo, hi: lengths[docs[numpy.arange(lo, hi) % docs.size]].tolist()  # noqa: E731
+    return [[(int(docs[j % docs.size]) if j != PAD_PIECE else PAD_PIECE, start, n, j >= docs.size)
+             for j, start, n in packed_pieces(position, offset, seq, at)]
+            for position, offset in zip(starts.position.tolist(), starts.offset.tolist())]
+
+
+def _layout3_samples(lay):
     return [[(int(lay.piece_doc[p]), int(lay.piece_start[p]), int(lay.piece_len[p]),
               bool(lay.piece_wrapped[p])) for p in range(lay.sample_ptr[i], lay.sample_ptr[i + 1])]
             for i in range(lay.sample_ptr.shape[0] - 1)]
 
 
-def _check_packed(lay, lengths, seq):
+def _pieces(samples):
+    """The samples as layout 3's arrays, for the checks below."""
+    flat = [piece for sample in samples for piece in sample]
+    doc, start, n, wrapped = (numpy.array(column) for column in zip(*flat))
+    return numpy.cumsum([0] + [len(sample) for sample in samples]), doc, start, n, wrapped
+
+
+def _check_packed(samples, lengths, seq):
     """Exact filling, every token of the epoch once and in order, padding only where no piece
     can be split to fill the gap (the pieces hold at most one token more than their count)."""
-    per_sample = numpy.add.reduceat(piece_cost(lay.piece_doc, lay.piece_len), lay.sample_ptr[:-1])
-    assert (per_sample == seq).all() and (lay.piece_len >= 1).all()
-    own = ~lay.piece_wrapped & (lay.piece_doc != PAD_PIECE)
-    order = numpy.lexsort((lay.piece_start[own], lay.piece_doc[own]))
-    doc, start, n = lay.piece_doc[own][order], lay.piece_start[own][order], lay.piece_len[own][order]
+    sample_ptr, piece_doc, piece_start, piece_len, piece_wrapped = _pieces(samples)
+    per_sample = numpy.add.reduceat(piece_cost(piece_doc, piece_len), sample_ptr[:-1])
+    assert (per_sample == seq).all() and (piece_len >= 1).all()
+    own = ~piece_wrapped & (piece_doc != PAD_PIECE)
+    order = numpy.lexsort((piece_start[own], piece_doc[own]))
+    doc, start, n = piece_doc[own][order], piece_start[own][order], piece_len[own][order]
     assert (numpy.bincount(doc, weights=n, minlength=len(lengths)) == lengths).all()
     first = numpy.concatenate([[True], doc[1:] != doc[:-1]])
     assert (start[first] == 0).all()
     assert (start[~first] == (start + n)[:-1][~first[1:]]).all()  # contiguous pieces
-    for i in numpy.flatnonzero(numpy.add.reduceat(lay.piece_doc == PAD_PIECE, lay.sample_ptr[:-1])):
-        sizes = lay.piece_len[lay.sample_ptr[i]:lay.sample_ptr[i + 1] - 1]
+    for i in numpy.flatnonzero(numpy.add.reduceat(piece_doc == PAD_PIECE, sample_ptr[:-1])):
+        sizes = piece_len[sample_ptr[i]:sample_ptr[i + 1] - 1]
         assert (sizes - 1).sum() <= 1
 
 
@@ -93,27 +115,37 @@ def test_packing_equals_the_sequential_reference(seed):
         lengths = numpy.where(rng.random(k) < 0.5, rng.integers(0, 5, k), rng.integers(1, 3 * seq, k))
         if lengths.sum() == 0:
             continue
-        lay = pack_documents(lengths, seq)
-        assert _samples(lay) == reference_pack(lengths.tolist(), seq)
-        _check_packed(lay, lengths, seq)
+        samples = _samples(lengths, seq)
+        assert samples == reference_pack(lengths.tolist(), seq)
+        _check_packed(samples, lengths, seq)
 
 
-def test_packing_web_text_lengths_at_scale():
+@pytest.mark.parametrize("documents, seq", [(60_000, 512), (15_000, 128)])
+def test_packing_web_text_lengths_at_scale(documents, seq):
+    """Web text's lengths (about 11,000 events, where a sample ends on a document end or a gap, at 512): the
+    samples of layout 3's vectorised packer (tests/data/packing_layout3.py), which materialised every piece."""
     rng = numpy.random.default_rng(0)
-    lengths = numpy.maximum(1, rng.lognormal(6.0, 1.0, 200_000)).astype(numpy.int64)
-    lay = pack_documents(lengths, 512)
-    _check_packed(lay, lengths, 512)
-    assert not (lay.piece_doc == PAD_PIECE).any()
-    wrapped_tokens = int(lay.piece_len[lay.piece_wrapped].sum())
-    assert wrapped_tokens < 512 and lay.sample_ptr.shape[0] - 1 == -(-int(
-        piece_cost(lay.piece_doc, lay.piece_len).sum()) // 512)
+    lengths = numpy.maximum(1, rng.lognormal(6.0, 1.0, documents)).astype(numpy.int64)
+    samples = _samples(lengths, seq)
+    assert samples == _layout3_samples(pack_documents(lengths, seq))
+    _check_packed(samples, lengths, seq)
+    _, piece_doc, _, piece_len, piece_wrapped = _pieces(samples)
+    assert not (piece_doc == PAD_PIECE).any()
+    assert int(piece_len[piece_wrapped].sum()) < seq and len(samples) == -(-int(
+        piece_cost(piece_doc, piece_len).sum()) // seq)
 
 
 def test_chunking_for_padded_mode():
-    lay = chunk_documents(numpy.array([0, 5, 10, 11]), 7)
-    assert lay.piece_doc.tolist() == [1, 2, 2, 3, 3, 3]
-    assert lay.piece_start.tolist() == [0, 0, 5, 0, 5, 10]
-    assert lay.piece_len.tolist() == [5, 5, 5, 5, 5, 1]
+    starts = chunk_starts(numpy.array([5, 10, 11]), 7)
+    assert starts.position.tolist() == [0, 1, 1, 2, 2, 2]
+    assert starts.offset.tolist() == [0, 0, 5, 0, 5, 10]
+    assert [chunk_piece(p, o, 7, [5, 10, 11][p]) for p, o in zip(starts.position, starts.offset)] == [
+        [[0, 0, 5]], [[1, 0, 5]], [[1, 5, 5]], [[2, 0, 5]], [[2, 5, 5]], [[2, 10, 1]]]
+
+
+def test_packing_refuses_empty_input():
+    with pytest.raises(ValueError, match="no non-empty document to pack"):
+        pack_starts(numpy.array([], numpy.int32), 16)
 
 
 # ---- the dataset -------------------------------------------------------------------------------
@@ -133,14 +165,12 @@ def test_packed_epoch_carries_every_token_once_without_cross_attention(
         cu = sample["cu_seqlens"]
         assert cu.dtype == torch.int32 and cu[0] == 0 and cu[-1] == SEQ
         original = _original(sample).numpy()
-        j = int(train.shuffle_index[i])
-        pieces = range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1]))
+        pieces = train.pieces(i)
         assert len(pieces) == len(cu) - 1
-        for p, a, b in zip(pieces, cu[:-1].tolist(), cu[1:].tolist()):
+        for (doc, start, _), a, b in zip(pieces, cu[:-1].tolist(), cu[1:].tolist()):
             seg = original[a:b]
             # Each attention segment is one document piece: [CLS] body [SEP], nothing else.
             assert seg[0] == tok.cls_id and seg[-1] == tok.sep_id
-            doc, start = int(train.piece_doc[p]), int(train.piece_start[p])
             numpy.testing.assert_array_equal(seg[1:-1], expected_ids[doc][start:start + b - a - 2])
             seen[doc][start:start + b - a - 2] += 1
     assert all((s >= 1).all() for s in seen)  # every token of the corpus
@@ -209,8 +239,8 @@ import sys, torch
 sys.path.insert(0, {os.getcwd()!r}); sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_data_mlm import _config
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.data.datasets.mlm_dataset import build_mlm_datasets
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.mlm_dataset import build_mlm_datasets
 tok = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER)
 train = build_mlm_datasets(_config(tok, [{indexed_prefix!r}], cache={cache!r}), [1000, None, None])[0]
 torch.save([train[i] for i in (0, 7, 999)], {out!r})
@@ -262,11 +292,11 @@ def test_sample_i_does_not_depend_on_the_number_of_samples(sample_tokenizer, ind
 
 
 def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, monkeypatch):
-    import megatron_neobert.data.mlm_dataset as mlm
+    import megatron_neobert.data.datasets.mlm_dataset as mlm
     cache = str(tmp_path / "cache")
     first = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
                                        split="90,5,5"), [None] * 3)
-    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 3 * 5
+    assert len([f for f in os.listdir(cache) if f.endswith(".npy")]) == 3 * 6
     monkeypatch.setattr(mlm.MLMDataset, "_epochs",
                         lambda self: pytest.fail("layout recomputed despite the cache"))
     again = build_mlm_datasets(_config(sample_tokenizer, [indexed_prefix], cache=cache,
@@ -274,8 +304,68 @@ def test_index_cache_is_built_once(sample_tokenizer, indexed_prefix, tmp_path, m
     for a, b in zip(first, again):
         assert len(a) == len(b) and torch.equal(a[3]["tokens"], b[3]["tokens"])
     # the splits hold disjoint documents
-    docs = [set(numpy.unique(d.piece_doc).tolist()) for d in first]
+    docs = [set(d.documents.tolist()) for d in first]
     assert not (docs[0] & docs[1]) and not (docs[0] & docs[2]) and not (docs[1] & docs[2])
+
+
+def _layout_files(cache):
+    return sorted(f for f in os.listdir(cache) if "-layout" in f)
+
+
+def test_a_cache_of_another_layout_or_cut_short_is_rebuilt_with_a_line(sample_tokenizer, indexed_prefix, tmp_path,
+                                                                      caplog):
+    """Layout 3's files (what this package wrote before the per-sample layout) are not read: a line says the layout
+    is built beside them. A file of the layout missing or cut short: a line says why it is rebuilt."""
+    import logging
+    cache = str(tmp_path / "cache")
+    config = lambda: _config(sample_tokenizer, [indexed_prefix], cache=cache, seq=128)  # noqa: E731
+    want = build_mlm_datasets(config(), [None] * 3)[0]
+    names = _layout_files(cache)
+    for name in names:  # the same dataset's files, as layout 3 named them
+        os.replace(os.path.join(cache, name), os.path.join(cache, name.replace("-layout4-", "-layout3-")))
+    with caplog.at_level(logging.INFO, logger="megatron_neobert.data.datasets.mlm_dataset"):
+        again = build_mlm_datasets(config(), [None] * 3)[0]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1 and "as an earlier version of this package wrote it" in lines[0], lines
+    assert "-layout3-train-description.txt" in lines[0] and "building layout 4 beside it" in lines[0]
+    assert torch.equal(again[5]["tokens"], want[5]["tokens"])
+    for damage in ("cut", "missing"):
+        offsets = os.path.join(cache, next(n for n in names if n.endswith("-sample_offset.npy")))
+        if damage == "cut":
+            with open(offsets, "r+b") as f:
+                f.truncate(os.path.getsize(offsets) - 4)
+        else:
+            os.remove(offsets)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="megatron_neobert.data.datasets.mlm_dataset"):
+            rebuilt = build_mlm_datasets(config(), [None] * 3)[0]
+        assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+            f"rebuild the MLMDataset train layout in {cache}"], damage
+        assert len(rebuilt) == len(want) and torch.equal(rebuilt[5]["tokens"], want[5]["tokens"])
+
+
+def _build_into(args):
+    prefix, cache, tok = args
+    return len(build_mlm_datasets(_config(tok, [prefix], cache=cache, seq=64), [3000, None, None])[0])
+
+
+@pytest.mark.integration
+def test_builders_at_once_leave_one_complete_cache(sample_tokenizer, indexed_prefix, tmp_path):
+    """Two jobs (or ranks) building the same layout at once: each writes under names of its own and renames, so the
+    cache ends complete, with no temporary file left, and reads as one build's."""
+    import multiprocessing
+    cache = str(tmp_path / "cache")
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        sizes = pool.map(_build_into, [(indexed_prefix, cache, sample_tokenizer)] * 2)
+    assert sizes[0] == sizes[1] >= 3000
+    assert not [f for f in os.listdir(cache) if ".tmp-" in f]
+    names = _layout_files(cache)
+    alone = str(tmp_path / "alone")
+    _build_into((indexed_prefix, alone, sample_tokenizer))
+    assert names == _layout_files(alone)
+    for name in names:
+        with open(os.path.join(cache, name), "rb") as a, open(os.path.join(alone, name), "rb") as b:
+            assert a.read() == b.read(), name
 
 
 def test_blend_proportions_follow_the_weights(sample_tokenizer, indexed_prefix, tmp_path):
@@ -323,10 +413,7 @@ def test_megatron_lm_style_dataset_with_split_sentences_trains(sample_tokenizer,
     for i in range(len(train)):
         s = train[i]
         original = _original(s).numpy()
-        j = int(train.shuffle_index[i])
-        for p, a, b in zip(range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1])),
-                           s["cu_seqlens"][:-1].tolist(), s["cu_seqlens"][1:].tolist()):
-            d, start = int(train.piece_doc[p]), int(train.piece_start[p])
+        for (d, start, _), a, b in zip(train.pieces(i), s["cu_seqlens"][:-1].tolist(), s["cu_seqlens"][1:].tolist()):
             numpy.testing.assert_array_equal(original[a + 1:b - 1], docs[d][start:start + b - a - 2])
 
 
@@ -428,7 +515,7 @@ def _segments(dataset, tok):
 def test_special_tokens_in_the_data_are_not_doubled(written_with, sample_tokenizer, corpus_slice,
                                                      expected_ids, tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    from megatron_neobert.data.preprocess import preprocess_data
+    from megatron_neobert.data.preprocessing.preprocess import preprocess_data
     tok = sample_tokenizer
     if written_with == "append_eod":
         prefix = preprocess_data([corpus_slice[0]], str(tmp_path / "eod"), tokenizer_model=SAMPLE_TOKENIZER,
@@ -462,7 +549,7 @@ def test_a_length_subset_blend_never_trains_on_a_validation_document(sample_toke
     def corpus_docs(blended):
         docs = set()
         for ds in blended.datasets:
-            d = numpy.unique(ds.piece_doc[ds.piece_doc >= 0])
+            d = numpy.unique(ds.documents)
             if ds.dataset_path != indexed_prefix:
                 d = numpy.load(ds.dataset_path + ".source_ids.npy")[d]
             docs |= set(d.tolist())
@@ -475,8 +562,8 @@ def test_a_length_subset_blend_never_trains_on_a_validation_document(sample_toke
 def test_cache_built_ahead_is_what_the_trainer_loads(sample_tokenizer, indexed_prefix, tmp_path,
                                                      monkeypatch):
     import json
-    import megatron_neobert.data.mlm_dataset as mlm
-    from megatron_neobert.data.trainer_datasets import build_trainer_datasets
+    import megatron_neobert.data.datasets.mlm_dataset as mlm
+    from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
     from megatron_neobert.training.config.arguments import parse_settings
     from tools.build_data_cache import main
     subset = str(tmp_path / "plus1024")

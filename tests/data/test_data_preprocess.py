@@ -12,8 +12,8 @@ from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, 
 from megatron_neobert.atomic_write import write_json_atomic
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
 from megatron_neobert.data.indexed import IndexedDataError, check_indexed
-from megatron_neobert.data.preprocess import preprocess_data
-from megatron_neobert.data.readers import DataInputError
+from megatron_neobert.data.preprocessing.preprocess import preprocess_data
+from megatron_neobert.data.preprocessing.readers import DataInputError
 
 
 def _run(inputs, prefix, **kw):
@@ -105,7 +105,7 @@ def test_missing_text_field_fails_without_touching_existing_output(corpus_slice,
 
 
 def test_interrupted_run_leaves_no_pair_that_looks_complete(corpus_slice, tmp_path, monkeypatch):
-    import megatron_neobert.data.preprocess as pre
+    import megatron_neobert.data.preprocessing.preprocess as pre
     calls = {"n": 0}
     real = pre._encode
 
@@ -219,7 +219,7 @@ def test_partitions_and_workers_do_not_change_the_bytes(corpus_slice, tmp_path):
 
 
 def test_a_killed_run_resumes_from_its_complete_shards(corpus_slice, tmp_path, monkeypatch):
-    import megatron_neobert.data.preprocess as pre
+    import megatron_neobert.data.preprocessing.preprocess as pre
     src = _three_files(corpus_slice, tmp_path / "src")
     reference = _run([src], str(tmp_path / "reference"))
     real, calls = pre._encode, []
@@ -268,8 +268,8 @@ def test_nodes_write_shards_and_the_merge_tool_joins_them(corpus_slice, tmp_path
 
 def test_an_input_edited_with_its_size_and_time_kept_is_tokenized_again(corpus_slice, tmp_path,
                                                                        caplog):
-    from megatron_neobert.data.merge import merge_datasets
-    from megatron_neobert.data.preprocess import shards_of
+    from megatron_neobert.data.preprocessing.merge import merge_datasets
+    from megatron_neobert.data.preprocessing.preprocess import shards_of
     src = _three_files(corpus_slice, tmp_path / "src")
     before = file_bytes(_run([src], str(tmp_path / "before")).outputs["content"])
     for rank in (0, 1):
@@ -412,6 +412,11 @@ def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, caps
     # the trainer's build beside it: cold and warm, Megatron-LM's data and ours; then the blend's start
     for data in ("Megatron-LM's", "ours"):
         assert re.search(rf"^   {data} +cold +\d+\.\d{{3}}( +[\d,]+){{3}} +\d+\.\d{{3}}\n +warm ", out, re.M), out
+    # megatron-core's GPTDataset build of the same index beside ours: samples, seconds, peak and cache, the ratios
+    for build in ("ours \\(MLMDataset, packed\\)", "megatron-core GPTDataset"):
+        row = rf"^   {build} +[\d,]+ +\d+\.\d\d +[\d,]+ +[\d,]+ +\d+\.\d min, [\d,]+ GB peak"
+        assert re.search(row, out, re.M), out
+    assert re.search(r"^   ours / megatron-core +\d\.\d{3}( +\d+\.\d\d){3}$", out, re.M), out
     assert re.search(r"^5\. a --data-args-path blend of 3 corpora .*: first build \d+\.\d s, start with the caches "
                      r"\d+\.\d s", out, re.M), out
     assert re.search(r"^6\. a merge of 4 datasets, 4,000 documents .*\n.*faster, the same bytes$", out, re.M), out

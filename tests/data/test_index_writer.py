@@ -5,8 +5,8 @@ import pytest
 from data_helpers import file_bytes
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from megatron_neobert.data import index_writer
-from megatron_neobert.data.index_writer import IndexedWriter
+from megatron_neobert.data.preprocessing import index_writer
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 
 
 def random_documents(seed, n):

@@ -2,7 +2,7 @@
 
 import torch
 
-from megatron_neobert.data.loader import collate_mlm_batch, masked_list_capacity
+from megatron_neobert.data.datasets.batches import collate_mlm_batch, masked_list_capacity
 
 
 def sample(labels):

@@ -13,7 +13,7 @@ import pytest
 from data_helpers import file_bytes, listing, megatron_lm_pair, read_documents, write_jsonl
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
-from megatron_neobert.data.preprocess import preprocess_data
+from megatron_neobert.data.preprocessing.preprocess import preprocess_data
 
 nltk = pytest.importorskip("nltk")
 from nltk.tokenize import punkt  # noqa: E402
@@ -86,7 +86,7 @@ def test_sentences_are_the_sequences_and_records_the_documents(
 
 
 def test_keep_newlines_keeps_them_in_the_sentences(punkt_model, sample_tokenizer, tmp_path):
-    from megatron_neobert.data.sentences import SentenceSplitter
+    from megatron_neobert.data.preprocessing.sentences import SentenceSplitter
     plain = SentenceSplitter("english").split(NEWLINES_TEXT)
     kept = SentenceSplitter("english", keep_newlines=True).split(NEWLINES_TEXT)
     assert plain == punkt_model.tokenize(NEWLINES_TEXT) and len(plain) == 6
@@ -106,8 +106,8 @@ def test_keep_newlines_keeps_them_in_the_sentences(punkt_model, sample_tokenizer
 
 
 def test_more_than_a_million_characters_are_split_in_pieces(punkt_model, monkeypatch):
-    import megatron_neobert.data.sentences as sentences
-    from megatron_neobert.data.sentences import SentenceSplitter
+    import megatron_neobert.data.preprocessing.sentences as sentences
+    from megatron_neobert.data.preprocessing.sentences import SentenceSplitter
     monkeypatch.setattr(sentences, "MAX_SPLIT_CHARS", 30)  # as Megatron-LM's 1,000,000
     text = "Readline configuration is easy. It loads the module. Then it stops."
     assert SentenceSplitter().split(text) == [s for piece in (text[:30], text[30:60], text[60:])
@@ -146,7 +146,7 @@ def test_the_trainer_reads_a_document_as_its_sentences(punkt_model, corpus_slice
     """Samples of a _sentence dataset: each piece is a slice of one document (its sentences
     joined, EOD dropped), in its own attention segment, as for a _document dataset."""
     import torch
-    from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+    from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
     texts = corpus_slice[1][:40]
     _write_jsonl(tmp_path / "in.jsonl", texts)
     stats = preprocess_data([str(tmp_path / "in.jsonl")], str(tmp_path / "rw"),
@@ -165,10 +165,7 @@ def test_the_trainer_reads_a_document_as_its_sentences(punkt_model, corpus_slice
         sample = train[i]
         tokens = torch.where(sample["labels"] != -100, sample["labels"], sample["tokens"]).numpy()
         bounds = sample["cu_seqlens"].tolist()
-        j = int(train.shuffle_index[i])
-        for p, a, b in zip(range(int(train.sample_ptr[j]), int(train.sample_ptr[j + 1])),
-                           bounds[:-1], bounds[1:]):
-            d, start = int(train.piece_doc[p]), int(train.piece_start[p])
+        for (d, start, _), a, b in zip(train.pieces(i), bounds[:-1], bounds[1:]):
             assert tokens[a] == sample_tokenizer.cls_id and tokens[b - 1] == sample_tokenizer.sep_id
             numpy.testing.assert_array_equal(tokens[a + 1:b - 1], documents[d][start:start + b - a - 2])
             covered[d][start:start + b - a - 2] = True
@@ -196,7 +193,7 @@ def test_a_chunk_is_one_batch_call_of_all_its_sentences(punkt_model, corpus_slic
 
 
 def test_sentence_and_document_data_never_mix(punkt_model, corpus_slice, tmp_path):
-    from megatron_neobert.data.merge import merge_datasets
+    from megatron_neobert.data.preprocessing.merge import merge_datasets
     texts = corpus_slice[1][:6]
     for name in ("a", "b"):
         _write_jsonl(tmp_path / f"{name}.jsonl", texts)
@@ -234,7 +231,7 @@ def test_a_length_subset_of_sentence_data_is_what_megatron_core_copies_document_
     smaller than a document, equal megatron-core's builder fed the kept documents one at a time."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
-    from megatron_neobert.data.length_subset import make_length_subset
+    from megatron_neobert.data.preprocessing.length_subset import make_length_subset
     texts = corpus_slice[1][:30]
     texts = texts[:3] + ["", "..."] + texts[3:]
     _write_jsonl(tmp_path / "a.jsonl", texts)

@@ -4,14 +4,14 @@ import os
 import re
 from typing import Optional
 
-from megatron_neobert.data import checks as data_checks
-from megatron_neobert.data.indexed import IndexedDataError, check_sizes
-from megatron_neobert.data.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
-from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
-from megatron_neobert.data.trainer_datasets import data_sources
-from megatron_neobert.model import ModelShape, NeoBERTArch, parallel_shape_problems
 from megatron_neobert.checkpoint.state import checkpoint_args
+from megatron_neobert.data.datasets import checks as data_checks
+from megatron_neobert.data.datasets.trainer_datasets import data_sources
+from megatron_neobert.data.indexed import IndexedDataError, check_sizes
+from megatron_neobert.data.preprocessing.readers import JSON_SUFFIXES, PARQUET_SUFFIXES
+from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 from megatron_neobert.errors import InputError, TrainingError, one_line_each
+from megatron_neobert.model import ModelShape, NeoBERTArch, parallel_shape_problems
 from megatron_neobert.training.config.settings import DataSettings, Settings
 
 # What decides the model's tensors (besides the vocabulary rows, see check_vocabulary_rows).

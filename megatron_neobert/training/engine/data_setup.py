@@ -4,9 +4,9 @@ micro-batch iterators, resumed at a number of consumed samples."""
 import torch
 from megatron.core import parallel_state
 
-from megatron_neobert.data.loader import build_data_loader
+from megatron_neobert.data.datasets.loader import build_data_loader
+from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
 from megatron_neobert.data.tokenizer import build_tokenizer
-from megatron_neobert.data.trainer_datasets import build_trainer_datasets
 from megatron_neobert.training.resilience.process_guards import data_worker_init
 
 

@@ -17,7 +17,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from megatron_neobert.data.loader import masked_position_list
+from megatron_neobert.data.datasets.batches import masked_position_list
 from megatron_neobert.model.neobert_model import packed_seq_params_from_cu_seqlens
 from megatron_neobert.training.reporting.metrics import attended_pairs
 

@@ -18,13 +18,10 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path
 
 from megatron_neobert.atomic_write import atomic_path
-from megatron_neobert.data.documents import raw_lengths
-from megatron_neobert.data.index_writer import IndexedWriter
-from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths
-from megatron_neobert.data.records import publish, read_record
+from megatron_neobert.data.indexed import discard_partial, mapped, open_indexed, partial_paths, raw_lengths
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
+from megatron_neobert.data.records import SOURCE_IDS_SUFFIX, publish, read_record
 from megatron_neobert.progress import progress_bar
-
-SOURCE_IDS_SUFFIX = ".source_ids.npy"
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ comes from NLTK's data path (``$NLTK_DATA``, ``~/nltk_data``, ...): ``punkt_tab`
 import functools
 from typing import List
 
-from ..extras import require_extra
+from megatron_neobert.extras import require_extra
 
 # Megatron-LM splits each text in pieces of this many characters before punkt sees it.
 MAX_SPLIT_CHARS = 1_000_000

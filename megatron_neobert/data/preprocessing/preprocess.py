@@ -44,13 +44,13 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_idx_path
 
 from megatron_neobert.atomic_write import write_json_atomic
-from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, token_dtype
-from megatron_neobert.data.merge import merge_datasets
-from megatron_neobert.data.preprocess_settings import PreprocessSettings
-from megatron_neobert.data.readers import Record, count_records, expand_inputs, iter_records
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
+from megatron_neobert.data.preprocessing.merge import merge_datasets
+from megatron_neobert.data.preprocessing.preprocess_settings import PreprocessSettings
+from megatron_neobert.data.preprocessing.readers import Record, count_records, expand_inputs, iter_records
+from megatron_neobert.data.preprocessing.sentences import SentenceSplitter
 from megatron_neobert.data.records import publish, read_record, record_path, tokenizer_record
-from megatron_neobert.data.sentences import SentenceSplitter
 from megatron_neobert.data.tokenizer import MLMTokenizer, build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ def preprocess_data(inputs: Sequence[str], output_prefix: str, *, progress: bool
                     **settings) -> PreprocessStats:
     """Tokenize ``inputs`` (files, globs, folders, saved datasets) into indexed datasets.
 
-    ``settings``: fields of ``PreprocessSettings`` (data/preprocess_settings.py, which declares their defaults and
+    ``settings``: fields of ``PreprocessSettings`` (preprocess_settings.py, which declares their defaults and
     neobert-preprocess-data's flags); without ``rank`` / ``world_size``, one process (0 of 1): the environment's
     are the command's to read, as a process of a launched job may hold others'. The WordPiece types read their
     vocab.txt from ``tokenizer_model``, where ``resolve_tokenizer_flags`` puts the command's ``--vocab-file``.

@@ -1,4 +1,4 @@
-"""The preprocessor's settings, declared once for `preprocess_data` (data/preprocess.py) and the
+"""The preprocessor's settings, declared once for `preprocess_data` (data/preprocessing/preprocess.py) and the
 neobert-preprocess-data flags; kept free of megatron-core, so that --help answers at once."""
 
 import dataclasses

@@ -12,8 +12,7 @@ import os
 
 import numpy
 
-from megatron_neobert.data.length_subset import SOURCE_IDS_SUFFIX
-from megatron_neobert.data.records import read_record, record_path
+from megatron_neobert.data.records import SOURCE_IDS_SUFFIX, read_record, record_path
 
 logger = logging.getLogger(__name__)
 

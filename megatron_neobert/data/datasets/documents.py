@@ -29,7 +29,7 @@ import numpy
 from megatron.core.datasets.indexed_dataset import get_bin_path, get_idx_path
 
 from megatron_neobert.atomic_write import commit, write_json_atomic
-from megatron_neobert.data.indexed import IndexArrays, check_indexed_files
+from megatron_neobert.data.indexed import IndexArrays, check_indexed_files, raw_lengths
 from megatron_neobert.data.records import read_record
 from megatron_neobert.progress import progress_bar
 
@@ -68,9 +68,18 @@ class CorpusDocuments:
                 raw = index.sequence_lengths[first_sequence[0]:first_sequence[-1]]  # one sequence a document
             else:
                 raw = raw_lengths(index, numpy.arange(lo, hi))
-            lead = numpy.minimum(self.lead[lo:hi], raw)
-            out[lo:hi] = raw - lead - numpy.minimum(self.trail[lo:hi], raw - lead)
+            out[lo:hi] = _trimmed(raw, self.lead[lo:hi], self.trail[lo:hi])
         return out
+
+    def lengths_of(self, index, docs: numpy.ndarray) -> numpy.ndarray:
+        """``lengths`` of the given documents only (a sample's, when it is read)."""
+        return _trimmed(raw_lengths(index, docs), self.lead[docs], self.trail[docs])
+
+
+def _trimmed(raw: numpy.ndarray, lead: numpy.ndarray, trail: numpy.ndarray) -> numpy.ndarray:
+    """Tokens left of documents of `raw` tokens once their lead and trail are dropped (none where none are)."""
+    lead = numpy.minimum(lead, raw)
+    return raw - lead - numpy.minimum(trail, raw - lead)
 
 
 def uniform(value: int, n: int) -> numpy.ndarray:
@@ -79,21 +88,6 @@ def uniform(value: int, n: int) -> numpy.ndarray:
 
 def _document_count(index) -> int:
     return index.document_indices.shape[0] - 1
-
-
-def raw_lengths(index, docs: numpy.ndarray) -> numpy.ndarray:
-    """Tokens of the given documents, from the index's sequence pointers (a document's sequences are contiguous
-    in the ``.bin``), so that any set of documents costs what it holds, not what the corpus holds."""
-    pointers, first_sequence = index.sequence_pointers, index.document_indices
-    n_seq = pointers.shape[0]
-    if n_seq == 0:
-        return numpy.zeros(docs.shape[0], numpy.int64)
-    end = int(pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
-
-    def offset(sequence):  # byte offset of a sequence's start; the end of the data after the last
-        return numpy.where(sequence < n_seq, pointers[numpy.minimum(sequence, n_seq - 1)], end)
-
-    return (offset(first_sequence[docs + 1]) - offset(first_sequence[docs])) // index.dtype_size
 
 
 def special_tokens_of(index, prefix: str, docs: numpy.ndarray, tokenizer, read) -> Tuple[numpy.ndarray, ...]:

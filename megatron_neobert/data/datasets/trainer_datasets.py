@@ -2,8 +2,8 @@
 (which builds the layout caches ahead of training, so rank 0 never builds them under the process
 group's timeout)."""
 
-from megatron_neobert.data.blend import blends_from_args, parse_data_path
-from megatron_neobert.data.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
+from megatron_neobert.data.datasets.blend import blends_from_args, parse_data_path
+from megatron_neobert.data.datasets.mlm_dataset import MLMDatasetConfig, build_mlm_datasets
 
 
 def num_samples(settings):

@@ -13,8 +13,8 @@ from typing import Dict, Optional, Sequence
 
 from megatron.core.datasets.indexed_dataset import DType, get_idx_path
 
-from megatron_neobert.data.index_writer import IndexedWriter
 from megatron_neobert.data.indexed import check_indexed, discard_partial, partial_paths, read_header
+from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
 from megatron_neobert.data.records import publish, read_record
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 import numpy
 import torch
 
-from megatron_neobert.data.loader import MLMPretrainingSampler, collate_mlm_batch
+from megatron_neobert.data.datasets.batches import MLMPretrainingSampler, collate_mlm_batch
 
 logger = logging.getLogger(__name__)
 

@@ -1,28 +1,6 @@
-"""Lay documents out into MLM samples: packed (default) or one document chunk per padded sample.
-
-A sample is a list of *pieces* ``(doc, start, length)``; each piece becomes
-``[CLS] tokens[start:start+length] [SEP]`` and is its own attention segment (cu_seqlens), so
-packing never lets two documents attend to each other (the NeoBERT paper's -2.8% GLUE came from
-packing *without* that). A document longer than the room left is cut: the rest starts the next
-sample as a new piece, so no token is thrown away.
-
-Packed samples hold exactly ``seq_length`` tokens, filled greedily in epoch order. A piece costs
-``length + 2``, so a sample must never end with 1 or 2 free tokens. Where a whole document would
-leave such a gap:
-
-- 2 free: the last piece of the sample with >= 2 tokens is split in two at its middle (the
-  extra [CLS]/[SEP] fill the gap);
-- 1 free: the document is cut one token before its end (that token starts the next sample) and a
-  piece is split as above; a 1-token document instead moves whole to the next sample and two
-  splits fill the 4 free tokens.
-
-Only a sample whose pieces cannot be split that way (1-token pieces, at most one of 2: a corpus
-of 1-2 token documents) gets a ``[PAD]`` piece (doc = -1, no [CLS]/[SEP]) without labels.
-
-``pack_documents`` is vectorised: in the coordinate where every document start costs 2 tokens,
-samples advance by ``seq_length - 2`` until a sample ends exactly at a document end or on a gap;
-numpy finds the next such event and only events run Python code (about 3 per ``mean document
-length + 2`` samples on web text).
+"""Layout 3's packer (megatron_neobert/data/datasets/packing.py until the per-sample layout), kept as the oracle of the
+tests: vectorised, it materialises every piece of every sample, fast enough to compare the per-sample layout with at
+scale. Its rules are those of packing.py's docstring; ``packing_reference.py`` is the slow sequential reference.
 """
 
 from typing import NamedTuple
@@ -210,18 +188,3 @@ def _pieces(ends, end_docs, splits, pads, starts, doc_of, n_own) -> Layout:
         piece_wrapped = numpy.insert(piece_wrapped, at, False)
         sample_ptr[1:] += numpy.cumsum(numpy.bincount(pad_sample, minlength=n_samples))
     return Layout(sample_ptr, piece_doc, piece_start, piece_len, piece_wrapped)
-
-
-def chunk_documents(lengths: numpy.ndarray, seq_length: int) -> Layout:
-    """One piece per sample: each document cut into chunks of ``seq_length - 2`` tokens."""
-    if seq_length < 3:
-        raise ValueError(f"seq_length must be >= 3, got {seq_length}")
-    lengths = numpy.asarray(lengths, numpy.int64)
-    room = seq_length - 2
-    chunks = (lengths + room - 1) // room
-    docs = numpy.repeat(numpy.arange(len(lengths), dtype=numpy.int64), chunks)
-    first_chunk = numpy.repeat(numpy.cumsum(chunks) - chunks, chunks)
-    starts = (numpy.arange(len(docs), dtype=numpy.int64) - first_chunk) * room
-    lens = numpy.minimum(lengths[docs] - starts, room).astype(numpy.int32)
-    return Layout(numpy.arange(len(docs) + 1, dtype=numpy.int64), docs, starts, lens,
-                  numpy.zeros(len(docs), bool))

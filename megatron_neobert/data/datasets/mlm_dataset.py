@@ -4,8 +4,9 @@
 train/valid/test by document and blended by ``BlendedMegatronDatasetBuilder``. Each epoch shuffles
 the split's documents and lays them out (``packing.py``): *packed* samples of exactly
 ``seq_length`` tokens with ``cu_seqlens`` per document piece, or *padded* samples of one document
-chunk each. The layout is computed once, cached as ``.npy`` files (rank 0 first when distributed)
-and memory-mapped.
+chunk each. The layout (each epoch's document order, where each sample starts in it, the sample
+shuffle) is computed once, cached as ``.npy`` files (rank 0 first when distributed) and
+memory-mapped; a sample's pieces are derived from where it starts when it is read.
 
 With no data at all (``--mock-data``: megatron-core's mock mode, blend and blend_per_split None),
 the low-level dataset is ``MockDocuments``: synthetic documents, packed and masked like real ones.
@@ -16,6 +17,8 @@ ranks agree, a resumed run sees exactly the samples it would have seen, and aski
 samples (a larger --train-iters) only appends epochs.
 """
 
+import bisect
+import glob
 import hashlib
 import json
 import logging
@@ -33,10 +36,10 @@ from megatron.core.datasets.megatron_dataset import MegatronDataset
 from megatron.core.datasets.utils import Split
 
 from megatron_neobert.atomic_write import commit, temporary_sibling, write_text_atomic
-from megatron_neobert.data.checks import check_vocabulary, split_as_corpus, unknown_token_error
-from megatron_neobert.data.documents import corpus_documents
+from megatron_neobert.data.datasets.checks import check_vocabulary, split_as_corpus, unknown_token_error
+from megatron_neobert.data.datasets.documents import corpus_documents
+from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
 from megatron_neobert.data.indexed import IndexArrays, open_indexed
-from megatron_neobert.data.packing import PAD_PIECE, chunk_documents, pack_documents
 from megatron_neobert.megatron_core_compat import rank_zero_without_process_group
 
 logger = logging.getLogger(__name__)
@@ -79,12 +82,13 @@ class MLMDatasetConfig(BlendedMegatronDatasetConfig):
             raise ValueError(f"sequence_length must be >= 8, got {self.sequence_length}")
 
 
-# Part of the cache file names: a cache of another packer or seeding is never read as this one's.
-LAYOUT_VERSION = 3
-# The layout's arrays and their dtypes on disk. Document ids and offsets within a document fit int32, as megatron-core's
-# document ids and sequence lengths do; piece pointers and sample ids count across epochs and keep int64.
-LAYOUT_FIELDS = {"sample_ptr": numpy.int64, "piece_doc": numpy.int32, "piece_start": numpy.int32,
-                 "piece_len": numpy.int32, "shuffle_index": numpy.int64}
+# Part of the cache file names: a cache of another layout or seeding is never read as this one's. Layout 3 held every
+# piece (four arrays, about 2.5 pieces a sample); layout 4 has the same samples from two integers a sample.
+LAYOUT_VERSION = 4
+# The layout's arrays, each epoch's part after the one before: the documents with tokens of each epoch in its order,
+# each sample's start (stream position in its epoch's order, token offset), the sample shuffle, and each epoch's
+# first sample and first document (one more entry: the totals).
+LAYOUT_FIELDS = ("documents", "sample_position", "sample_offset", "shuffle_index", "epoch_samples", "epoch_documents")
 
 
 def sample_stream(unique_identifiers: Dict) -> int:
@@ -160,8 +164,9 @@ class MLMDataset(MegatronDataset):
         self._special[list(tok.special_ids)] = True
         self._random_ids = numpy.flatnonzero(~self._special[:tok.vocab_size])
         self._stream = sample_stream(self.unique_identifiers)
-        self.sample_ptr, self.piece_doc, self.piece_start, self.piece_len, self.shuffle_index = (
-            self._build_layout())
+        (self.documents, self.sample_position, self.sample_offset, self.shuffle_index, self.epoch_samples,
+         self.epoch_documents) = self._build_layout()
+        self._epoch_samples, self._epoch_documents = self.epoch_samples.tolist(), self.epoch_documents.tolist()
         # The split's document ids (megatron-core's arange, 4 bytes a document) only serve to build the layout.
         self.indices = None
 
@@ -188,21 +193,39 @@ class MLMDataset(MegatronDataset):
         return int(self.shuffle_index.shape[0])
 
     # ---- samples ---------------------------------------------------------------------------
+    def pieces(self, idx: int) -> List[List[int]]:
+        """Sample idx's pieces: [document id, first token, tokens], padding as [PAD_PIECE, 0, tokens]."""
+        j = int(self.shuffle_index[idx])
+        epoch = bisect.bisect_right(self._epoch_samples, j) - 1
+        first, n = self._epoch_documents[epoch], self._epoch_documents[epoch + 1] - self._epoch_documents[epoch]
+        position, offset = int(self.sample_position[j]), int(self.sample_offset[j])
+        ids = {}  # stream position -> document id (past the order: re-reads of its start)
+
+        def lengths_at(lo: int, hi: int) -> List[int]:
+            docs = self.documents[first + numpy.arange(lo, hi) % n]
+            ids.update(zip(range(lo, hi), docs.tolist()))
+            return self._documents.lengths_of(self.dataset.index, docs).tolist()
+
+        if self.config.packed:
+            pieces = packed_pieces(position, offset, self.config.sequence_length, lengths_at)
+        else:
+            pieces = chunk_piece(position, offset, self.config.sequence_length, lengths_at(position, position + 1)[0])
+        for piece in pieces:
+            if piece[0] != PAD_PIECE:
+                piece[0] = ids[piece[0]]
+        return pieces
+
     def __getitem__(self, idx: int) -> Dict[str, torch.Tensor]:
         cfg, tok = self.config, self.config.tokenizer
-        j = int(self.shuffle_index[idx])
-        lo, hi = int(self.sample_ptr[j]), int(self.sample_ptr[j + 1])
         parts, seqlens = [], []
-        for p in range(lo, hi):
-            doc, length = int(self.piece_doc[p]), int(self.piece_len[p])
+        for doc, start, length in self.pieces(idx):
             if doc == PAD_PIECE:
                 parts.append(numpy.full(length, tok.pad_id, numpy.int64))
                 seqlens.append(length)
                 continue
             # The sequences of one document are contiguous in the .bin, so one read from the
             # first sequence covers documents written as several sequences (split sentences).
-            body = self.dataset.get(int(self._doc_first_sequence[doc]),
-                                    int(self.piece_start[p]) + int(self._doc_lead[doc]), length)
+            body = self.dataset.get(int(self._doc_first_sequence[doc]), start + int(self._doc_lead[doc]), length)
             if length and body.max() >= self._special.shape[0]:  # an id no embedding row (or mask) has
                 raise unknown_token_error(self.dataset_path, doc, body, self._special.shape[0], tok)
             parts += [[tok.cls_id], body, [tok.sep_id]]
@@ -252,31 +275,60 @@ class MLMDataset(MegatronDataset):
     def _build_layout(self):
         cache = self._cache_dir()
         if cache is None:  # mock data without --data-cache-path: nothing on disk to cache beside
-            epochs = list(self._epochs())
-            return tuple(numpy.concatenate([[0]] * (name == "sample_ptr") + [epoch[i] for epoch in epochs],
-                                           dtype=dtype) for i, (name, dtype) in enumerate(LAYOUT_FIELDS.items()))
+            parts = list(self._layout_parts())
+            return tuple(numpy.concatenate([part[name] for part in parts if name in part]) for name in LAYOUT_FIELDS)
         # The corpus's key in the name: a layout of data since rewritten at the same path is never read.
-        base = (f"{self.unique_description_hash}-{self._documents.key[:12]}-{type(self).__name__}-"
-                f"layout{LAYOUT_VERSION}-{self.index_split.name}")
-        paths = {name: os.path.join(cache, f"{base}-{name}.npy") for name in LAYOUT_FIELDS}
-        description = os.path.join(cache, f"{base}-description.txt")
-        if not all(os.path.isfile(p) for p in [description, *paths.values()]) and _is_rank0():
-            # Non-zero ranks load after the builder's barrier, when rank 0 has written.
+        prefix = os.path.join(cache, f"{self.unique_description_hash}-{self._documents.key[:12]}-{type(self).__name__}-"
+                                     "layout")
+        suffix = f"-{self.index_split.name}"
+        paths = {name: f"{prefix}{LAYOUT_VERSION}{suffix}-{name}.npy" for name in LAYOUT_FIELDS}
+        description = f"{prefix}{LAYOUT_VERSION}{suffix}-description.txt"
+        # Non-zero ranks load after the builder's barrier, when rank 0 has written.
+        if _is_rank0() and (not os.path.isfile(description) or self._load_layout(paths, description) is None):
+            if not os.path.isfile(description):
+                self._say_why_built(prefix, suffix)
             self._write_layout(cache, paths, description)
         logger.info("load the %s %s layout from %s", type(self).__name__, self.index_split.name, cache)
         return tuple(numpy.load(paths[name], mmap_mode="r") for name in LAYOUT_FIELDS)
 
+    def _load_layout(self, paths: Dict[str, str], description: str):
+        """The cached layout, or None (with a line saying why) where a file is missing or does not fit the others
+        (a cache folder copied in part, a file cut short)."""
+        try:
+            layout = tuple(numpy.load(paths[name], mmap_mode="r") for name in LAYOUT_FIELDS)
+        except (OSError, ValueError) as error:  # a file missing, or its header or length wrong
+            logger.warning("rebuild the %s %s layout in %s: %s", type(self).__name__, self.index_split.name,
+                           os.path.dirname(description), error)
+            return None
+        documents, position, offset, shuffle, epoch_samples, epoch_documents = layout
+        if not (position.shape == offset.shape == shuffle.shape == (int(epoch_samples[-1]),)
+                and documents.shape == (int(epoch_documents[-1]),)):
+            logger.warning("rebuild the %s %s layout in %s: its arrays do not fit each other (%s)",
+                           type(self).__name__, self.index_split.name, os.path.dirname(description),
+                           ", ".join(f"{name} {array.shape[0]:,}" for name, array in zip(LAYOUT_FIELDS, layout)))
+            return None
+        return layout
+
+    def _say_why_built(self, prefix: str, suffix: str) -> None:
+        """One line where the cache holds this dataset's layout in another version's files: they are not read."""
+        others = sorted(glob.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}-description.txt"))
+        if others:
+            logger.warning("the data cache holds the %s %s layout as an earlier version of this package wrote it "
+                           "(%s): building layout %d beside it, with the same samples; the old files can be deleted",
+                           type(self).__name__, self.index_split.name, os.path.basename(others[0]), LAYOUT_VERSION)
+
     def _write_layout(self, cache: str, paths: Dict[str, str], description: str) -> None:
         """Each epoch's arrays appended to the cache files as it is laid out, so that building holds one epoch
-        at a time; the files get their final names only when complete (readers never see half a file)."""
+        at a time; the files get their final names only when complete (readers never see half a file), and the
+        description, which says the layout is there, last. Builders at once (two jobs) write the same bytes under
+        names of their own: the last rename wins, with a complete file."""
         start = time.time()
         os.makedirs(cache, exist_ok=True)
         tmp = {name: temporary_sibling(path) for name, path in paths.items()}
-        files = {name: StreamedNpy(path, LAYOUT_FIELDS[name]) for name, path in tmp.items()}
+        files = {name: StreamedNpy(path) for name, path in tmp.items()}
         try:
-            files["sample_ptr"].append(numpy.zeros(1, numpy.int64))
-            for epoch in self._epochs():
-                for name, array in zip(LAYOUT_FIELDS, epoch):
+            for part in self._layout_parts():
+                for name, array in part.items():
                     files[name].append(array)
             for name in LAYOUT_FIELDS:
                 files[name].close()
@@ -288,9 +340,20 @@ class MLMDataset(MegatronDataset):
         logger.info("built the %s %s layout: %d samples in %.1f s (cached in %s)", type(self).__name__,
                     self.index_split.name, files["shuffle_index"].size, time.time() - start, cache)
 
+    def _layout_parts(self):
+        """The layout arrays a part at a time: the epoch tables' leading 0, then each epoch's part of every array."""
+        yield {"epoch_samples": numpy.zeros(1, numpy.int64), "epoch_documents": numpy.zeros(1, numpy.int64)}
+        samples = documents = 0
+        for order, starts, shuffle in self._epochs():
+            samples, documents = samples + shuffle.shape[0], documents + order.shape[0]
+            yield {"documents": order, "sample_position": starts.position, "sample_offset": starts.offset,
+                   "shuffle_index": shuffle, "epoch_samples": numpy.array([samples], numpy.int64),
+                   "epoch_documents": numpy.array([documents], numpy.int64)}
+
     def _epochs(self):
-        """As many epochs as ``num_samples`` needs (one when None), each as its part of the layout arrays: the
-        sample pointers (past the leading 0) and the shuffle already offset by the epochs before it."""
+        """As many epochs as ``num_samples`` needs (one when None), each as its documents with tokens in epoch order,
+        where each of its samples starts (``packing.SampleStarts``) and its sample shuffle, offset by the epochs
+        before it. Positions and sample ids are int32 where every epoch's fit, as megatron-core's indices are."""
         docs = self.indices  # megatron-core's int32 ids: half the memory of int64 in the orders below
         if self.dataset_path is not None:
             docs = split_as_corpus(self.dataset_path, docs, self.config.split_matrix, self.index_split.value)
@@ -298,28 +361,35 @@ class MLMDataset(MegatronDataset):
         # pages read here would stay counted in this process's memory with it.
         lengths = self._documents.lengths(self.dataset.index if self.dataset_path is None
                                           else IndexArrays(get_idx_path(self.dataset_path)))
-        if docs.size == 0 or not lengths[docs].any():
+        tokens = int(lengths[docs].sum(dtype=numpy.int64)) if docs.size else 0
+        if tokens == 0:
             raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
                              "tokens; give it a larger share in --split or more data")
-        samples = pieces = epoch = 0
+        seq = self.config.sequence_length
+        # Bounds: a packed sample holds >= (seq - 2) / 3 tokens of its epoch; the stream re-reads >= 2 samples' worth.
+        per_epoch = 3 * tokens // (seq - 2) + 2 if self.config.packed else docs.size + tokens // (seq - 2) + 1
+        sample_id = numpy.int32 if (self.num_samples or 0) + per_epoch < 2**31 else numpy.int64
+        positions = docs.size + 2 * seq + 1 + (docs.size * -(-2 * seq // tokens) if tokens < 2 * seq else 0)
+        position = numpy.int32 if positions < 2**31 else numpy.int64
+        samples = epoch = 0
         while True:
             rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
             order = docs.copy()
             rng.shuffle(order)  # the order docs[rng.permutation(docs.size)] gives, without an int64 permutation
-            lay = (pack_documents if self.config.packed else chunk_documents)(
-                lengths[order], self.config.sequence_length)
-            # Positions in the epoch order -> document ids of the indexed dataset, in place: padding pieces
-            # point one past the order, where it holds PAD_PIECE.
-            piece_doc, order = lay.piece_doc, numpy.append(order, PAD_PIECE)
-            piece_doc[piece_doc == PAD_PIECE] = order.shape[0] - 1
-            for at in range(0, piece_doc.shape[0], 1 << 22):  # in slices: no temporary as large as the pieces
-                piece_doc[at:at + (1 << 22)] = order[piece_doc[at:at + (1 << 22)]]
-            n = lay.sample_ptr.shape[0] - 1
+            order_lengths = lengths[order]
+            if not order_lengths.all():  # documents without tokens take no place in the stream
+                keep = order_lengths > 0
+                order, order_lengths = order[keep], order_lengths[keep]
+            # Handed over, not kept here: the packer drops the lengths once it has what it needs of them (peak memory).
+            handed = [order_lengths]
+            del order_lengths
+            starts = (pack_starts if self.config.packed else chunk_starts)(handed.pop(), seq)
+            n = starts.position.shape[0]
             # Shuffle samples within the epoch so one long document's chunks spread over batches.
-            shuffle = numpy.arange(samples, samples + n, dtype=numpy.int64)
+            shuffle = numpy.arange(samples, samples + n, dtype=sample_id)
             rng.shuffle(shuffle)
-            yield lay.sample_ptr[1:] + pieces, piece_doc, lay.piece_start, lay.piece_len, shuffle
-            samples, pieces, epoch = samples + n, pieces + piece_doc.shape[0], epoch + 1
+            yield order, starts._replace(position=starts.position.astype(position, copy=False)), shuffle
+            samples, epoch = samples + n, epoch + 1
             if self.num_samples is None or samples >= self.num_samples:
                 return
 
@@ -330,13 +400,16 @@ class StreamedNpy:
 
     HEADER_BYTES, CHUNK = 128, 1 << 22
 
-    def __init__(self, path: str, dtype) -> None:
-        self.path, self.size, self.dtype = path, 0, numpy.dtype(dtype)
+    def __init__(self, path: str) -> None:
+        self.path, self.size, self.dtype = path, 0, None
         self.file = open(path, "wb")
         self.file.seek(self.HEADER_BYTES)
 
     def append(self, array: numpy.ndarray) -> None:
-        """Values that do not fit the file's dtype are the caller's error: the cast does not check them."""
+        """The file's dtype is the first array's; values of later ones that do not fit it are the caller's error:
+        the cast does not check them."""
+        if self.dtype is None:
+            self.dtype = array.dtype
         for at in range(0, array.shape[0], self.CHUNK):  # cast a slice at a time: no copy as large as the array
             numpy.ascontiguousarray(array[at:at + self.CHUNK], self.dtype).tofile(self.file)
         self.size += array.shape[0]
