@@ -162,8 +162,9 @@ def first_line(job: Job, pattern: str, after: float, within: float) -> tuple:
 
 
 def lost_host_line(host: str) -> str:
+    # The fault comes after iteration 7 is logged; on busy cores the rank may be in iteration 10's save by then.
     return (rf"^error: rank \d: host host-{host} \({re.escape(ADDRESSES[host])}\) stopped answering at iteration "
-            rf"\d+ \(training step; no answer within {ANSWER_S:g} s after \d+ s without progress\)")
+            rf"\d+ \((training step|checkpoint save); no answer within {ANSWER_S:g} s after \d+ s without progress\)")
 
 
 def test_a_link_cut_ends_both_hosts_jobs_within_the_bound_and_the_resume_is_exact(hosts, data, tmp_path):
