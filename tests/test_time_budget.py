@@ -1,6 +1,7 @@
 """The suite's time budget (tests/time_budget.py) on a planted suite with a budget of a quarter of a second: a test,
 a parametrized test and a fixture over twice that fail the run by name (under xdist, as CI runs it); a listed test and
-fixture do not, the one over twice its measured time named in a warning; --no-time-budget reports without failing."""
+fixture do not, the one over twice its measured time named in a warning; the listed test is handed out first;
+--no-time-budget reports without failing."""
 
 import os
 import subprocess
@@ -68,6 +69,11 @@ def test_a_phase_over_its_budget_fails_the_run_by_name_unless_listed(tmp_path):
     warnings = [line.split(" took ")[0] for line in run.stdout.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: test_planted.py::test_listed"], run.stdout[-3000:]
     assert "0.8 s: the listed tests' and fixtures' measured time in all" in run.stdout
+    # the listed test is handed out first, the rest in their order
+    collected = subprocess.run(command + ["--collect-only"], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=120).stdout.splitlines()
+    assert collected[:3] == ["test_planted.py::test_listed", "test_planted.py::test_fast",
+                             "test_planted.py::test_slow"], collected
     reported = subprocess.run(command + ["--no-time-budget"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=120)
     assert reported.returncode == 0 and "error: test_planted.py::test_slow took" in reported.stdout

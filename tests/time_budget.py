@@ -66,6 +66,11 @@ SLOW = {
 }
 
 
+def listed_name(nodeid: str) -> str:
+    """A test's name in SLOW: from tests/, its parametrized cases sharing one entry."""
+    return nodeid.split("[")[0].removeprefix("tests/")
+
+
 def pytest_addoption(parser):
     parser.addoption("--no-time-budget", action="store_true",
                      help=f"report, without failing the run, a test or fixture over {MARGIN:g}x the time budget of "
@@ -83,6 +88,12 @@ class TimeBudget:
         self.stale = []
         self.seen = {}
 
+    def pytest_collection_modifyitems(self, items):
+        """The listed tests first, the longest first: xdist hands tests out in their order, so a long test collected
+        late (the quickstart, a two-host rehearsal) would start near the end while the other worker idles. Every
+        worker sorts the same collection the same way, as xdist requires."""
+        items.sort(key=lambda item: -SLOW.get(listed_name(item.nodeid), Slow(0.0, "")).measured_s)
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
         started = time.monotonic()
@@ -94,7 +105,7 @@ class TimeBudget:
     def pytest_runtest_logreport(self, report):
         if not self.judge:
             return
-        test = report.nodeid.split("[")[0].removeprefix("tests/")
+        test = listed_name(report.nodeid)
         phases = [(test, report.duration)] if report.when == "call" else []
         if report.when == "setup":
             phases = [(f"fixture:{name}", seconds) for key, (name, seconds) in report.user_properties
