@@ -77,3 +77,32 @@ def test_a_phase_over_its_budget_fails_the_run_by_name_unless_listed(tmp_path):
     reported = subprocess.run(command + ["--no-time-budget"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=120)
     assert reported.returncode == 0 and "error: test_planted.py::test_slow took" in reported.stdout
+
+
+SPREAD_TESTS = """
+import os
+import time
+import pytest
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_listed(name, tmp_path_factory):
+    time.sleep(1.0)
+    with open(os.path.join(os.environ["RAN_ON"], name), "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
+
+@pytest.mark.parametrize("case", range(30))
+def test_fast(case):
+    pass
+"""
+
+
+def test_the_listed_tests_start_first_on_different_workers(tmp_path):
+    (tmp_path / "conftest.py").write_text(PLANTED_CONFTEST)
+    (tmp_path / "test_planted.py").write_text(SPREAD_TESTS)
+    ran_on = tmp_path / "ran_on"
+    ran_on.mkdir()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--no-time-budget",
+                          "test_planted.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, RAN_ON=str(ran_on)))
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert {(ran_on / name).read_text() for name in "ab"} == {"gw0", "gw1"}

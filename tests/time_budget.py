@@ -12,6 +12,7 @@ slowest phase not on the list took 28 s at best and 49 s at worst, so a phase fa
 
 import dataclasses
 import time
+from itertools import zip_longest
 
 import pytest
 
@@ -83,6 +84,11 @@ class TimeBudget:
 
     def __init__(self, config):
         self.enabled = not config.getoption("--no-time-budget")
+        # xdist's load scheduling sends each worker a block of consecutive tests (a quarter of its share) at the
+        # start, which would give the listed tests, sorted first, to one worker: two, then one at a time instead, so
+        # each idle worker takes the next.
+        if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk") is None:
+            config.option.maxschedchunk = 1
         self.judge = not hasattr(config, "workerinput")  # an xdist worker only times
         self.overruns = []
         self.stale = []
@@ -90,9 +96,14 @@ class TimeBudget:
 
     def pytest_collection_modifyitems(self, items):
         """The listed tests first, the longest first: xdist hands tests out in their order, so a long test collected
-        late (the quickstart, a two-host rehearsal) would start near the end while the other worker idles. Every
-        worker sorts the same collection the same way, as xdist requires."""
-        items.sort(key=lambda item: -SLOW.get(listed_name(item.nodeid), Slow(0.0, "")).measured_s)
+        late (the quickstart, a two-host rehearsal) would start near the end while the other worker idles. Its first
+        hand-out gives each worker two consecutive tests, so each listed test is followed by an unlisted one: each
+        worker starts on a long test, and every worker sorts the same collection the same way, as xdist requires."""
+        listed = sorted((item for item in items if listed_name(item.nodeid) in SLOW),
+                        key=lambda item: -SLOW[listed_name(item.nodeid)].measured_s)
+        unlisted = [item for item in items if listed_name(item.nodeid) not in SLOW]
+        paired = [item for pair in zip_longest(listed, unlisted[:len(listed)]) for item in pair if item is not None]
+        items[:] = paired + unlisted[len(listed):]
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
