@@ -1,5 +1,5 @@
-"""How a rank that waits tells a lost host from a slow one: the answers of `parallel.hosts`, and the progress
-watchdog's check of the other hosts (the two-host rehearsal with network namespaces is tests/test_partition.py)."""
+"""How a rank that waits tells a lost host from a slow one: the answers of the guards' `hosts.py`, and the progress
+watchdog's check of the other hosts with the lost-host rule (the two-host rehearsal with network namespaces is tests/test_partition.py)."""
 
 import collections
 import re
@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from megatron_neobert.parallel.hosts import Answers, Host, HostAnswers, answers, asked_by
 from megatron_neobert.parallel.launch import DistributedState
-from megatron_neobert.training.resilience import process_guards
-from megatron_neobert.training.resilience.process_guards import ProgressWatchdog
+from megatron_neobert.training.resilience.guards import watchdog as watchdog_module
+from megatron_neobert.training.resilience.guards.hosts import Answers, Host, HostAnswers, answers, asked_by
+from megatron_neobert.training.resilience.guards.watchdog import ProgressWatchdog
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ class FakeHosts:
 def ended(monkeypatch):
     """The watchdog's exit, recorded instead of taken."""
     calls = threading.Event()
-    monkeypatch.setattr(process_guards, "exit_now", lambda code: calls.set())
+    monkeypatch.setattr(watchdog_module, "exit_now", lambda code: calls.set())
     monkeypatch.setenv("RANK", "1")
     return calls
 
@@ -121,9 +121,8 @@ def test_a_slow_peer_on_hosts_that_answer_is_waited_for(ended):
     (4242, "torchrun restarts it, or goes on without the host under --nnodes MIN:MAX"),
     (None, "srun --kill-on-bad-exit ends the job step; its requeue resumes from the latest checkpoint"),
 ])
-def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, ended, capsys, monkeypatch):
-    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher)
-    with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)])) as watchdog:
+def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, ended, capsys):
+    with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)]), launcher) as watchdog:
         watchdog.at(7, "training step")
         assert ended.wait(5)
     line = capsys.readouterr().err.strip()
@@ -146,12 +145,10 @@ def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, 
      "ending this attempt (torchrun restarts it, or goes on without the host under --nnodes MIN:MAX)", False),
 ])
 def test_torchrun_is_ended_with_the_attempt_when_the_rendezvous_host_is_out_of_reach(hosts, begins, ends,
-                                                                                     torchrun_killed, ended, capsys,
-                                                                                     monkeypatch):
+                                                                                     torchrun_killed, ended, capsys):
     launcher = subprocess.Popen(["sleep", "60"])
-    monkeypatch.setitem(process_guards._launcher_watch, "launcher", launcher.pid)
     try:
-        with ProgressWatchdog(10, 0.2, hosts) as watchdog:
+        with ProgressWatchdog(10, 0.2, hosts, launcher.pid) as watchdog:
             watchdog.at(3, "training step")
             assert ended.wait(5)
         if torchrun_killed:

@@ -19,7 +19,7 @@ import pytest
 
 from megatron_neobert.checkpoint.integrity import MANIFEST
 from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
-from megatron_neobert.parallel.hosts import ANSWER_S
+from megatron_neobert.training.resilience.guards.hosts import ANSWER_S
 from megatron_neobert.parallel.launch import run_on_ranks
 from pretrain_cases import run_train
 from test_faults import IDLE_S, RESTARTED, Job, argv, logged, losses, restart_cost
