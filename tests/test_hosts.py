@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +15,8 @@ import torch
 
 from megatron_neobert.parallel.launch import DistributedState
 from megatron_neobert.training.resilience.guards import watchdog as watchdog_module
-from megatron_neobert.training.resilience.guards.hosts import Answers, Host, HostAnswers, answers, asked_by
+from megatron_neobert.training.resilience.guards.hosts import (STORE_PING, ANSWERED, FROZEN, Answers, Host, HostAnswers,
+                                                               answers, asked_by, reply)
 from megatron_neobert.training.resilience.guards.watchdog import ProgressWatchdog
 
 
@@ -34,13 +36,13 @@ def test_a_rank_answers_a_frozen_process_does_not_and_a_gone_one_is_refused_by_i
     hosts = HostAnswers()
     try:
         assert hosts.others == [] and not hosts.ask().someone_silent  # one host: nobody to ask
-        assert answers("127.0.0.1", hosts.server.getsockname()[1], echo=True)
+        assert answers("127.0.0.1", hosts.server.getsockname()[1])
         # A stopped (or cut off) process: the kernel may accept the connection, but no byte comes back.
         with socket.create_server(("127.0.0.1", 0)) as frozen:
-            assert not answers("127.0.0.1", frozen.getsockname()[1], echo=True, timeout=0.5)
-            assert answers("127.0.0.1", frozen.getsockname()[1], echo=False)  # a store only has to accept
+            assert reply("127.0.0.1", frozen.getsockname()[1], b"?", timeout=0.5) == FROZEN
+            assert not answers("127.0.0.1", frozen.getsockname()[1], timeout=0.5)
             port = frozen.getsockname()[1]
-        assert answers("127.0.0.1", port, echo=True)  # refused: the host is up, its process gone
+        assert answers("127.0.0.1", port)  # refused: the host is up, its process gone
     finally:
         hosts.close()
     time.sleep(0.1)
@@ -90,10 +92,37 @@ def test_no_one_is_silent_when_every_asked_host_and_the_store_answer():
     assert not Answers([], store_silent=False, asked=2).someone_silent
 
 
+STORE = """
+import time
+import torch.distributed
+store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv={libuv})
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("libuv", [True, False])
+def test_a_running_store_answers_the_ping_a_stopped_one_is_reached_but_frozen(libuv):
+    """torchrun's store (libuv's server) and a rank 0's (the classic one) answer the ping; stopped, as on a frozen host,
+    the kernel still accepts the connection and nothing answers: FROZEN, where a plain connection would have passed."""
+    store = subprocess.Popen([sys.executable, "-c", STORE.format(libuv=libuv)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(store.stdout.readline())
+        assert reply("127.0.0.1", port, STORE_PING, timeout=2) == ANSWERED
+        store.send_signal(signal.SIGSTOP)
+        assert reply("127.0.0.1", port, STORE_PING, timeout=1) == FROZEN
+        store.send_signal(signal.SIGCONT)
+        assert reply("127.0.0.1", port, STORE_PING, timeout=2) == ANSWERED
+    finally:
+        store.kill()
+        store.wait()
+    assert reply("127.0.0.1", port, STORE_PING, timeout=1) == ANSWERED  # refused: the host is up, the store gone
+
+
 class FakeHosts:
-    def __init__(self, silent=(), store_silent=False, asked=1):
+    def __init__(self, silent=(), store_silent=False, asked=1, reached=False):
         self.rendezvous = Host("host-a", "10.213.0.1", 29500, 0)
-        self.found, self.asked = Answers(list(silent), store_silent, asked), 0
+        self.found, self.asked = Answers(list(silent), store_silent, asked, reached), 0
 
     def ask(self):
         self.asked += 1
@@ -140,6 +169,11 @@ def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, 
      "the rendezvous host host-a (10.213.0.1) stopped answering at iteration 3 (training step; ",
      "the job cannot go on without its store: ending this attempt and torchrun (pid {pid}), which cannot restart it "
      "without that host", True),
+    # The store's host frozen: neither its rank nor its store answered, but its kernel accepted the connections.
+    (FakeHosts([Host("host-a", "10.213.0.1", 4321, 0)], store_silent=True, reached=True),
+     "the rendezvous host host-a (10.213.0.1) stopped answering at iteration 3 (training step; ",
+     "the job cannot go on without its store: ending this attempt and torchrun (pid {pid}), which cannot restart it "
+     "without that host", True),
     (FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)], asked=2),  # torchrun restarts the workers
      "host host-b (10.213.0.2) stopped answering at iteration 3 (training step; ",
      "ending this attempt (torchrun restarts it, or goes on without the host under --nnodes MIN:MAX)", False),
@@ -160,3 +194,4 @@ def test_torchrun_is_ended_with_the_attempt_when_the_rendezvous_host_is_out_of_r
         launcher.kill()
     line = capsys.readouterr().err.strip()
     assert line.startswith("error: rank 1: " + begins) and line.endswith(ends.format(pid=launcher.pid)), line
+
