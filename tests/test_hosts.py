@@ -2,6 +2,7 @@
 watchdog's check of the other hosts with the lost-host rule (the two-host rehearsal with network namespaces is tests/test_partition.py)."""
 
 import collections
+import os
 import re
 import signal
 import socket
@@ -17,6 +18,7 @@ from megatron_neobert.parallel.launch import DistributedState
 from megatron_neobert.training.resilience.guards import watchdog as watchdog_module
 from megatron_neobert.training.resilience.guards.hosts import (STORE_PING, ANSWERED, FROZEN, Answers, Host, HostAnswers,
                                                                answers, asked_by, reply)
+from megatron_neobert.training.resilience.guards.rules import silent_bound
 from megatron_neobert.training.resilience.guards.watchdog import ProgressWatchdog
 
 
@@ -195,3 +197,49 @@ def test_torchrun_is_ended_with_the_attempt_when_the_rendezvous_host_is_out_of_r
     line = capsys.readouterr().err.strip()
     assert line.startswith("error: rank 1: " + begins) and line.endswith(ends.format(pid=launcher.pid)), line
 
+
+THAWED_RANK = """
+import time
+from megatron_neobert.training.resilience.guards.hosts import Answers, Host
+from megatron_neobert.training.resilience.guards.watchdog import ProgressWatchdog
+
+class Answering:
+    rendezvous = Host("host-a", "10.213.0.1", 29500, 0)
+
+    def ask(self):
+        return Answers([], False, 1)
+
+with ProgressWatchdog(10, {check_s}, Answering()) as watchdog:
+    print("watching", flush=True)
+    while True:  # progress all along: only being stopped can end it
+        watchdog.at(1, "training step")
+        time.sleep(0.05)
+"""
+
+
+def test_a_process_stopped_past_the_bound_ends_once_thawed_and_a_shorter_stop_is_let_be():
+    """SIGSTOP, as on a frozen host: stopped for less than the others wait before naming the host, the rank goes on;
+    stopped longer, it ends with one line as soon as it runs again."""
+    check_s = 0.4
+    rank = subprocess.Popen([sys.executable, "-c", THAWED_RANK.format(check_s=check_s)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "RANK": "1"})
+    try:
+        assert rank.stdout.readline() == "watching\n", rank.stderr.read()
+        bound = silent_bound(check_s)
+        for stopped_s in (2.0, bound + 2):
+            rank.send_signal(signal.SIGSTOP)
+            time.sleep(stopped_s)
+            rank.send_signal(signal.SIGCONT)
+            thawed = time.monotonic()
+            if stopped_s < bound:
+                time.sleep(2.0)
+                assert rank.poll() is None, rank.stderr.read()
+        assert rank.wait(timeout=10) == 1
+        ended_s = time.monotonic() - thawed
+    finally:
+        rank.kill()
+    line = next((line for line in rank.stderr.read().splitlines() if line.startswith("error: ")), None)
+    assert line and re.fullmatch(rf"error: rank 1: this host was stopped for \d+ s, longer than the other hosts wait before "
+                        rf"going on without it \({bound:g} s\): ending this attempt without writing anything \(start "
+                        rf"it again to rejoin the job\)", line), line
+    assert ended_s < 2.0

@@ -85,4 +85,8 @@ def _guarded_train(settings: Settings, guards: Guards, forward_step: ForwardStep
         if lock:
             held.callback(lock.release)
         account.lap("guards and --save lock")
-        return Trainer(settings, tokenizer, data_files, forward_step, guards, started, load_folder, account).run()
+        try:
+            return Trainer(settings, tokenizer, data_files, forward_step, guards, started, load_folder, account).run()
+        except BaseException:  # a thawed host's collective fails: it ends before the lock's release writes
+            guards.end_if_thawed()
+            raise

@@ -53,6 +53,12 @@ class Guards:
         """`signals.stop_requested` with this run's handler and --exit-duration-in-mins (a collective)."""
         return stop_requested(self.signals, started, self.faults.exit_duration_in_mins)
 
+    def end_if_thawed(self) -> None:
+        """In the main thread's error, before any clean-up writes (the --save lock's release): a process stopped past
+        the bound ends at once (`rules.thawed`), its torchrun with it."""
+        if self.watchdog is not None:
+            self.watchdog.end_if_thawed()
+
     def data_worker_init(self, worker_id: int) -> None:
         """DataLoader `worker_init_fn`: ignores the exit signals, dies with the rank, names a bus error."""
         if self.bus_errors is None:

@@ -1,5 +1,6 @@
 """What the guards decide from what they measured, one rule a function: a host silent past the bound ends the attempt
-(`lost_host`). A rule returns a `Verdict`, or None where it finds nothing; the watchdog acts on it."""
+(`lost_host`), and so does this host, thawed after it was stopped past that bound (`thawed`). A rule returns a
+`Verdict`, or None where it finds nothing; the watchdog acts on it."""
 
 import dataclasses
 import os
@@ -42,3 +43,25 @@ def lost_host(found: Answers, store: Host, iteration: int, phase: str, idle: flo
                 f"ending this attempt ({then})")
     # A lost host that is not the store's: torchrun restarts the workers, or goes on without the host.
     return Verdict(line, end_torchrun=bool(launcher) and found.store_silent)
+
+
+def silent_bound(host_check_after_s: float) -> float:
+    """How long a host may say nothing before every rank that waits on it has named it lost: the check after
+    `host_check_after_s`, looked at every quarter of it, and ANSWER_S for the answer."""
+    return 1.25 * host_check_after_s + ANSWER_S
+
+
+def thawed(stopped_s: float, host_check_after_s: float, launcher: Optional[int]) -> Optional[Verdict]:
+    """This host frozen past the bound: its processes were stopped (SIGSTOP, a paused VM) for `stopped_s`, longer than
+    the others wait before naming it lost (`silent_bound`), so the job went on without it or ended. What it would do
+    now (finish a step, save, log, close the goodput account) would write over what the job wrote since: it ends at
+    once instead, and its torchrun with it, which would otherwise restart it into the rendezvous (a restart of every
+    host from the latest checkpoint)."""
+    bound = silent_bound(host_check_after_s)
+    if stopped_s <= bound:
+        return None
+    and_torchrun = f" and torchrun (pid {launcher})" if launcher else ""
+    return Verdict(f"error: rank {os.environ.get('RANK', '0')}: this host was stopped for {stopped_s:.0f} s, longer "
+                   f"than the other hosts wait before going on without it ({bound:g} s): ending this attempt"
+                   f"{and_torchrun} without writing anything (start it again to rejoin the job)",
+                   end_torchrun=bool(launcher))

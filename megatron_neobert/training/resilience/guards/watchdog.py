@@ -11,7 +11,7 @@ from typing import Optional
 
 from megatron_neobert.training.resilience.guards.children import exit_now
 from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
-from megatron_neobert.training.resilience.guards.rules import Verdict, lost_host
+from megatron_neobert.training.resilience.guards.rules import Verdict, lost_host, thawed
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +24,9 @@ class ProgressWatchdog:
     thread waits, it asks ranks on the neighbouring hosts and the rendezvous store whether they answer. A slow peer's
     host answers and is waited for; a host that does not (cut off, powered off, frozen) ends the attempt at once with
     one line naming it (`rules.lost_host`), so that torchrun's restart or the elastic rendezvous takes over in about a
-    minute instead of the collective's timeout. `launcher`: torchrun's pid (`launcher.LauncherWatch`), None outside
-    torchrun."""
+    minute instead of the collective's timeout. A process that finds it was stopped past that bound, thawed, ends
+    (`rules.thawed`): here, or in the main thread's error (`end_if_thawed`), whichever comes first. `launcher`:
+    torchrun's pid (`launcher.LauncherWatch`), None outside torchrun."""
 
     def __init__(self, timeout_minutes: float, host_check_after_s: float = 0, hosts=None,
                  launcher: Optional[int] = None):
@@ -37,6 +38,7 @@ class ProgressWatchdog:
         self._where = (time.monotonic(), 0, "set-up")
         self._warned_for = None
         self._checked_at = None
+        self._looked = (time.monotonic(), time.process_time())  # the thread's last look, and the CPU time then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="progress-watchdog", daemon=True)
 
@@ -54,8 +56,24 @@ class ProgressWatchdog:
     def _poll_s(self) -> float:
         return min(5.0, self.after_s / 4, *([self.host_check_after_s / 4] if self.hosts else []))
 
+    def stopped_s(self) -> float:
+        """How long this process was stopped before now: a gap between the thread's looks (every `_poll_s`) in which
+        the process used (almost) no CPU time. A busy machine delays the look but the rank's threads run meanwhile, and
+        a main thread holding Python's lock computes."""
+        looked, cpu = self._looked
+        gap = time.monotonic() - looked - self._poll_s()
+        return gap if gap > 0 and time.process_time() - cpu < 0.1 * gap else 0.0
+
+    def end_if_thawed(self) -> None:
+        """Ends the process (`rules.thawed`) where it was stopped past the bound; returns otherwise."""
+        verdict = thawed(self.stopped_s(), self.host_check_after_s, self.launcher) if self.hosts else None
+        if verdict:
+            self._end_attempt(verdict)
+
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s()):
+            self.end_if_thawed()
+            self._looked = (time.monotonic(), time.process_time())
             since, iteration, phase = where = self._where
             now = time.monotonic()
             idle = now - since
