@@ -112,7 +112,8 @@ def cli() -> None:
     from megatron_neobert.training.resilience.guards.children import exit_now
     from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
 
-    launcher = LauncherWatch()  # first: a rank must not outlive a torchrun that dies while it imports and meets the others
+    # First: a rank must not outlive a torchrun that dies while it imports and meets the others.
+    launcher = LauncherWatch()
     try:
         status = main(launcher=launcher)
     except SystemExit:  # --help and the parser's usage errors, with their own status, before any worker exists

@@ -1,5 +1,6 @@
-"""How a rank that waits tells a lost host from a slow one: the answers of the guards' `hosts.py`, and the progress
-watchdog's check of the other hosts with the lost-host rule (the two-host rehearsal with network namespaces is tests/test_partition.py)."""
+"""How a rank that waits tells a lost host from a slow one: the answers of the guards' `hosts.py`, the progress
+watchdog's check of the other hosts with the lost-host rule, and a rank thawed after a stop (the two-host rehearsal
+with network namespaces is tests/test_partition.py)."""
 
 import collections
 import os
@@ -239,7 +240,7 @@ def test_a_process_stopped_past_the_bound_ends_once_thawed_and_a_shorter_stop_is
     finally:
         rank.kill()
     line = next((line for line in rank.stderr.read().splitlines() if line.startswith("error: ")), None)
-    assert line and re.fullmatch(rf"error: rank 1: this host was stopped for \d+ s, longer than the other hosts wait before "
-                        rf"going on without it \({bound:g} s\): ending this attempt without writing anything \(start "
-                        rf"it again to rejoin the job\)", line), line
+    assert line and re.fullmatch(rf"error: rank 1: this host was stopped for \d+ s, longer than the other hosts wait "
+                                 rf"before going on without it \({bound:g} s\): ending this attempt without writing "
+                                 rf"anything \(start it again to rejoin the job\)", line), line
     assert ended_s < 2.0
