@@ -97,5 +97,8 @@ class ProgressWatchdog:
         print(verdict.line, file=sys.stderr, flush=True)
         tell_the_launcher(verdict.line)
         if verdict.end_torchrun:
-            os.kill(self.launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
+            try:
+                os.kill(self.launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
+            except ProcessLookupError:  # killed already: by the rank's other thread (a thawed rank), or another rank
+                pass
         exit_now(1)
