@@ -25,7 +25,8 @@ logger = logging.getLogger("megatron_neobert.pretrain")
 
 
 @logging_kept()  # called in-process, the run takes the trainer's console (configure_logging) with it
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, launcher=None) -> int:
+    """`launcher`: the command line's `LauncherWatch`, started before these imports (else the run starts its own)."""
     from megatron_neobert.training.reporting.goodput import GoodputAccount
 
     account = GoodputAccount.from_launch()  # from SLURM's or the launcher's start, else the process's
@@ -51,12 +52,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     account.lap("megatron-core's import")
     from megatron_neobert.parallel.cpu import cpu_execution
     from megatron_neobert.training.engine.entry import train
-    from megatron_neobert.training.resilience.process_guards import kill_children, kill_stopped_local_ranks
+    from megatron_neobert.training.resilience.guards.children import kill_children, kill_stopped_local_ranks
 
     account.lap("the trainer's modules")
     try:
         with cpu_execution():
-            history = train(settings, account=account)
+            history = train(settings, account=account, launcher=launcher)
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)
@@ -77,7 +78,7 @@ def _report(err: Exception) -> int:
 
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0:
-        from megatron_neobert.training.resilience.process_guards import tell_the_launcher
+        from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
         print(f"error: {err}", file=sys.stderr, flush=True)
         tell_the_launcher(f"error: {err}")
@@ -89,7 +90,7 @@ def _report(err: Exception) -> int:
 
 
 def _report_rank_error(err: BaseException) -> None:
-    from megatron_neobert.training.resilience.process_guards import tell_the_launcher
+    from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
     line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
     print(line, file=sys.stderr, flush=True)
@@ -108,11 +109,13 @@ def error_line(err: BaseException) -> str:
 def cli() -> None:
     """The command line: ends the process with main()'s status at once (`exit_now`: Python's own exit
     could wait forever on a DataLoader worker, or on a process group whose peer is gone)."""
-    from megatron_neobert.training.resilience.process_guards import exit_now, exit_with_launcher
+    from megatron_neobert.training.resilience.guards.children import exit_now
+    from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
 
-    exit_with_launcher()  # first: a rank must not outlive a torchrun that dies while it imports and meets the others
+    # First: a rank must not outlive a torchrun that dies while it imports and meets the others.
+    launcher = LauncherWatch()
     try:
-        status = main()
+        status = main(launcher=launcher)
     except SystemExit:  # --help and the parser's usage errors, with their own status, before any worker exists
         raise
     except BaseException as err:  # raised while main() handled the first error: a DataLoader worker's death

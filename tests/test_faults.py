@@ -602,8 +602,8 @@ def test_sigusr1_to_one_ranks_process_group_saves_on_all_ranks(data, tmp_path, j
 
 FORKING_RANK = """
 import multiprocessing as mp, os, sys, threading, time
-from megatron_neobert.training.resilience.process_guards import forked_children_die_with_rank
-forked_children_die_with_rank()
+from megatron_neobert.training.resilience.guards.children import ChildrenTie
+ChildrenTie().__enter__()
 fork = mp.get_context("fork")
 main_child = fork.Process(target=time.sleep, args=(600,))  # as megatron-core forks a checkpoint writer
 main_child.start()

@@ -76,8 +76,9 @@ ASYNC_RESULTS_SERVER = """
 import os, signal, time
 import psutil
 from megatron_neobert import megatron_core_compat as compat
-from megatron_neobert.training.resilience.process_guards import forked_children_die_with_rank, ignore_exit_signals
-forked_children_die_with_rank()
+from megatron_neobert.training.resilience.guards.children import ChildrenTie
+from megatron_neobert.training.resilience.guards.signals import ignore_exit_signals
+ChildrenTie().__enter__()
 compat.keep_write_results_with_the_rank(True, ignore_exit_signals)
 results = compat.write_results_queue()
 (server,) = psutil.Process().children()

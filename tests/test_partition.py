@@ -8,6 +8,7 @@ docs/training.md states what the bounds become with the examples' defaults. Ever
 is removed when it ends, whatever its outcome; without the rights to make namespaces the tests are skipped, saying so.
 """
 
+import hashlib
 import os
 import re
 import shutil
@@ -19,7 +20,8 @@ import pytest
 
 from megatron_neobert.checkpoint.integrity import MANIFEST
 from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
-from megatron_neobert.parallel.hosts import ANSWER_S
+from megatron_neobert.training.resilience.guards.hosts import ANSWER_S
+from megatron_neobert.training.resilience.guards.rules import silent_bound
 from megatron_neobert.parallel.launch import run_on_ranks
 from pretrain_cases import run_train
 from test_faults import IDLE_S, RESTARTED, Job, argv, logged, losses, restart_cost
@@ -36,6 +38,8 @@ LAST_CALL_S = 10
 RDZV_CONF = (f"join_timeout={JOIN_S},last_call_timeout={LAST_CALL_S},keep_alive_interval=1,keep_alive_max_attempt=3,"
              f"read_timeout=60")
 TRAIN = ["--train-iters", "24", "--log-interval", "1", "--save-interval", "5", "--host-check-after-s", str(CHECK_S)]
+THAW_AFTER_S = silent_bound(CHECK_S) + 5  # a frozen host is thawed once stopped past the others' wait, with a margin
+THAWED = r"^error: rank \d: this host was stopped for \d+ s, longer than the other hosts wait before going on"
 
 
 def ip(*args: str) -> None:
@@ -161,6 +165,21 @@ def first_line(job: Job, pattern: str, after: float, within: float) -> tuple:
     return at - after, line.strip()
 
 
+def written(*folders: str) -> dict:
+    """Every folder and file under `folders`, with what a write changes: a folder's time (an entry made or removed), a
+    file's size, time and SHA-256."""
+    found = {}
+    for folder in folders:
+        for where, _, names in os.walk(folder):
+            found[where] = os.stat(where).st_mtime_ns
+            for name in names:
+                path = os.path.join(where, name)
+                with open(path, "rb") as content:
+                    found[path] = (os.stat(path).st_size, os.stat(path).st_mtime_ns,
+                                   hashlib.sha256(content.read()).hexdigest())
+    return found
+
+
 def lost_host_line(host: str) -> str:
     # The fault comes after iteration 7 is logged; on busy cores the rank may be in iteration 10's save by then.
     return (rf"^error: rank \d: host host-{host} \({re.escape(ADDRESSES[host])}\) stopped answering at iteration "
@@ -264,6 +283,13 @@ def test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound(fault, hos
           f"({line!r}), went on alone from iteration {resumed}: first step at +{to_first_step:.1f} s")
     # The check, then a rendezvous without host-b (3 heartbeats, the last call) and a start.
     assert to_first_step < detect + 3 + LAST_CALL_S + 3 * IDLE_S["first step"] * slowdown
+    if fault == "frozen":  # thawed while host-a goes on: host-b ends by itself and does not rejoin (the losses below)
+        hosts.signal("b", signal.SIGCONT)
+        thawed = time.monotonic()
+        ended_s, b_line = first_line(b, THAWED, thawed, 60)
+        hosts.wait_until_empty("b", 60)
+        print(f"host-b thawed at +{thawed - fault_at:.1f} s: {b_line!r} at +{ended_s:.1f} s after the thaw, every "
+              f"process ended by +{time.monotonic() - thawed:.1f} s")
     assert "world size 2 -> 1: gradient accumulation 2 -> 4" in a.output
     assert a.proc.wait(timeout=600) == 0, hosts.outputs()
     if fault == "killed":
@@ -271,6 +297,44 @@ def test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound(fault, hos
     reference = run_on_ranks(run_train, 1, [*argv(data, *TRAIN), "--load", root, "--ckpt-step", str(resumed),
                                             "--save", reference_root])[0]
     assert a.logged_losses(after=restarted) == logged(reference, resumed)
+
+
+def test_a_frozen_rendezvous_host_ends_the_other_within_the_bound_and_thawed_writes_nothing(hosts, data, tmp_path):
+    """--nnodes 2, host-a frozen (every process SIGSTOPped): its torchrun holds the rendezvous store, its rank is rank
+    0. host-b's rank finds the store silent though host-a's kernel accepts the connection, names it and ends its
+    torchrun, which would wait on the frozen store: host-b is empty within a cut link's bound. Thawed once stopped past
+    the others' wait, host-a's rank ends at once with its torchrun, and writes nothing: the save folder (checkpoints,
+    marker, goodput account, the --save lock) and the TensorBoard folder are as host-b left them, to the byte."""
+    root, board = str(tmp_path / "ckpt"), str(tmp_path / "tensorboard")
+    a, b = hosts.start(argv(data, *TRAIN, "--save", root, "--load", root, "--tensorboard-dir", board), "2")
+    a.wait_for(r"iteration +7/")
+    slowdown = a.slowdown()
+    hosts.signal("a", signal.SIGSTOP)
+    frozen = time.monotonic()
+    detect = CHECK_S + ANSWER_S + 5 * slowdown
+    b_noticed, b_line = first_line(b, r"^error: ", frozen, detect)
+    assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) stopped answering at "
+                    rf"iteration \d+ .*; the job cannot go on without its store: ending this attempt and torchrun "
+                    rf"\(pid {b.proc.pid}\)", b_line), b_line
+    assert b.proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
+    hosts.wait_until_empty("b", 5 * slowdown)
+    b_ended = time.monotonic() - frozen
+    assert b_ended < detect + 5 * slowdown
+    before = written(root, board)
+    time.sleep(max(0.0, frozen + THAW_AFTER_S - time.monotonic()))
+    hosts.signal("a", signal.SIGCONT)
+    thawed = time.monotonic()
+    a_noticed, a_line = first_line(a, THAWED, thawed, 60)
+    assert a_line.startswith("error: rank 0: ") and a_line.endswith(f"ending this attempt and torchrun (pid "
+                                                                    f"{a.proc.pid}) without writing anything (start "
+                                                                    f"it again to rejoin the job)"), a_line
+    hosts.wait_until_empty("a", 60)
+    a_ended = time.monotonic() - thawed
+    print(f"host-a (the store's) frozen after iteration 7 (slowdown {slowdown:.1f}): host-b noticed at "
+          f"+{b_noticed:.1f} s ({b_line!r}), every process of it ended by +{b_ended:.1f} s; host-a thawed at "
+          f"+{thawed - frozen:.1f} s: {a_line!r} at +{a_noticed:.1f} s after the thaw, every process ended by "
+          f"+{a_ended:.1f} s")
+    assert before and written(root, board) == before
 
 
 def test_a_link_restored_before_the_check_lets_the_job_go_on(hosts, data, tmp_path):

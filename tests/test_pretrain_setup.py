@@ -114,7 +114,7 @@ def test_a_trainer_phase_called_out_of_order_names_the_phase_to_run_first(phase,
     from megatron_neobert.training.engine.trainer import Trainer
 
     settings = parse_settings(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0"])
-    trainer = Trainer(settings, tokenizer=None, data_files=None, forward_step=None, handler=None, watchdog=None,
+    trainer = Trainer(settings, tokenizer=None, data_files=None, forward_step=None, guards=None,
                       started=0.0, load_folder="", account=None)
     with pytest.raises(RuntimeError, match=f"^Trainer.{first} has not run: "):
         getattr(trainer, phase)()

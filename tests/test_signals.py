@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from megatron_neobert.training.resilience.process_guards import ExitSignalHandler, stop_requested
+from megatron_neobert.training.resilience.guards.signals import ExitSignalHandler, stop_requested
 
 
 def test_the_handler_records_the_exit_signal_and_gives_the_previous_handler_back():
@@ -52,7 +52,7 @@ def test_the_wall_clock_limit_applies_without_a_handler(single_rank):
 
 KILL_CHILDREN_WITH_A_LIVE_DATALOADER = """
 import time, torch
-from megatron_neobert.training.resilience.process_guards import kill_children
+from megatron_neobert.training.resilience.guards.children import kill_children
 batches = iter(torch.utils.data.DataLoader(range(8), num_workers=1, persistent_workers=True))
 next(batches)  # a worker runs, watched by torch's SIGCHLD handler in this process
 kill_children()

@@ -6,7 +6,7 @@ sample position (the same data settings) refuses files whose content changed sin
 other data, unless --allow-data-change; files only touched (the same sizes and CRC-32, other times) are announced.
 During the run the files are compared with their start before each save (a checkpoint whose position belongs to
 other data is refused), and `describe_changes` names them when a bus error ends a reader (see
-`process_guards.bus_errors_named`).
+`resilience/guards/bus_errors.py`).
 """
 
 import logging

@@ -1,7 +1,8 @@
 """A run on one rank, as named phases: `set_up` (the checkpoint to start from, the model's shape and the checks on it,
 model, optimizer and schedule), `resume` (the checkpoint loaded, the data positioned), then `step`, `validate` and
 `save` as the run asks, and `finish`. `run()` holds their order and keeps what the first two return; the process
-guards (signals, watchdog, the --save lock) are around it, in `entry.py`.
+guards (`resilience/guards/`: signals, watchdog, the host check) and the --save lock are around it, in `entry.py`;
+the trainer marks its progress for the watchdog and asks the guards whether to stop.
 """
 
 import collections
@@ -32,7 +33,7 @@ from megatron_neobert.training.reporting.metrics import step_flops
 from megatron_neobert.training.engine.model_setup import (finish_param_sync, resume_param_sync, run_model_shape,
                                                           setup_model_and_optimizer)
 from megatron_neobert.training.engine.train_step import TrainState, train_step
-from megatron_neobert.training.resilience.process_guards import ExitSignalHandler, ProgressWatchdog, stop_requested
+from megatron_neobert.training.resilience.guards.guards import Guards
 from megatron_neobert.training.reporting.profiling import StepProfiler
 from megatron_neobert.training.resilience.restarts import RestartReport, world_size_change
 from megatron_neobert.training.resilience.save_interval import SaveInterval
@@ -70,10 +71,9 @@ def num_micro_batches(settings: Settings) -> int:
     return settings.training.global_batch_size // (settings.training.micro_batch_size * dp)
 
 
-def stop_reason(settings: Settings, state: TrainState, handler: Optional[ExitSignalHandler],
-                started: float) -> Optional[str]:
+def stop_reason(settings: Settings, state: TrainState, guards: Guards, started: float) -> Optional[str]:
     faults = settings.faults
-    requested = stop_requested(handler, started, faults.exit_duration_in_mins)
+    requested = guards.stop_requested(started)
     if requested:
         return requested
     if faults.exit_interval and state.iteration % faults.exit_interval == 0:
@@ -133,10 +133,9 @@ class Trainer:
     the phase to run first."""
 
     def __init__(self, settings: Settings, tokenizer, data_files: DataFiles, forward_step: ForwardStep,
-                 handler: Optional[ExitSignalHandler], watchdog: ProgressWatchdog, started: float, load_folder: str,
-                 account: GoodputAccount):
+                 guards: Guards, started: float, load_folder: str, account: GoodputAccount):
         self.settings, self.tokenizer, self.data_files = settings, tokenizer, data_files
-        self.forward_step, self.handler, self.watchdog = forward_step, handler, watchdog
+        self.forward_step, self.guards = forward_step, guards
         self.started, self.load_folder, self.account = started, load_folder, account
         self._built: Optional[Built] = None
         self._loop_parts: Optional[LoopParts] = None
@@ -178,8 +177,8 @@ class Trainer:
                 if self.loop_parts.valid_iter is not None and evaluation.eval_interval \
                         and self.state.iteration % evaluation.eval_interval == 0:
                     self.validate()
-                self.watchdog.at(self.state.iteration, "agreeing whether to stop")
-                stop = stop_reason(self.settings, self.state, self.handler, self.started)
+                self.guards.at(self.state.iteration, "agreeing whether to stop")
+                stop = stop_reason(self.settings, self.state, self.guards, self.started)
                 self.finish_async_save(blocking=False)
                 due = self.loop_parts.save_interval.due(self.state.iteration, self.last_saved_iteration)
                 if should_save(self.settings, self.state, stop, due):
@@ -250,14 +249,15 @@ class Trainer:
         elif options.load:
             logger.info(f"no checkpoint in {options.load} ({self.load_folder}): starting from scratch")
         restarts = RestartReport(self.state.iteration,
-                                 datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes))
+                                 datetime.timedelta(minutes=settings.faults.distributed_timeout_minutes),
+                                 self.guards.launcher)
         if built.checkpoint and self.saved_account:  # the job's account goes on
             self.account.continue_from(self.saved_account, sealed_at(built.checkpoint), self.state.iteration,
                                        restarts.failed_at)
         evals_done = self.state.iteration // evaluation.eval_interval if evaluation.eval_interval else 0
         _, train_iter, valid_iter = build_data(settings, self.state.consumed_samples,
                                                evals_done * evaluation.eval_iters * training.global_batch_size,
-                                               self.tokenizer)
+                                               self.tokenizer, self.guards.data_worker_init)
         self.account.lap("data sets and loaders")
         batch_sizes = micro_batch_calculator(training.global_batch_size, training.rampup_batch_size,
                                              training.micro_batch_size, parallel_state.get_data_parallel_world_size())
@@ -312,7 +312,7 @@ class Trainer:
     def step(self) -> None:
         """One optimizer step over the next global batch, counted, reported and kept in the history."""
         settings, state, built, parts = self.settings, self.state, self.built, self.loop_parts
-        self.watchdog.at(state.iteration + 1, "training step")
+        self.guards.at(state.iteration + 1, "training step")
         began = time.perf_counter()
         parts.profiler.step_begins(state.iteration)
         batches = [next(parts.train_iter) for _ in range(parts.batch_sizes.get())]
@@ -342,7 +342,7 @@ class Trainer:
 
     def validate(self) -> None:
         built, parts = self.built, self.loop_parts
-        self.watchdog.at(self.state.iteration, "evaluation")
+        self.guards.at(self.state.iteration, "evaluation")
         with self.timed("evaluation"):
             stats = evaluate(built.chunks, parts.valid_iter, built.num_micro, self.settings.evaluation.eval_iters,
                              self.forward_step)
@@ -369,7 +369,7 @@ class Trainer:
         settings, options, state = self.settings, self.settings.checkpoint, self.state
         built, parts = self.built, self.loop_parts
         training, evaluation, shape, chunks = settings.training, settings.evaluation, built.shape, built.chunks
-        self.watchdog.at(state.iteration, "checkpoint save")
+        self.guards.at(state.iteration, "checkpoint save")
         self.finish_async_save(blocking=True)  # one save in flight at a time
         finish_param_sync(chunks)
         if not params_are_finite(chunks):

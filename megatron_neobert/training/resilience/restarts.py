@@ -20,7 +20,7 @@ import torch
 
 from megatron_neobert.parallel.rendezvous import JOB_PREFIX, agent_store, uses_agent_store
 from megatron_neobert.checkpoint.state import checkpoint_args
-from megatron_neobert.training.resilience.process_guards import exit_if_launcher_gone
+from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ class RestartReport:
     """On rank 0 under torchrun: `step_done` after every training step records the progress and, after the first
     step of a restarted attempt, says what the restart cost. Does nothing elsewhere."""
 
-    def __init__(self, resumed_at: int, timeout: timedelta):
-        self.resumed_at, self.reported = resumed_at, False
+    def __init__(self, resumed_at: int, timeout: timedelta, launcher: LauncherWatch):
+        self.resumed_at, self.reported, self.launcher = resumed_at, False, launcher
         rank0 = torch.distributed.get_rank() == 0
         self.store = agent_store(timeout) if rank0 and uses_agent_store() else None
         self.restarted = rank0 and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -60,7 +60,7 @@ class RestartReport:
             try:
                 self.store.set(PROGRESS_KEY, f"{iteration} {now}")
             except torch.distributed.DistNetworkError:  # torchrun hosts the store: gone with it, say so
-                exit_if_launcher_gone()
+                self.launcher.exit_if_gone()
                 raise
 
 

@@ -6,7 +6,8 @@ timeout as the collective. So every rank answers on a port of its own (`HostAnsw
 and the ranks swap their hosts' names, addresses and ports once the process group exists. When the progress watchdog
 sees no progress, it asks a few ranks on other hosts, and the rendezvous store (MASTER_ADDR:MASTER_PORT), for an
 answer within ANSWER_S: a straggler's host answers (its answering thread runs while its main thread computes or
-waits), a host cut off, powered off or frozen does not.
+waits), a host cut off, powered off or frozen does not. The store is asked as torch's own clients would ask it (a
+ping): the kernel of a frozen host still accepts connections, so only a reply shows that the store's process runs.
 
 Who asks whom (`asked_by`): the hosts form a ring in rank order, and each rank asks the rank of the same local index
 on the host before and after its own, and the store. Every host is asked by each of its neighbours' ranks, and a
@@ -15,12 +16,15 @@ asking every host would take 8 million. A host that loses a neighbour names it a
 ranks end with it (torchrun restarts every agent's workers when one agent's fail).
 
 A host whose kernel refuses the connection answered: its rank is gone, which the collective reports by itself at once.
+One whose kernel accepts the connection and then says nothing is reached but frozen (its processes stopped, or hung);
+one that does not even accept it is unreachable. A rank that reaches none of those it asks is the one cut off.
 """
 
 import concurrent.futures
 import dataclasses
 import os
 import socket
+import struct
 import threading
 from typing import Dict, List, Optional, Sequence
 
@@ -28,29 +32,47 @@ import torch
 
 ANSWER_S = 5.0  # a reachable host answers within milliseconds; a SYN or a byte lost once is resent within 3 s
 _PROBE = b"?"
+# torch's TCPStore wire format (torch/include/torch/csrc/distributed/c10d/TCPStoreBackend.hpp): a VALIDATE query (0)
+# with the validation magic number, then a PING (13) with a nonce, which both of its servers (libuv and the classic
+# one) send back. Any reply, or the connection closed by the server, shows that the store's process runs: a change of
+# the format could not make a running store look frozen.
+STORE_PING = struct.pack("=BIBI", 0, 0x3C85F7CE, 13, 0x6E656F62)
+ANSWERED, FROZEN, UNREACHABLE = "answered", "frozen", "unreachable"
 
 
 @dataclasses.dataclass(frozen=True)
 class Host:
     name: str
     address: str
-    port: int  # where one of its ranks answers, or the rendezvous store's MASTER_PORT, which only accepts connections
+    port: int  # where one of its ranks answers, or the rendezvous store's MASTER_PORT
     rank: Optional[int]  # None for the rendezvous store's host when no rank runs there
 
 
-def answers(address: str, port: int, echo: bool, timeout: float = ANSWER_S) -> bool:
-    """Whether the host at `address` answers within `timeout`: it accepts a connection on `port` (and echoes a byte,
-    with `echo`), or its kernel refuses the connection (the host is up, the process gone)."""
+def reply(address: str, port: int, request: bytes, timeout: float = ANSWER_S) -> str:
+    """How the host at `address` meets `request` sent to `port` within `timeout`: ANSWERED (any reply, the connection
+    closed by its process, or refused by its kernel: the host is up, the process gone), FROZEN (its kernel accepted the
+    connection, nothing came back: the process is stopped or hung) or UNREACHABLE (no connection: cut off, powered
+    off)."""
     try:
-        with socket.create_connection((address, port), timeout=timeout) as conn:
-            if echo:
-                conn.sendall(_PROBE)
-                return conn.recv(1) == _PROBE
-            return True
+        conn = socket.create_connection((address, port), timeout=timeout)
     except ConnectionRefusedError:
-        return True
-    except OSError:  # timed out, no route to the host, reset mid-way
-        return False
+        return ANSWERED
+    except OSError:  # timed out, no route to the host
+        return UNREACHABLE
+    with conn:
+        try:
+            conn.sendall(request)
+            conn.recv(1)  # a byte, or b"" where the process closed the connection
+            return ANSWERED
+        except socket.timeout:
+            return FROZEN
+        except OSError:  # reset by the process
+            return ANSWERED
+
+
+def answers(address: str, port: int, timeout: float = ANSWER_S) -> bool:
+    """Whether the rank answering at `address`:`port` (`HostAnswers`) answers within `timeout`."""
+    return reply(address, port, _PROBE, timeout) == ANSWERED
 
 
 def local_address(towards: str, port: int) -> str:
@@ -81,10 +103,13 @@ def asked_by(everyone: Sequence[Host], rank: int) -> List[Host]:
 
 @dataclasses.dataclass(frozen=True)
 class Answers:
-    """What one check found: the asked ranks' hosts that did not answer, and whether the rendezvous store did not."""
+    """What one check found: the asked ranks' hosts that did not answer, whether the rendezvous store did not, and
+    whether any of those silent accepted the connection (a frozen host's kernel does; that of a host out of reach
+    cannot)."""
     silent: List[Host]
     store_silent: bool
     asked: int
+    reached: bool = False
 
     @property
     def someone_silent(self) -> bool:
@@ -93,9 +118,9 @@ class Answers:
 
     @property
     def cut_off(self) -> bool:
-        """This host is the one cut off: neither the store nor any asked rank answered. Where one of them did, the
-        hosts that did not are the lost ones (the store's among them)."""
-        return self.store_silent and len(self.silent) == self.asked
+        """This host is the one cut off: neither the store nor any asked rank answered, and none of them accepted the
+        connection. Where one of them did, the hosts that did not are the lost ones (the store's among them)."""
+        return self.store_silent and len(self.silent) == self.asked and not self.reached
 
 
 class HostAnswers:
@@ -132,11 +157,11 @@ class HostAnswers:
         if not self.others and not store_asked:
             return Answers([], False, 0)
         with concurrent.futures.ThreadPoolExecutor(len(self.others) + 1) as pool:  # all at once: one wait in all
-            store = pool.submit(answers, self.master, self.master_port, echo=False) if store_asked else None
-            replies = list(pool.map(lambda host: answers(host.address, host.port, echo=True), self.others))
-            store_answered = store.result() if store else True
-        return Answers([host for host, answered in zip(self.others, replies) if not answered], not store_answered,
-                       len(self.others))
+            store = pool.submit(reply, self.master, self.master_port, STORE_PING) if store_asked else None
+            replies = list(pool.map(lambda host: reply(host.address, host.port, _PROBE), self.others))
+            store_reply = store.result() if store else ANSWERED
+        return Answers([host for host, got in zip(self.others, replies) if got != ANSWERED], store_reply != ANSWERED,
+                       len(self.others), reached=FROZEN in (store_reply, *replies))
 
     def close(self) -> None:
         self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the answering thread, which ends

@@ -1,0 +1,63 @@
+"""The rank's launcher: a rank whose torchrun is gone ends (`LauncherWatch`), and a failed rank's line is written
+where torchrun's failure summary shows it (`tell_the_launcher`)."""
+
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+from megatron_neobert.atomic_write import write_json_atomic
+from megatron_neobert.training.resilience.guards.children import exit_now
+
+logger = logging.getLogger(__name__)
+
+
+class LauncherWatch:
+    """Under torchrun (TORCHELASTIC_RUN_ID set), a thread that ends the rank when its parent torchrun is gone.
+
+    It compares the parent pid with the one at start: the main thread may be blocked in a collective, or in the
+    rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the process group. Outside
+    torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None."""
+
+    def __init__(self, poll_s: float = 1.0):
+        self.pid: Optional[int] = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        self._stop = threading.Event()
+        if self.pid is not None:
+            threading.Thread(target=self._watch, args=(poll_s,), name="launcher-watch", daemon=True).start()
+
+    def _watch(self, poll_s: float) -> None:
+        while not self._stop.wait(poll_s):
+            self._exit_if_reparented()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def exit_if_gone(self, wait_s: float = 2.0) -> None:
+        """After a failure to reach torchrun's store: end the rank as the watch would, when torchrun is gone (a rank
+        that writes to the store every step meets the broken pipe before the watch's next look). The pipe breaks as
+        torchrun's files close, a moment before the kernel hands its children to another parent: waits up to `wait_s`
+        for that. Returns when torchrun is still there (the failure is another one)."""
+        if self.pid is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            self._exit_if_reparented()
+            time.sleep(0.05)
+
+    def _exit_if_reparented(self) -> None:
+        if os.getppid() != self.pid:
+            logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {self.pid}) is gone; exiting "
+                           f"without saving (the latest complete checkpoint stays the one to resume from)")
+            exit_now(1)
+
+
+def tell_the_launcher(line: str) -> None:
+    """Under torchrun, the rank's reply file (TORCHELASTIC_ERROR_FILE) holds the error line: torchrun's failure
+    summary, printed last after its own traceback, then shows it as the root cause's "traceback" instead of
+    "To enable traceback see: ...". torchrun's traceback itself cannot be avoided: it raises ChildFailedError for
+    any rank that exits with a non-zero status (docs/training.md says how to read it)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        write_json_atomic(path, {"message": {"message": line, "extraInfo": {
+            "py_callstack": line, "timestamp": str(int(time.time()))}}})
