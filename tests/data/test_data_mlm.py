@@ -355,7 +355,8 @@ def test_builders_at_once_leave_one_complete_cache(sample_tokenizer, indexed_pre
     cache ends complete, with no temporary file left, and reads as one build's."""
     import multiprocessing
     cache = str(tmp_path / "cache")
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    # forked by the forkserver, not by this process, whose threads (gloo's, a loader's) a plain fork copies mid-lock
+    with multiprocessing.get_context("forkserver").Pool(2) as pool:
         sizes = pool.map(_build_into, [(indexed_prefix, cache, sample_tokenizer)] * 2)
     assert sizes[0] == sizes[1] >= 3000
     assert not [f for f in os.listdir(cache) if ".tmp-" in f]
