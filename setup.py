@@ -17,7 +17,9 @@ setup(
     # Namespace packages too: the data folders (assets/, assets/tokenizer/) are packages to setuptools.
     packages=find_namespace_packages(include=["megatron_neobert", "megatron_neobert.*"],
                                      exclude=["*.__pycache__"]),
-    package_data={"megatron_neobert.assets": ["*"], "megatron_neobert.assets.tokenizer": ["*"]},
+    # native.c: the data path's C helpers, compiled at first use (data/datasets/native.py).
+    package_data={"megatron_neobert.assets": ["*"], "megatron_neobert.assets.tokenizer": ["*"],
+                  "megatron_neobert.data.datasets": ["native.c"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.6",  # megatron-core 0.16's own floor

@@ -218,7 +218,10 @@ class WordPieceCache:
                  for piece in pieces]
         unique = list(set().union(*parts))
         part_ids = dict(zip(unique, self._encode_parts(unique))).__getitem__
-        return [tuple(chain.from_iterable(map(part_ids, piece_parts))) for piece_parts in parts]
+        # Most pieces are one part (a word without punctuation): its ids as they are, without a chain (a tenth
+        # of the time of a cold cache).
+        return [part_ids(piece_parts[0]) if len(piece_parts) == 1 else tuple(chain.from_iterable(map(
+            part_ids, piece_parts))) for piece_parts in parts]
 
     def encode(self, texts: Sequence[str]) -> List[List[int]]:
         pieces = [self._pieces(text) for text in texts]

@@ -13,6 +13,7 @@ from packing_layout3 import pack_documents
 from packing_reference import reference_pack
 
 from megatron_neobert.data.assets import SAMPLE_TOKENIZER
+from megatron_neobert.data.datasets import native
 from megatron_neobert.data.datasets.batches import collate_mlm_batch
 from megatron_neobert.data.datasets.blend import parse_data_path
 from megatron_neobert.data.datasets.loader import build_data_loader
@@ -62,12 +63,22 @@ def test_length_subsets_hold_exactly_the_long_documents(indexed_prefix, expected
 
 
 # ---- packing -----------------------------------------------------------------------------------
+@pytest.fixture(params=["C", "numpy"])
+def walk(request, monkeypatch):
+    """The packer's two ways to the same starts: the compiled walk, and numpy's where no C compiler is found."""
+    if request.param == "numpy":
+        monkeypatch.setattr(native, "library", lambda: None)
+    else:
+        assert native.library() is not None  # this machine has a C compiler: the walk is tested, not skipped
+    return request.param
+
+
 def _samples(lengths, seq):
     """Every packed sample's pieces (document, start, length, whether it re-reads the order's start), as the
     dataset derives them from where each sample starts."""
     lengths = numpy.asarray(lengths)
     docs = numpy.flatnonzero(lengths > 0)
-    starts = pack_starts(lengths[docs], seq)
+    starts = pack_starts(lengths, seq, docs)
     at = lambda lo, hi: lengths[docs[numpy.arange(lo, hi) % docs.size]].tolist()  # noqa: E731
     return [[(int(docs[j % docs.size]) if j != PAD_PIECE else PAD_PIECE, start, n, j >= docs.size)
              for j, start, n in packed_pieces(position, offset, seq, at)]
@@ -106,7 +117,7 @@ def _check_packed(samples, lengths, seq):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_packing_equals_the_sequential_reference(seed):
+def test_packing_equals_the_sequential_reference(seed, walk):
     rng = numpy.random.default_rng(seed)
     for _ in range(150):
         seq = int(rng.integers(8, 80))
@@ -121,7 +132,7 @@ def test_packing_equals_the_sequential_reference(seed):
 
 
 @pytest.mark.parametrize("documents, seq", [(60_000, 512), (15_000, 128)])
-def test_packing_web_text_lengths_at_scale(documents, seq):
+def test_packing_web_text_lengths_at_scale(documents, seq, walk):
     """Web text's lengths (about 11,000 events, where a sample ends on a document end or a gap, at 512): the
     samples of layout 3's vectorised packer (tests/data/packing_layout3.py), which materialised every piece."""
     rng = numpy.random.default_rng(0)
@@ -143,9 +154,11 @@ def test_chunking_for_padded_mode():
         [[0, 0, 5]], [[1, 0, 5]], [[1, 5, 5]], [[2, 0, 5]], [[2, 5, 5]], [[2, 10, 1]]]
 
 
-def test_packing_refuses_empty_input():
+def test_packing_refuses_empty_input(walk):
     with pytest.raises(ValueError, match="no non-empty document to pack"):
         pack_starts(numpy.array([], numpy.int32), 16)
+    with pytest.raises(ValueError, match="no non-empty document to pack"):
+        pack_starts(numpy.array([5], numpy.int32), 16, numpy.array([], numpy.int64))
 
 
 # ---- the dataset -------------------------------------------------------------------------------

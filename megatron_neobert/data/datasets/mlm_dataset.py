@@ -37,6 +37,7 @@ from megatron.core.datasets.utils import Split
 
 from megatron_neobert.atomic_write import commit, temporary_sibling, write_text_atomic
 from megatron_neobert.data.datasets.checks import check_vocabulary, split_as_corpus, unknown_token_error
+from megatron_neobert.data.datasets import native
 from megatron_neobert.data.datasets.documents import corpus_documents
 from megatron_neobert.data.datasets.packing import PAD_PIECE, chunk_piece, chunk_starts, pack_starts, packed_pieces
 from megatron_neobert.data.indexed import IndexArrays, open_indexed
@@ -361,7 +362,9 @@ class MLMDataset(MegatronDataset):
         # pages read here would stay counted in this process's memory with it.
         lengths = self._documents.lengths(self.dataset.index if self.dataset_path is None
                                           else IndexArrays(get_idx_path(self.dataset_path)))
-        tokens = int(lengths[docs].sum(dtype=numpy.int64)) if docs.size else 0
+        split_lengths = lengths[docs]
+        tokens, has_empty = int(split_lengths.sum(dtype=numpy.int64)), not split_lengths.all()
+        del split_lengths
         if tokens == 0:
             raise ValueError(f"{self.dataset_path}: the {self.index_split.name} split has no "
                              "tokens; give it a larger share in --split or more data")
@@ -375,19 +378,17 @@ class MLMDataset(MegatronDataset):
         while True:
             rng = numpy.random.default_rng([self.config.random_seed, self._stream, epoch])
             order = docs.copy()
-            rng.shuffle(order)  # the order docs[rng.permutation(docs.size)] gives, without an int64 permutation
-            order_lengths = lengths[order]
-            if not order_lengths.all():  # documents without tokens take no place in the stream
-                keep = order_lengths > 0
-                order, order_lengths = order[keep], order_lengths[keep]
-            # Handed over, not kept here: the packer drops the lengths once it has what it needs of them (peak memory).
-            handed = [order_lengths]
-            del order_lengths
-            starts = (pack_starts if self.config.packed else chunk_starts)(handed.pop(), seq)
+            native.shuffle(rng, order)  # docs[rng.permutation(docs.size)]'s order, without an int64 permutation
+            if has_empty:  # documents without tokens take no place in the stream
+                order = order[lengths[order] > 0]
+            # The packer reads the lengths in epoch order itself (a copy of them in that order is as large as the
+            # sample shuffle below, and one pass more).
+            starts = (pack_starts(lengths, seq, order, tokens) if self.config.packed
+                      else chunk_starts(lengths[order], seq))
             n = starts.position.shape[0]
             # Shuffle samples within the epoch so one long document's chunks spread over batches.
             shuffle = numpy.arange(samples, samples + n, dtype=sample_id)
-            rng.shuffle(shuffle)
+            native.shuffle(rng, shuffle)
             yield order, starts._replace(position=starts.position.astype(position, copy=False)), shuffle
             samples, epoch = samples + n, epoch + 1
             if self.num_samples is None or samples >= self.num_samples:

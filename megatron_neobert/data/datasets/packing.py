@@ -24,16 +24,20 @@ keeps two integers per sample, as megatron-core's sample index does: the *stream
 (its place in the epoch order; positions past the order re-read its start, to complete the last sample) and the
 token offset in it. The pieces are derived when a sample is read (``packed_pieces``, ``chunk_piece``).
 
-``pack_starts`` finds the starts vectorised. In the coordinate ``h`` where every document start costs 2 tokens
+``pack_starts`` finds the starts by the sequential walk itself, in C (``packing.c``, compiled at first use:
+``native.py``), one pass over the documents as megatron-core's C++ ``build_sample_idx`` makes its sample index.
+Without a C compiler it finds the same starts vectorised in numpy. In the coordinate ``h`` where every document start costs 2 tokens
 ([CLS]/[SEP]), sample ends advance by ``seq_length - 2`` until one lands 0-2 past a document's start (it ends on
 a document end, or leaves a 1-2 token gap: an *event*, about one sample in 200 on web text). Such a document is
 found among the next ones by its ``h`` modulo ``seq_length - 2``, so only events run Python code; the other
 samples' documents come from one search of their ends at the end.
 """
 
-from typing import Callable, List, NamedTuple
+from typing import Callable, List, NamedTuple, Optional
 
 import numpy
+
+from megatron_neobert.data.datasets import native
 
 PAD_PIECE = -1
 _CHUNK = 1 << 20  # elements per slice of the passes over documents and samples: temporaries of a few MB
@@ -82,18 +86,48 @@ def _residues(h: numpy.ndarray, period: int) -> numpy.ndarray:
     return r
 
 
-def pack_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
-    """Where each packed sample of exactly ``seq_length`` tokens starts, for documents of ``lengths`` (each > 0)
-    in epoch order. Samples start while the epoch's own tokens last; the last one is completed by re-reading the
-    order's start (stream positions ``>= len(lengths)`` are documents ``position % len(lengths)``)."""
+def pack_starts(lengths: numpy.ndarray, seq_length: int, order: Optional[numpy.ndarray] = None,
+                tokens: Optional[int] = None) -> SampleStarts:
+    """Where each packed sample of exactly ``seq_length`` tokens starts, for the documents ``lengths[order]`` (or
+    ``lengths``; each > 0) in epoch order, of ``tokens`` tokens in all when the caller knows it. Samples start while
+    the epoch's own tokens last; the last one is completed by re-reading the order's start (stream positions ``>= n``
+    are documents ``position % n``)."""
     if seq_length < 8:
         raise ValueError(f"packed samples need seq_length >= 8, got {seq_length}")
     lengths = numpy.asarray(lengths)
-    if not lengths.size:
+    if not (lengths if order is None else order).size:
         raise ValueError("no non-empty document to pack")
+    lib = native.library()
+    if lib is None:
+        return _vectorised_starts(lengths if order is None else lengths[order], seq_length)
+    return _walked_starts(lib, lengths, order, seq_length, tokens)
+
+
+def _walked_starts(lib, lengths, order, seq_length, tokens) -> SampleStarts:
+    lengths = numpy.ascontiguousarray(lengths, numpy.int32)
+    if order is not None:
+        order = numpy.ascontiguousarray(order, numpy.int32 if order.dtype == numpy.int32 else numpy.int64)
+    n = (lengths if order is None else order).shape[0]
+    if tokens is None:
+        tokens = int((lengths if order is None else lengths[order]).sum(dtype=numpy.int64))
+    # A sample either moves on to a later document, which n samples at most do, or cuts >= seq_length - 4 tokens
+    # off the one it starts in. The arrays are allocated for that bound but only the pages written become memory:
+    # the samples' starts are views of them.
+    capacity = n + tokens // (seq_length - 4) + 1
+    position, offset = numpy.empty(capacity, _position_dtype(n)), numpy.empty(capacity, numpy.int32)
+    order_dtype = numpy.dtype(numpy.int32 if order is None else order.dtype)
+    walk = getattr(lib, f"pack_starts_{position.dtype.name}_{order_dtype.name}")
+    samples = walk(lengths, None if order is None else order.ctypes.data, n, seq_length, position, offset, capacity)
+    if samples < 0:
+        raise RuntimeError(f"more packed samples than the bound of {capacity:,} for {n:,} documents")
+    return SampleStarts(position[:samples], offset[:samples])
+
+
+def _vectorised_starts(lengths: numpy.ndarray, seq_length: int) -> SampleStarts:
+    """``pack_starts`` in numpy: events (a sample that ends 0-2 tokens past a document's start) found from the
+    documents' ``h`` modulo ``seq_length - 2``, the other samples' documents by one search of their ends."""
     n, period = lengths.shape[0], seq_length - 2
     h = _document_starts(lengths, seq_length)
-    del lengths  # the caller may have handed it over: h holds what is needed of it (peak memory)
     r = _residues(h[:-1], period)
     last_plain = int(h[n]) + 3  # a plain end at or past it lies in a re-read document: the epoch's last sample
     segments, events = [], []  # (first end coordinate, samples) per run of samples; (position, offset) per event
