@@ -40,6 +40,11 @@ class BusErrors:
         self._active = False
         _c_signal(signal.SIGBUS, self._previous)
 
+    def __getstate__(self) -> dict:
+        """A worker started from a pickle (by the forkserver, or spawned) is no fork of this process: the data files
+        it would describe are the rank's, so it only ignores the exit signals and dies with the rank."""
+        return {"describe": None, "_active": False, "_handler": None, "_previous": None}
+
     def data_worker_init(self, worker_id: int) -> None:
         """DataLoader `worker_init_fn`: as `children.data_worker_init`, and a bus error is named as in the rank
         (torch's worker set-up replaced the handler with its own, which blames shared memory)."""

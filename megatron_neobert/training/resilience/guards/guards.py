@@ -59,12 +59,12 @@ class Guards:
         if self.watchdog is not None:
             self.watchdog.end_if_thawed()
 
-    def data_worker_init(self, worker_id: int) -> None:
-        """DataLoader `worker_init_fn`: ignores the exit signals, dies with the rank, names a bus error."""
-        if self.bus_errors is None:
-            data_worker_init(worker_id)
-        else:
-            self.bus_errors.data_worker_init(worker_id)
+    @property
+    def data_worker_init(self) -> Callable[[int], None]:
+        """DataLoader `worker_init_fn`: ignores the exit signals, dies with the rank, names a bus error once armed.
+        Not a method of this object, which holds what cannot be pickled: a loader whose workers the forkserver
+        starts pickles it."""
+        return data_worker_init if self.bus_errors is None else self.bus_errors.data_worker_init
 
     def close(self) -> None:
         self._stack.close()
