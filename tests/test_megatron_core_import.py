@@ -1,6 +1,7 @@
 """megatron-core imported by the entry points (kernels.import_megatron_core) defers the torch.compile of its fused
-kernels to their first call: the same compiled function, without dynamo's and inductor's import in a process that
-never calls one (a CPU rank, a tool)."""
+kernels to their first call, the same compiled function without dynamo's and inductor's import in a process that
+never calls one (a CPU rank, a tool), and leaves wandb out of its import: megatron-core's modules that would log to
+it see none, and the trainer's own writer imports it after."""
 
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from megatron_neobert.kernels import compiled_on_first_call
+from megatron_neobert.kernels import compiled_on_first_call, left_out
 
 
 def scaled_gelu(x, scale: float):
@@ -32,13 +33,26 @@ def test_a_deferred_function_computes_what_the_compiled_one_does_and_compile_com
 
 
 @pytest.mark.integration  # a fresh interpreter
-def test_megatron_cores_import_through_the_entry_points_imports_no_inductor():
+def test_megatron_cores_import_through_the_entry_points_imports_no_inductor_and_no_wandb():
     probe = ("import sys\n"
              "from megatron_neobert.kernels import import_megatron_core\n"
              "import_megatron_core()\n"
+             "from megatron.core import timers\n"
              "from megatron.core.fusions import fused_bias_swiglu\n"
-             "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules),\n"
-             "      fused_bias_swiglu.swiglu.__wrapped__.__module__)\n")
+             "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'wandb') if m in sys.modules),\n"
+             "      fused_bias_swiglu.swiglu.__wrapped__.__module__, timers.wandb)\n"
+             "import wandb\n"
+             "print(callable(wandb.init))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[0] == "[] megatron.core.fusions.fused_bias_swiglu"
+    assert done.stdout.split("\n")[:2] == ["[] megatron.core.fusions.fused_bias_swiglu None", "True"]
+
+
+def test_a_module_left_out_is_refused_inside_the_block_and_imports_after_it():
+    with left_out("json.tool"):
+        with pytest.raises(ImportError):
+            import json.tool  # noqa: F401
+    import json.tool  # noqa: F401,F811
+    assert sys.modules["json.tool"].main
+    with left_out("json.tool"):  # imported before: left as it is
+        import json.tool  # noqa: F401,F811
