@@ -22,7 +22,7 @@ MARGIN = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class Slow:
-    measured_s: float  # the slower of two whole-suite runs (-n 2) on the 2-core machine, other jobs beside them
+    measured_s: float  # the slower of two whole-suite runs (-n 2 or 3) on the 2-core machine, other jobs beside them
     why: str
 
 
