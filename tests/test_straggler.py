@@ -1,0 +1,87 @@
+"""The straggler rule (`training/resilience/straggler.py`) on two gloo ranks of the tiny model: a rank slowed from
+outside is named within a stated number of log intervals with its host and since when, and its recovery said; an
+undisturbed run, a one-step hiccup and slow saves name no straggler; --straggler-exit-intervals ends the slow host's
+part of the job with its line, the others stopping with a checkpoint; Megatron-LM's --log-straggler report."""
+
+import re
+
+import pytest
+
+from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.resilience.straggler import RankTime, minmax_report, slowest
+from pretrain_cases import run_train_with_a_slow_rank, tiny_argv
+
+LOG_INTERVAL, INTERVALS = 2, 3  # --straggler-intervals' default
+DELAY_S = 0.25  # several times a tiny step: the slow rank's compute time is well above 1.2x the other's
+WARNING = re.compile(r"warning: straggler: rank 1 on host slow-host computes [\d.]+ ms a step, ([\d.]+)x the median "
+                     r"of the other ranks, since iteration (\d+): the job's steps take (\d+)% longer than without it")
+
+
+def argv(data, *extra):
+    return tiny_argv(data[0], data[1], "--log-interval", str(LOG_INTERVAL), *extra)
+
+
+def at_iteration(lines: list, pattern) -> list:
+    """(the iteration of the log line before it, the match) of each line matching `pattern`."""
+    found, iteration = [], 0
+    for line in lines:
+        logged = re.search(r"iteration +(\d+)/", line)
+        iteration = int(logged.group(1)) if logged else iteration
+        if re.search(pattern, line):
+            found.append((iteration, re.search(pattern, line)))
+    return found
+
+
+def test_a_slow_rank_is_named_within_its_intervals_and_its_recovery_said(data):
+    began, ended = 7, 18  # rank 1 slow in iterations 7..18 (the first iteration of an interval)
+    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, argv(data, "--train-iters", "26"), 1,
+                         range(began, ended + 1), DELAY_S)
+    lines = ranks[0][1]
+    (named_at, warning), = at_iteration(lines, WARNING)
+    assert int(warning.group(2)) == began and float(warning.group(1)) > 1.5 and int(warning.group(3)) > 20
+    # Named once the third slow interval is judged: at the end of the interval after it (the exchange's lag).
+    assert named_at == began - 1 + (INTERVALS + 1) * LOG_INTERVAL
+    (recovered_at, _), = at_iteration(lines, rf"straggler recovered: host slow-host .* slow from iteration {began}")
+    assert ended < recovered_at <= ended + 2 * LOG_INTERVAL
+    assert ranks[0][0]["goodput"]["seconds"]["straggler"] > 0
+    assert not any("straggler" in line for line in ranks[1][1])  # rank 0 alone reports
+
+
+@pytest.mark.parametrize("case", ["undisturbed", "slow saves and a hiccup"])
+def test_an_undisturbed_run_slow_saves_and_a_hiccup_name_no_straggler(case, data, tmp_path):
+    # Slow saves: every interval holds a save, slowed on rank 1's host, and one step of rank 1 stalls.
+    disturbed = dict(slow_steps=range(9, 10), delay_s=1.0, save_delay_s=DELAY_S) if case != "undisturbed" else \
+        dict(slow_steps=range(0), delay_s=0.0)
+    saves = ["--save", str(tmp_path / "ckpt"), "--save-interval", str(LOG_INTERVAL)] if disturbed["delay_s"] else []
+    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, argv(data, "--train-iters", "18", *saves), 1,
+                         **disturbed)
+    assert ranks[0][0]["iteration"] == 18
+    assert not [line for line in ranks[0][1] if "straggler" in line]
+    assert ranks[0][0]["goodput"]["seconds"]["straggler"] == 0
+
+
+def test_the_exit_flag_ends_the_slow_hosts_part_naming_it(data, tmp_path):
+    save = tmp_path / "ckpt"
+    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, argv(
+        data, "--train-iters", "40", "--straggler-exit-intervals", str(INTERVALS), "--save", str(save)),
+        1, range(3, 41), DELAY_S)
+    (first, lines), (slow_error, _) = ranks
+    # Decided when the third slow interval (3..8) is judged, at 10; every rank learns it at the next end, 12.
+    assert slow_error == (f"this host (slow-host) is the straggler, slow for {INTERVALS} log intervals in a row "
+                          f"(--straggler-exit-intervals): its part of the job ends at iteration 12; drain host "
+                          f"slow-host")
+    assert first["exit"] == "straggler" and first["iteration"] == 12
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "12"
+    assert any(line.startswith("host slow-host ended its part of the job as the straggler at iteration 12")
+               for line in lines)
+    assert first["goodput"]["drained_hosts"] == ["slow-host"]
+
+
+def test_megatron_lm_report_names_the_min_and_max_ranks():
+    times = [RankTime(0, "a", 0.1), RankTime(1, "b", 0.4), RankTime(2, "a", 0.2)]
+    worst, ratio = slowest(times)
+    assert worst.rank == 1 and ratio == pytest.approx(0.4 / 0.15)
+    line, bottom, top = minmax_report(times, 2e12, 2)
+    assert line == " MnRtt/Rnk: 100.00ms/0 | MxRtt/Rnk: 400.00ms/1 | MnEtpt/Rnk: 5.00TF/1 | MxEtpt/Rnk: 20.00TF/0"
+    assert bottom == "^^^^ Bottom 2 Ranks with lowest  Etpt(TF): 5.00/1, 10.00/2"
+    assert top == "^^^^ Top    2 Ranks with highest Etpt(TF): 20.00/0, 10.00/2"
