@@ -7,7 +7,9 @@ import re
 
 import pytest
 
+from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
+from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.resilience.straggler import RankTime, minmax_report, slowest
 from pretrain_cases import run_train_with_a_slow_rank, tiny_argv
 
@@ -85,3 +87,20 @@ def test_megatron_lm_report_names_the_min_and_max_ranks():
     assert line == " MnRtt/Rnk: 100.00ms/0 | MxRtt/Rnk: 400.00ms/1 | MnEtpt/Rnk: 5.00TF/1 | MxEtpt/Rnk: 20.00TF/0"
     assert bottom == "^^^^ Bottom 2 Ranks with lowest  Etpt(TF): 5.00/1, 10.00/2"
     assert top == "^^^^ Top    2 Ranks with highest Etpt(TF): 20.00/0, 10.00/2"
+
+
+def test_megatron_lm_straggler_flags_keep_its_defaults_and_the_detector_is_on(data):
+    settings = parse_settings(argv(data))
+    assert (settings.logging.log_straggler, settings.logging.straggler_minmax_count,
+            settings.logging.disable_straggler_on_startup) == (False, 1, False)
+    assert settings.faults.straggler_detection and settings.faults.straggler_exit_intervals is None
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--straggler-threshold", "1"], "--straggler-threshold 1.0 must be above 1"),
+    (["--straggler-intervals", "0"], "--straggler-intervals must be at least 1"),
+    (["--straggler-exit-intervals", "2"], "--straggler-exit-intervals 2 must be at least --straggler-intervals 3"),
+    (["--straggler-minmax-count", "0"], "--straggler-minmax-count must be at least 1")])
+def test_straggler_settings_out_of_range_are_refused(data, flags, refused):
+    with pytest.raises(InputError, match=re.escape(refused)):
+        parse_settings(argv(data, *flags))
