@@ -20,7 +20,6 @@ job's steps), and one line when it recovers. Intervals holding a save or a valid
 first compilations), are not judged: a one-off pause is not a straggler.
 """
 
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -154,9 +153,11 @@ class StragglerDetector:
         """The ranks' times of the interval ending at `last` (those that came within READ_TIMEOUT_S), and whether
         every rank judged it."""
         keys = [f"{last}/{rank}" for rank in range(self.world)]
-        with contextlib.suppress(RuntimeError):  # timed out: a frozen rank; the watchdog's host check names it
+        try:
             self.store.wait(keys, datetime.timedelta(seconds=READ_TIMEOUT_S))
-        present = [key for key in keys if self.store.check([key])]
+            present = keys
+        except RuntimeError:  # timed out: a frozen rank (the watchdog's host check names it), the others are read
+            present = [key for key in keys if self.store.check([key])]
         values = [json.loads(value) for value in self.store.multi_get(present)] if present else []
         times = [RankTime(int(key.split("/")[1]), host, compute) for key, (compute, _, host) in zip(present, values)]
         return times, len(present) == self.world and all(judged for _, judged, _ in values)
