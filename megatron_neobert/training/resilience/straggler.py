@@ -78,10 +78,11 @@ def minmax_report(times: List[RankTime], flops_per_rank: float, count: int) -> L
     ranks; with --straggler-minmax-count above 1, the `count` ranks of lowest and highest throughput."""
     by_time = sorted(times, key=lambda t: t.compute_s)
     etpt = {t.rank: flops_per_rank / t.compute_s / 1e12 if t.compute_s > 0 else 0.0 for t in times}
-    low, high = by_time[-1], by_time[0]
-    lines = [f" MnRtt/Rnk: {high.compute_s * 1000:.2f}ms/{high.rank} | MxRtt/Rnk: {low.compute_s * 1000:.2f}ms/"
-             f"{low.rank} | MnEtpt/Rnk: {etpt[low.rank]:.2f}TF/{low.rank} | MxEtpt/Rnk: "
-             f"{etpt[high.rank]:.2f}TF/{high.rank}"]
+    fastest, slowest_rank = by_time[0], by_time[-1]
+    lines = [f" MnRtt/Rnk: {fastest.compute_s * 1000:.2f}ms/{fastest.rank} | MxRtt/Rnk: "
+             f"{slowest_rank.compute_s * 1000:.2f}ms/{slowest_rank.rank} | MnEtpt/Rnk: "
+             f"{etpt[slowest_rank.rank]:.2f}TF/{slowest_rank.rank} | MxEtpt/Rnk: {etpt[fastest.rank]:.2f}TF/"
+             f"{fastest.rank}"]
     if count > 1:
         lines += [f"^^^^ Bottom {count} Ranks with lowest  Etpt(TF): "
                   + ", ".join(f"{etpt[t.rank]:.2f}/{t.rank}" for t in reversed(by_time[-count:])),
