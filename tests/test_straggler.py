@@ -34,10 +34,12 @@ def at_iteration(lines: list, pattern) -> list:
     return found
 
 
-def test_a_slow_rank_is_named_within_its_intervals_and_its_recovery_said(data):
+def test_a_slow_rank_is_named_within_its_intervals_and_its_recovery_said(data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     began, ended = 7, 18  # rank 1 slow in iterations 7..18 (the first iteration of an interval)
-    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, argv(data, "--train-iters", "26"), 1,
-                         range(began, ended + 1), DELAY_S)
+    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, argv(data, "--train-iters", "26", "--tensorboard-dir",
+                                                             str(tmp_path)), 1, range(began, ended + 1), DELAY_S)
     lines = ranks[0][1]
     (named_at, warning), = at_iteration(lines, WARNING)
     assert int(warning.group(2)) == began and float(warning.group(1)) >= 1.2 and int(warning.group(3)) > 0
@@ -47,6 +49,12 @@ def test_a_slow_rank_is_named_within_its_intervals_and_its_recovery_said(data):
     assert ended < recovered_at <= ended + 2 * LOG_INTERVAL
     assert ranks[0][0]["goodput"]["seconds"]["straggler"] > 0
     assert not any("straggler" in line for line in ranks[1][1])  # rank 0 alone reports
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    slowest_rank = {e.step: e.value for e in events.Scalars("slowest-rank")}
+    assert [slowest_rank[it] for it in range(began + 1, ended + 1, LOG_INTERVAL)] == [1] * 6
+    low, median, high = ([e.value for e in events.Scalars(f"rank-time-{name}")] for name in ("min", "median", "max"))
+    assert all(a <= b <= c for a, b, c in zip(low, median, high)) and len(low) == len(slowest_rank)
 
 
 @pytest.mark.parametrize("case", ["undisturbed", "slow saves and a hiccup"])
