@@ -10,6 +10,7 @@ import pytest
 from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.reporting.goodput import GoodputAccount
 from megatron_neobert.training.resilience.straggler import RankTime, minmax_report, slowest
 from pretrain_cases import run_train_with_a_slow_rank, tiny_argv
 
@@ -112,3 +113,15 @@ def test_megatron_lm_straggler_flags_keep_its_defaults_and_the_detector_is_on(da
 def test_straggler_settings_out_of_range_are_refused(data, flags, refused):
     with pytest.raises(InputError, match=re.escape(refused)):
         parse_settings(argv(data, *flags))
+
+
+def test_the_straggler_time_and_the_drained_hosts_go_on_with_the_jobs_account():
+    first = GoodputAccount(1000.0)
+    first.straggler_s, first.drained_hosts = 30.0, ["slow-host"]
+    resumed = GoodputAccount(1200.0)
+    resumed.continue_from(first.snapshot(1100.0, saving=False), saved_until=None, saved_iteration=10)
+    resumed.straggler_s += 5.0
+    final = resumed.snapshot(1300.0, saving=False)
+    assert final["seconds"]["straggler"] == 35.0 and final["drained_hosts"] == ["slow-host"]
+    assert "waiting for a straggler (within the steps)" in resumed.table(1300.0)
+    assert "drained: slow-host" in resumed.table(1300.0)
