@@ -101,6 +101,8 @@ class StragglerDetector:
         self.faults, self.options, self.log, self.account = settings.faults, settings.logging, log, account
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.host = socket.gethostname()
+        # The process group's store: under torchrun one per attempt, so a restarted attempt starts without the keys
+        # (a drain decided) of the one before.
         self.store = torch.distributed.PrefixStore("straggler", torch.distributed.distributed_c10d._get_default_store())
         self.report_on = settings.logging.log_straggler and not settings.logging.disable_straggler_on_startup
         self.waited, self.judged = 0.0, False  # the first interval (start-up) is not judged
