@@ -386,10 +386,10 @@ class Trainer:
     def save(self) -> None:
         """A checkpoint of this iteration (in the background with --async-save), once the parameters are finite
         and the data files unchanged; its blocking time in the account, then the save interval chosen again."""
-        if self.loop_parts.straggler:
-            self.loop_parts.straggler.pause()
         with self.timed("save"):
             self.write_checkpoint()
+        if self.loop_parts.straggler:  # the interval under way holds the save (and, --async-save, its writing)
+            self.loop_parts.straggler.pause()
         self.last_saved_iteration = self.state.iteration
         self.loop_parts.save_interval.measured(self.account_snapshot(saving=False))
 
