@@ -13,6 +13,8 @@ rendezvous store (one key, its previous one deleted), and rank 0 reads the previ
 wrote those before it joined this interval's gradient reductions with rank 0, so rank 0 finds them at once; a frozen
 rank's key is missing and rank 0 waits READ_TIMEOUT_S for it, never a collective's timeout. The report is thus one
 interval late, and costs each rank two store round trips per interval (rank 0 one read of all keys): no collective.
+Under torchrun the store is torchrun's: a store that is gone is a torchrun that died, and the rank ends as the
+launcher watch ends it.
 
 A rank slower than --straggler-threshold x the median of the others for --straggler-intervals judged intervals in a
 row is named: one `warning:` line (the rank, its host, how much slower, since which iteration, what it costs the
@@ -20,6 +22,7 @@ job's steps), and one line when it recovers. Intervals holding a save or a valid
 first compilations), are not judged: a one-off pause is not a straggler.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -32,6 +35,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from megatron_neobert.training.config.settings import Settings
+from megatron_neobert.training.resilience.process_guards import exit_if_launcher_gone
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,17 @@ def minmax_report(times: List[RankTime], flops_per_rank: float, count: int) -> L
     return lines
 
 
+@contextlib.contextmanager
+def _torchruns_store():
+    """Around the store's use: under torchrun the store is torchrun's, and a broken pipe to it means that torchrun
+    died (kill -9): the rank ends with the launcher watch's line, as it would a moment later, not in a traceback."""
+    try:
+        yield
+    except torch.distributed.DistNetworkError:
+        exit_if_launcher_gone()
+        raise  # torchrun is there: the store failed otherwise
+
+
 class StragglerDetector:
     """This rank's part of the rule; over the model chunks' gradient reduction (`config`: their megatron-core
     config, whose finalize_model_grads_func it times). Every rank calls `interval_end` at each log interval's end,
@@ -130,17 +145,18 @@ class StragglerDetector:
         """The interval of iterations `first`..`last` ended after `elapsed` seconds and `flops` (all ranks): publish
         this rank's time, and on rank 0 judge the interval before. Returns the host to drain, once rank 0 has decided
         it (every rank learns it at the same interval's end)."""
-        drain = self._drain_decided(last)
         steps = last - first + 1
-        key = f"{last}/{self.rank}"
-        self.store.set(key, json.dumps([(elapsed - self.waited) / steps, self.judged, self.host]))
-        self.keys.append(key)
-        if len(self.keys) > 2:  # rank 0 has read it: an interval ago
-            self.store.delete_key(self.keys.pop(0))
-        if self.rank == 0:
-            if self.window is not None:
-                self._judge(self.window, last)
-            self.window = Window(first, last, elapsed / steps, flops / steps / self.world)
+        with _torchruns_store():
+            drain = self._drain_decided(last)
+            key = f"{last}/{self.rank}"
+            self.store.set(key, json.dumps([(elapsed - self.waited) / steps, self.judged, self.host]))
+            self.keys.append(key)
+            if len(self.keys) > 2:  # rank 0 has read it: an interval ago
+                self.store.delete_key(self.keys.pop(0))
+            if self.rank == 0:
+                if self.window is not None:
+                    self._judge(self.window, last)
+                self.window = Window(first, last, elapsed / steps, flops / steps / self.world)
         self.waited, self.judged = 0.0, True
         return drain
 
@@ -159,7 +175,8 @@ class StragglerDetector:
         try:
             self.store.wait(keys, datetime.timedelta(seconds=READ_TIMEOUT_S))
             present = keys
-        except RuntimeError:  # timed out: a frozen rank (the watchdog's host check names it), the others are read
+        except torch.distributed.DistStoreError:  # the wait timed out: a frozen rank (the watchdog's host check
+            # names it); the others are read
             present = [key for key in keys if self.store.check([key])]
         values = [json.loads(value) for value in self.store.multi_get(present)] if present else []
         times = [RankTime(int(key.split("/")[1]), host, compute) for key, (compute, _, host) in zip(present, values)]
