@@ -1,9 +1,12 @@
 """The straggler rule (`training/resilience/straggler.py`) on two gloo ranks of the tiny model: a rank slowed from
 outside is named within a stated number of log intervals with its host and since when, and its recovery said; an
 undisturbed run, a one-step hiccup and slow saves name no straggler; --straggler-exit-intervals ends the slow host's
-part of the job with its line, the others stopping with a checkpoint; Megatron-LM's --log-straggler report."""
+part of the job with its line, the others stopping with a checkpoint; a store gone with a killed torchrun ends the rank
+with the launcher watch's line; Megatron-LM's --log-straggler report."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -141,3 +144,45 @@ def test_the_straggler_time_and_the_drained_hosts_go_on_with_the_jobs_account():
     assert final["seconds"]["straggler"] == 35.0 and final["drained_hosts"] == ["slow-host"]
     assert "waiting for a straggler (within the steps)" in resumed.table(1300.0)
     assert "drained: slow-host" in resumed.table(1300.0)
+
+
+TORCHRUN_THAT_DIES = """
+import logging, multiprocessing, os, sys, time, types
+import torch
+from megatron_neobert.training.config.arguments import parse_settings
+from megatron_neobert.training.resilience.process_guards import exit_with_launcher
+from megatron_neobert.training.resilience.straggler import StragglerDetector
+
+def rank(port):
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    os.environ["TORCHELASTIC_RUN_ID"] = "a-run"
+    exit_with_launcher(poll_s=3600)  # the watch's thread would look too late: the store's failure must end it
+    launcher = os.getppid()
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1,
+                                         store=torch.distributed.TCPStore("127.0.0.1", port, is_master=False))
+    settings = parse_settings(["--mock-data", "--train-iters", "10", "--lr-warmup-iters", "0"])
+    straggler = StragglerDetector(settings, types.SimpleNamespace(finalize_model_grads_func=None), None, None)
+    straggler.interval_end(1, 4, 1.0, 0.0)
+    os.kill(launcher, 9)
+    while os.getppid() == launcher:
+        time.sleep(0.01)
+    straggler.interval_end(5, 8, 1.0, 0.0)
+    print("the interval ended", flush=True)
+
+# torchrun: it holds the store, its rank is its child
+store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+multiprocessing.get_context("fork").Process(target=rank, args=(store.port,)).start()
+time.sleep(600)
+"""
+
+
+@pytest.mark.integration
+def test_a_store_gone_with_torchrun_ends_the_rank_with_the_launcher_watchs_line():
+    """kill -9 of torchrun, which holds the store: the rank's next interval end meets a broken pipe, and ends the
+    rank as the launcher watch would, not in a traceback."""
+    torchrun = subprocess.Popen([sys.executable, "-c", TORCHRUN_THAT_DIES], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    output, _ = torchrun.communicate(timeout=300)  # until the rank, which shares its output, is gone too
+    assert torchrun.returncode == -9
+    assert f"torchrun (pid {torchrun.pid}) is gone; exiting without saving" in output, output
+    assert "Traceback" not in output and "the interval ended" not in output, output
