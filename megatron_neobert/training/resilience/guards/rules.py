@@ -1,10 +1,12 @@
-"""What the guards decide from what they measured, one rule a function: a host silent past the bound ends the attempt
-(`lost_host`), and so does this host, thawed after it was stopped past that bound (`thawed`). A rule returns a
-`Verdict`, or None where it finds nothing; the watchdog acts on it."""
+"""What the guards decide from what they measured: a host silent past the bound ends the attempt (`lost_host`), and so
+does this host, thawed after it was stopped past that bound (`thawed`); a rank that stays slow is named, and on request
+its host's part of the job ends (`StragglerRule`, which counts windows across the run). A rule returns its verdict, or
+None where it finds nothing; the part that measured acts on it (the watchdog, the straggler detector)."""
 
 import dataclasses
 import os
-from typing import Optional
+import statistics
+from typing import List, Optional, Tuple
 
 from megatron_neobert.training.resilience.guards.hosts import ANSWER_S, Answers, Host
 
@@ -65,3 +67,77 @@ def thawed(stopped_s: float, host_check_after_s: float, launcher: Optional[int])
                    f"than the other hosts wait before going on without it ({bound:g} s): ending this attempt"
                    f"{and_torchrun} without writing anything (start it again to rejoin the job)",
                    end_torchrun=bool(launcher))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTime:
+    """A rank's compute time per step over an interval: its step less its wait for the others."""
+    rank: int
+    host: str
+    compute_s: float
+
+
+def slowest(times: List[RankTime]) -> Tuple[RankTime, float]:
+    """The slowest rank and how many times the median of the others' compute time it takes."""
+    worst = max(times, key=lambda t: t.compute_s)
+    others = statistics.median(t.compute_s for t in times if t is not worst)
+    return worst, worst.compute_s / others if others > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerVerdict:
+    """What a judged window decides: the lines to print (the warning, the recovery), the seconds the others waited for
+    a named straggler (the goodput account's), and the host whose part of the job ends (--straggler-exit-intervals)."""
+    lines: Tuple[str, ...] = ()
+    straggler_s: float = 0.0
+    drain: Optional[str] = None
+
+
+@dataclasses.dataclass
+class _Slow:
+    """A host whose slowest rank has been slow for `count` judged windows in a row, since iteration `since`."""
+    host: str
+    since: int
+    count: int = 0
+    cost_s: float = 0.0  # the others' wait for it so far: the account's once it is named
+
+
+class StragglerRule:
+    """The straggler rule (`straggler.py` measures and exchanges what it judges): a rank slower than `threshold` x the
+    median of the others for `intervals` judged windows in a row is named, once, with its host, since when and what
+    it costs the job's steps; its recovery is said; with `exit_intervals`, once it has been slow that many windows its
+    host is the one to drain. Rank 0 holds it, across the run."""
+
+    def __init__(self, threshold: float, intervals: int, exit_intervals: Optional[int]):
+        self.threshold, self.intervals, self.exit_intervals = threshold, intervals, exit_intervals
+        self.slow: Optional[_Slow] = None
+
+    def judge(self, first: int, last: int, step_s: float, times: List[RankTime]) -> StragglerVerdict:
+        """The window of iterations `first`..`last`: rank 0's wall time per step `step_s`, every rank's `times`."""
+        worst, ratio = slowest(times)
+        lines = []
+        if ratio < self.threshold or (self.slow and self.slow.host != worst.host):
+            lines += self._recovered(last, ratio)
+        if ratio < self.threshold:
+            return StragglerVerdict(tuple(lines))
+        extra_s = worst.compute_s * (1 - 1 / ratio)  # what the others wait for it, each step
+        slow = self.slow = self.slow or _Slow(worst.host, first)
+        slow.count += 1
+        slow.cost_s += extra_s * (last - first + 1)
+        straggler_s = 0.0
+        if slow.count >= self.intervals:  # a one-off pause costs the account nothing of this
+            straggler_s, slow.cost_s = slow.cost_s, 0.0
+        if slow.count == self.intervals:
+            slower = extra_s / max(step_s - extra_s, 1e-9)
+            lines.append(f"warning: straggler: rank {worst.rank} on host {worst.host} computes "
+                         f"{worst.compute_s * 1000:.1f} ms a step, {ratio:.2f}x the median of the other ranks, since "
+                         f"iteration {slow.since}: the job's steps take {100 * slower:.0f}% longer than without it")
+        drain = slow.host if self.exit_intervals and slow.count == max(self.exit_intervals, self.intervals) else None
+        return StragglerVerdict(tuple(lines), straggler_s, drain)
+
+    def _recovered(self, last: int, ratio: float) -> List[str]:
+        slow, self.slow = self.slow, None
+        if slow and slow.count >= self.intervals:
+            return [f"straggler recovered: host {slow.host} is within {self.threshold}x the other ranks' median again "
+                    f"by iteration {last} (slowest rank {ratio:.2f}x); it was slow from iteration {slow.since}"]
+        return []
