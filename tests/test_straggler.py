@@ -1,8 +1,9 @@
-"""The straggler rule (`training/resilience/guards/`: rules.py judges, straggler.py measures) on two gloo ranks of the tiny model: a rank slowed from
-outside is named within a stated number of log intervals with its host and since when, and its recovery said; an
-undisturbed run, a one-step hiccup and slow saves name no straggler; --straggler-exit-intervals ends the slow host's
-part of the job with its line, the others stopping with a checkpoint; a store gone with a killed torchrun ends the rank
-with the launcher watch's line; Megatron-LM's --log-straggler report."""
+"""The straggler rule (`training/resilience/guards/`: rules.py judges, straggler.py measures) on two gloo ranks of the
+tiny model: a rank slowed from outside is named within a stated number of windows with its host and since when, and
+its recovery said, at a long log interval and a short one (windows of 8 steps); an undisturbed run, a one-step
+hiccup, a burst over 3 steps at --log-interval 1 and slow saves name no straggler; --straggler-exit-intervals ends
+the slow host's part of the job with its line, the others stopping with a checkpoint; a store gone with a killed
+torchrun ends the rank with the launcher watch's line; Megatron-LM's --log-straggler report."""
 
 import re
 import subprocess
@@ -14,11 +15,11 @@ from megatron_neobert.errors import InputError
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.training.reporting.goodput import GoodputAccount
-from megatron_neobert.training.resilience.guards.rules import RankTime, slowest
+from megatron_neobert.training.resilience.guards.rules import MIN_WINDOW_STEPS, RankTime, StragglerRule, slowest
 from megatron_neobert.training.resilience.guards.straggler import minmax_report
 from pretrain_cases import run_train_with_a_slow_rank, tiny_argv
 
-# 8 steps an interval: a busy machine's bursts average out (2 steps an interval named them: straggler.py's docstring).
+# 8 steps an interval: each interval is one of the rule's windows (rules.StragglerRule).
 LOG_INTERVAL, INTERVALS = 8, 3  # --straggler-intervals' default
 DELAY_S = 0.2  # twice a tiny step or more: the slow rank's compute time is well above 1.2x the other's
 WARNING = re.compile(r"warning: straggler: rank 1 on host slow-host computes [\d.]+ ms a step, ([\d.]+)x the median "
@@ -99,13 +100,59 @@ def test_the_exit_flag_ends_the_slow_hosts_part_naming_it(data, tmp_path):
     assert began - 1 + (INTERVALS + 2) * LOG_INTERVAL <= ended < iterations
     (warned_at, _), = at_iteration(lines, WARNING)
     assert warned_at == ended - LOG_INTERVAL
-    assert slow_error == (f"this host (slow-host) is the straggler, slow for {INTERVALS} log intervals in a row "
+    assert slow_error == (f"this host (slow-host) is the straggler, slow for {INTERVALS} judged windows in a row "
                           f"(--straggler-exit-intervals): its part of the job ends at iteration {ended}; drain host "
                           f"slow-host")
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == str(ended)
     assert any(line.startswith(f"host slow-host ended its part of the job as the straggler at iteration {ended}")
                for line in lines)
     assert first["goodput"]["drained_hosts"] == ["slow-host"]
+
+
+@pytest.mark.parametrize("log_interval", [1, 2])
+def test_short_log_intervals_are_judged_in_windows_of_8_steps(log_interval):
+    """A burst of a second on one rank over 3 short intervals (a busy machine) is one slow window, not a straggler;
+    a rank slow for 3 windows of 8 steps is named, its window starting where the slowness began."""
+    rule = StragglerRule(1.2, INTERVALS, None)
+
+    def run(slow: range, last: int) -> list:
+        lines = []
+        for first in range(1, last + 1, log_interval):
+            slow_s = 0.1 + (0.3 if first in slow else 0.0)  # the job's step is the slow rank's
+            lines += rule.interval(first, first + log_interval - 1, slow_s,
+                                   [RankTime(0, "a", 0.1), RankTime(1, "b", slow_s)]).lines
+        return lines
+
+    assert run(range(17, 23), 48) == []  # 3-6 slow steps in a row, within one window
+    lines = run(range(49, 49 + INTERVALS * MIN_WINDOW_STEPS), 48 + INTERVALS * MIN_WINDOW_STEPS)
+    assert lines == ["warning: straggler: rank 1 on host b computes 400.0 ms a step, 4.00x the median of the other "
+                     "ranks, since iteration 49: the job's steps take 300% longer than without it"]
+
+
+@pytest.mark.parametrize("case", ["a burst at --log-interval 1", "slowed at --log-interval 2"])
+def test_at_a_short_log_interval_a_burst_names_no_straggler_and_a_slow_rank_is_named(case, data):
+    # Rank 1's steps began..ended are slow. At --log-interval 1 the windows after the start-up interval are 2-9,
+    # 10-17, 18-25, ...; at 2, 3-10, 11-18, ...
+    burst = case.startswith("a burst")
+    log_interval, began, ended, delay_s = (1, 20, 22, 0.35) if burst else (2, 11, 34, DELAY_S)
+    iterations = 40 if burst else 56
+    ranks = run_on_ranks(run_train_with_a_slow_rank, 2, tiny_argv(
+        data[0], data[1], "--log-interval", str(log_interval), "--train-iters", str(iterations)), 1,
+        range(began, ended + 1), delay_s)
+    lines = ranks[0][1]
+    if burst:  # a second's burst, undisturbed otherwise
+        assert not [line for line in lines if "straggler" in line]
+        assert ranks[0][0]["goodput"]["seconds"]["straggler"] == 0
+        return
+    (named_at, warning), = at_iteration(lines, WARNING)
+    since = int(warning.group(2))
+    # Named once its third slow window (11-18, 19-26, 27-34) is judged, at the end of the interval after it (36); a
+    # busy machine may start the count again (a later `since`), never an earlier one.
+    assert began <= since and named_at == since - 1 + INTERVALS * MIN_WINDOW_STEPS + log_interval <= ended + 2
+    (recovered_at, _), = at_iteration(lines, rf"straggler recovered: host slow-host .* slow from iteration {since}")
+    # Its recovery said when the first window after it is judged (44), or, on a busy machine that slowed it in that
+    # window too, the next (52).
+    assert ended < recovered_at <= ended + 2 * MIN_WINDOW_STEPS + log_interval
 
 
 def test_megatron_lm_report_names_the_min_and_max_ranks():

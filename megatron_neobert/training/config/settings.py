@@ -288,16 +288,18 @@ class FaultSettings:
     straggler_detection: bool = setting(
         True, "no straggler warning (by default rank 0 names a rank whose compute time per step, its step less its "
               "wait for the others in the gradient reduction, stays above --straggler-threshold x the others' median "
-              "for --straggler-intervals log intervals)", flag="--no-straggler-detection")
+              "for --straggler-intervals judged windows)", flag="--no-straggler-detection")
     straggler_threshold: float = setting(
         1.2, "a rank slower than this x the median of the others' compute time is a straggler: a fail-slow rank "
              "stretches the job's every step by a tenth or more (FALCON counts a change of 10%), while the ranks of "
              "a healthy job stay within a few percent of each other")
     straggler_intervals: int = setting(
-        3, "log intervals a rank must stay slow before it is named: one slow interval (a data-loader hiccup) is not "
-           "a straggler; intervals with a save or a validation are not judged")
+        3, "judged windows a rank must stay slow before it is named. A window is a log interval of at least 8 steps, "
+           "or shorter consecutive ones combined: a busy machine's bursts of a second or two average out over 8 "
+           "steps. One slow window (a data-loader hiccup) is not a straggler; intervals with a save or a validation "
+           "are not judged")
     straggler_exit_intervals: Optional[int] = setting(
-        None, "end the straggler's host's part of the job once it has been slow this many log intervals in a row "
+        None, "end the straggler's host's part of the job once it has been slow this many judged windows in a row "
               "(at least --straggler-intervals): every rank saves (with --save), the host's ranks exit with an "
               "error line naming the host to drain, the others stop (default: never, the job goes on slowly)")
 

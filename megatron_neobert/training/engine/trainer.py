@@ -363,7 +363,7 @@ class Trainer:
         self.account.drained_hosts.append(self.drained)
         exit_after = self.settings.faults.straggler_exit_intervals
         if self.drained == self.loop_parts.straggler.host:
-            raise TrainingError(f"this host ({self.drained}) is the straggler, slow for {exit_after} log intervals "
+            raise TrainingError(f"this host ({self.drained}) is the straggler, slow for {exit_after} judged windows "
                                 f"in a row (--straggler-exit-intervals): its part of the job ends at iteration "
                                 f"{self.state.iteration}; drain host {self.drained}")
         logger.info(f"host {self.drained} ended its part of the job as the straggler at iteration "

@@ -17,15 +17,8 @@ Under torchrun the store is torchrun's: a store that is gone is a torchrun that 
 launcher watch ends it (`launcher.LauncherWatch.exit_if_gone`).
 
 Intervals holding a save or a validation, and the first one (start-up, first compilations), are not judged: a one-off
-pause is not a straggler.
-
-Persistence is counted in intervals, so an interval must hold enough steps for a busy machine's bursts to average out:
-such a machine slows one process against another for a second or two. Undisturbed, two gloo ranks of the tiny model
-(50-200 ms steps) on 2 cores at a load of 9-15 had one rank 1.2-4.6x the other in 3 to 5 intervals of 2 steps in a
-row in 3 of 8 runs of 60-80 steps, whichever way an interval's time was taken (its steps' mean; their median; its
-fastest step, which did worst), and a longer run of short intervals only waits for a longer burst, while one burst of
-the healthy rank breaks a real straggler's run; at 6 or 8 steps an interval, never 3 in a row. Megatron-LM's usual
---log-interval 100 is far above that; the tests run at 8.
+pause is not a straggler. The rule judges windows of at least 8 steps (`rules.StragglerRule`: short log intervals
+combined), so that a busy machine's bursts of a second or two name no straggler at any --log-interval.
 """
 
 import contextlib
@@ -170,18 +163,18 @@ class StragglerDetector:
     def _judge(self, interval: Interval, now: int) -> None:
         """Judge `interval` at the end of the interval ending at `now`."""
         times, judged = self._read(interval.last)
-        if len(times) < 2:
-            return
-        compute = sorted(t.compute_s for t in times)
-        self.log.scalars(interval.last, [
-            ("rank-time-min", compute[0]), ("rank-time-median", statistics.median(compute)),
-            ("rank-time-max", compute[-1]), ("slowest-rank", slowest(times)[0].rank)])
-        if self.report_on:
-            for line in minmax_report(times, interval.flops_per_rank, self.options.straggler_minmax_count):
-                logger.info(line)
+        if len(times) >= 2:
+            compute = sorted(t.compute_s for t in times)
+            self.log.scalars(interval.last, [
+                ("rank-time-min", compute[0]), ("rank-time-median", statistics.median(compute)),
+                ("rank-time-max", compute[-1]), ("slowest-rank", slowest(times)[0].rank)])
+            if self.report_on:
+                for line in minmax_report(times, interval.flops_per_rank, self.options.straggler_minmax_count):
+                    logger.info(line)
         if not judged:
+            self.rule.skip()
             return
-        verdict = self.rule.judge(interval.first, interval.last, interval.step_s, times)
+        verdict = self.rule.interval(interval.first, interval.last, interval.step_s, times)
         for line in verdict.lines:
             logger.info(line)
         self.account.straggler_s += verdict.straggler_s
