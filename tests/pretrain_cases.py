@@ -2,7 +2,9 @@
 
 import contextlib
 import errno
+import logging
 import os
+import socket
 import signal
 import time
 
@@ -16,6 +18,7 @@ from megatron_neobert.training.config.arguments import parse_settings
 from megatron_neobert.parallel.cpu import cpu_execution
 from megatron_neobert.checkpoint.state import load_model_state, model_sharded_state_dict
 from megatron_neobert.training.engine.entry import train
+from megatron_neobert.errors import TrainingError
 from megatron_neobert.training.engine.train_step import NonFiniteLossError
 from megatron_neobert.model.chunks import build_model_chunks
 from megatron_neobert.training.engine.model_setup import run_model_shape
@@ -46,6 +49,58 @@ def run_train(argv: list) -> dict:
     """The trainer on `argv`, as its entry point runs it (here or on a rank of run_on_ranks)."""
     with as_the_entry_point():
         return train(parse_settings(argv))
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def log_lines():
+    """The package's log messages (every rank's, at INFO and above) written inside the block, as a list."""
+    handler, package = _Lines(), logging.getLogger("megatron_neobert")
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        yield handler.lines
+    finally:
+        package.removeHandler(handler)
+
+
+def run_train_logged(argv: list) -> tuple:
+    """(history, the trainer's log lines) of a run on this rank."""
+    with log_lines() as lines:
+        return run_train(argv), lines
+
+
+def run_train_with_a_slow_rank(argv: list, slow_rank: int, slow_steps: range, delay_s: float,
+                               save_delay_s: float = 0.0) -> tuple:
+    """(history or the TrainingError's message, log lines) of a run on this rank, where `slow_rank` runs on a host
+    of its own ("slow-host"), takes `delay_s` longer in each iteration of `slow_steps` (a throttled host) and
+    `save_delay_s` longer in each checkpoint save (a slower disk)."""
+    slow = int(os.environ["RANK"]) == slow_rank
+    if slow:
+        socket.gethostname = lambda: "slow-host"  # this rank process only: a host of its own
+        save = trainer.save_checkpoint
+
+        def slow_save(*args, **kwargs):
+            time.sleep(save_delay_s)
+            return save(*args, **kwargs)
+        trainer.save_checkpoint = slow_save
+
+    def throttled(record):
+        if slow and record["iteration"] in slow_steps:
+            time.sleep(delay_s)
+    with log_lines() as lines, after_each_step(throttled):
+        try:
+            return run_train(argv), lines
+        except TrainingError as err:
+            return str(err), lines
 
 
 def real_tokens_per_step(argv: list, steps: int) -> list:

@@ -4,7 +4,6 @@ samples), the log line's `global batch size` and the checkpoints follow it; a re
 sizes that micro-batch x data-parallel size does not divide are refused before training."""
 
 import json
-import logging
 import os
 import re
 
@@ -12,7 +11,7 @@ import pytest
 
 from megatron_neobert.parallel.launch import run_on_ranks
 from megatron_neobert.training.config.arguments import parse_settings
-from pretrain_cases import run_train, tiny_argv
+from pretrain_cases import run_train, run_train_logged, tiny_argv
 from test_lr_schedules import megatron_lm_lrs
 from test_train_log import ITERATION, VALIDATION
 
@@ -27,26 +26,6 @@ def _argv(data, *extra):
     argv = tiny_argv(data[0], data[1], *RAMP, *extra)
     at = argv.index("--lr-warmup-iters")  # the schedule is in samples
     return argv[:at] + argv[at + 2:]
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-def run_train_logged(argv: list) -> tuple:
-    """(history, the trainer's log lines) of a run on this rank."""
-    handler, package = _Lines(), logging.getLogger("megatron_neobert")
-    package.addHandler(handler)
-    package.setLevel(logging.INFO)
-    try:
-        return run_train(argv), handler.lines
-    finally:
-        package.removeHandler(handler)
 
 
 @pytest.fixture(scope="module")

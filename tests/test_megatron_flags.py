@@ -120,6 +120,9 @@ BASE = ["--mock-data", "--model-preset", "neobert-tiny", "--tokenizer-model", SA
     (["--lr-warmup-init", "1e-5"], ("lr_warmup_init", 1e-5)),
     (["--dist-ckpt-strictness", "log_all"], ("dist_ckpt_strictness", "log_all")),
     (["--async-save"], ("async_save", True)),
+    (["--log-straggler"], ("log_straggler", True)),
+    (["--straggler-minmax-count", "4"], ("straggler_minmax_count", 4)),
+    (["--disable-straggler-on-startup"], ("disable_straggler_on_startup", True)),
 ])
 def test_megatron_lm_flag_is_taken(flags, meaning):
     """The flags that set something (those that choose nothing here: tests/test_settings.py)."""

@@ -15,8 +15,9 @@ from megatron_neobert.errors import InputError, refuse
 from megatron_neobert.extras import require_extra
 from megatron_neobert.training.config.schedule import DECAY_TO_THE_END, resolve_schedule
 from megatron_neobert.defaults import LLAMA3_FAILURES_PER_GPU_DAY
-from megatron_neobert.training.config.settings import (SECTIONS, DataSettings, LoggingSettings, ParallelSettings,
-                                                       PrecisionSettings, Settings, TrainingSettings, declared_fields)
+from megatron_neobert.training.config.settings import (SECTIONS, DataSettings, FaultSettings, LoggingSettings,
+                                                       ParallelSettings, PrecisionSettings, Settings, TrainingSettings,
+                                                       declared_fields)
 
 # TE's FP8 GEMMs need every dimension but the last a multiple of 8 and the last of 16; the token
 # dimension of an activation is tokens per micro-batch, split over TP with sequence parallelism.
@@ -65,6 +66,7 @@ def resolve_settings(given: Dict[str, object], explicit: Set[str] = frozenset(),
                         explicit=frozenset(explicit), from_checkpoint=frozenset(from_checkpoint))
     _check_precision(settings.precision)
     _check_logging(settings.logging)
+    _check_straggler(settings.faults)
     training = resolve_schedule(settings.training, explicit)
     _check_optimizer(training)
     data = _resolve_data(settings.data, explicit | from_checkpoint)
@@ -94,9 +96,19 @@ def _check_precision(precision: PrecisionSettings) -> None:
 
 def _check_logging(logging: LoggingSettings) -> None:
     refuse(logging.tensorboard_log_interval < 1, "--tensorboard-log-interval must be at least 1")
+    refuse(logging.straggler_minmax_count < 1, "--straggler-minmax-count must be at least 1")
     if logging.wandb_project:
         refuse(not logging.wandb_exp_name, "--wandb-project needs --wandb-exp-name (the run's name)")
         require_extra("wandb", "--wandb-project")
+
+
+def _check_straggler(faults: FaultSettings) -> None:
+    refuse(faults.straggler_threshold <= 1, f"--straggler-threshold {faults.straggler_threshold} must be above 1 (a "
+                                            f"rank's time over the others' median)")
+    refuse(faults.straggler_intervals < 1, "--straggler-intervals must be at least 1")
+    refuse(faults.straggler_exit_intervals is not None and faults.straggler_exit_intervals < faults.straggler_intervals,
+           f"--straggler-exit-intervals {faults.straggler_exit_intervals} must be at least --straggler-intervals "
+           f"{faults.straggler_intervals}: a host is named before its part ends")
 
 
 def _check_optimizer(training: TrainingSettings) -> None:

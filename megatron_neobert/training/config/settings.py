@@ -285,6 +285,23 @@ class FaultSettings:
             "(0: never ask)")
     max_skipped_iters: int = setting(
         10, "stop after this many consecutive steps skipped for a non-finite loss or gradient")
+    straggler_detection: bool = setting(
+        True, "no straggler warning (by default rank 0 names a rank whose compute time per step, its step less its "
+              "wait for the others in the gradient reduction, stays above --straggler-threshold x the others' median "
+              "for --straggler-intervals judged windows)", flag="--no-straggler-detection")
+    straggler_threshold: float = setting(
+        1.2, "a rank slower than this x the median of the others' compute time is a straggler: a fail-slow rank "
+             "stretches the job's every step by a tenth or more (FALCON counts a change of 10%), while the ranks of "
+             "a healthy job stay within a few percent of each other")
+    straggler_intervals: int = setting(
+        3, "judged windows a rank must stay slow before it is named. A window is a log interval of at least 8 steps, "
+           "or shorter consecutive ones combined: a busy machine's bursts of a second or two average out over 8 "
+           "steps. One slow window (a data-loader hiccup) is not a straggler; intervals with a save or a validation "
+           "are not judged")
+    straggler_exit_intervals: Optional[int] = setting(
+        None, "end the straggler's host's part of the job once it has been slow this many judged windows in a row "
+              "(at least --straggler-intervals): every rank saves (with --save), the host's ranks exit with an "
+              "error line naming the host to drain, the others stop (default: never, the job goes on slowly)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,6 +337,15 @@ class LoggingSettings:
     log_loss_scale_to_tensorboard: bool = setting(
         True, "no 'loss-scale' on TensorBoard / wandb (written every step by default, 1.0 without --fp16)",
         flag="--no-log-loss-scale-to-tensorboard")
+    log_straggler: bool = setting(
+        False, "as Megatron-LM: every --log-interval, the min and max over the ranks of the compute time per step "
+               "(MnRtt/MxRtt) and of the estimated TFLOP/s (MnEtpt/MxEtpt), with their ranks (the straggler "
+               "warning does not need it)")
+    straggler_minmax_count: int = setting(
+        1, "with --log-straggler: the ranks reported at each end (the N slowest and N fastest)")
+    disable_straggler_on_startup: bool = setting(
+        False, "with --log-straggler: the report starts off (Megatron-LM turns it on through its "
+               "--straggler-ctrlr-port, which this trainer does not have: the report then stays off)")
     wandb_project: str = setting("", "log to Weights & Biases (WANDB_MODE=offline works)")
     wandb_exp_name: str = setting("", "the run's name; required with --wandb-project")
     wandb_save_dir: str = setting("", "default: --save/wandb")

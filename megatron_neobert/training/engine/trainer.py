@@ -15,6 +15,7 @@ from typing import Any, Iterator, List, Optional
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.utils import get_model_config
 
 from megatron_neobert.model import ModelShape
 from megatron_neobert.model.kernel_report import format_report, kernel_report
@@ -37,6 +38,7 @@ from megatron_neobert.training.resilience.guards.guards import Guards
 from megatron_neobert.training.reporting.profiling import StepProfiler
 from megatron_neobert.training.resilience.restarts import RestartReport, world_size_change
 from megatron_neobert.training.resilience.save_interval import SaveInterval
+from megatron_neobert.training.resilience.guards.straggler import StragglerDetector
 from megatron_neobert.training.config.run_checks import (check_model_shape, check_optimizer_setup, check_parallel_shape,
                                                          check_positions, check_tokenizer_matches_checkpoint,
                                                          check_vocabulary, check_vocabulary_rows)
@@ -120,6 +122,7 @@ class LoopParts:
     log: TrainingLog
     profiler: StepProfiler
     save_interval: SaveInterval
+    straggler: Optional[StragglerDetector]  # None on one rank, or with --no-straggler-detection and no report
 
 
 class Trainer:
@@ -144,6 +147,8 @@ class Trainer:
         self.first_step_reported = False
         self.last_saved_iteration = 0  # of the last save, or the iteration the run resumed at
         self.window_start = 0.0  # when the train log's window of steps began (perf_counter)
+        self.window_began_at = (0, 0.0)  # the iteration and FLOPs so far at the window's start
+        self.drained: Optional[str] = None  # the straggler's host whose part of the job ends (--straggler-exit-...)
         self.async_save_began = 0.0  # when the save in flight began (time.time)
         self.history = {"train": collections.deque(maxlen=HISTORY_STEPS), "eval": [],
                         "exit": "skip-train" if settings.evaluation.skip_train else "finished"}
@@ -178,7 +183,8 @@ class Trainer:
                         and self.state.iteration % evaluation.eval_interval == 0:
                     self.validate()
                 self.guards.at(self.state.iteration, "agreeing whether to stop")
-                stop = stop_reason(self.settings, self.state, self.guards, self.started)
+                stop = stop_reason(self.settings, self.state, self.guards, self.started) or (
+                    "straggler" if self.drained else None)
                 self.finish_async_save(blocking=False)
                 due = self.loop_parts.save_interval.due(self.state.iteration, self.last_saved_iteration)
                 if should_save(self.settings, self.state, stop, due):
@@ -190,6 +196,8 @@ class Trainer:
             self.loop_parts.profiler.stop()  # a run stopped inside the window still writes it
             with self.timed("save", count=0):
                 self.finish_async_save(blocking=True)
+            if self.drained:
+                self.end_for_straggler()
             self.account.run_ended = time.time()  # the rest is shutdown, up to the account's close (entry.train)
         finally:
             self.loop_parts.log.close()
@@ -266,13 +274,17 @@ class Trainer:
             raise TrainingError("--skip-train runs one validation of --eval-iters batches, and there is none to "
                                 "run: give a validation split (--split or --valid-data-path) and --eval-iters and "
                                 "--eval-interval above 0")
+        log = TrainingLog(settings, built.shape.arch, built.shape.padded_vocab_size)
+        watched = settings.faults.straggler_detection or settings.logging.log_straggler
         parts = LoopParts(
             restarts, evals_done, train_iter, valid_iter, batch_sizes,
-            async_saves=AsyncSaves() if options.async_save else None,
-            log=TrainingLog(settings, built.shape.arch, built.shape.padded_vocab_size), profiler=StepProfiler(settings),
+            async_saves=AsyncSaves() if options.async_save else None, log=log, profiler=StepProfiler(settings),
             save_interval=SaveInterval(options.save_interval, settings.logging.log_interval,
-                                       torch.distributed.get_world_size(), options.failure_rate_per_gpu_day))
+                                       torch.distributed.get_world_size(), options.failure_rate_per_gpu_day),
+            straggler=StragglerDetector(settings, get_model_config(built.chunks[0]), log, self.account,
+                                        self.guards.launcher) if watched and torch.distributed.get_world_size() > 1 else None)
         self.last_saved_iteration = self.state.iteration
+        self.window_began_at = (self.state.iteration, self.state.floating_point_operations)
         self.account.lap("logs, profiler")
         self.window_start = time.perf_counter()
         return parts
@@ -335,14 +347,34 @@ class Trainer:
         self.history["train"].append(record)
         report = (state.iteration % settings.logging.log_interval == 0
                   or state.iteration == settings.training.train_iters)
-        parts.log.step(record, time.perf_counter() - self.window_start if report else None, state.skipped_iters,
-                      self.account)
+        elapsed = time.perf_counter() - self.window_start if report else None
+        parts.log.step(record, elapsed, state.skipped_iters, self.account)
+        if report and parts.straggler:
+            began, flops = self.window_began_at
+            self.drained = parts.straggler.interval_end(began + 1, state.iteration, elapsed,
+                                                        state.floating_point_operations - flops)
         if report:
             self.window_start = time.perf_counter()
+            self.window_began_at = (state.iteration, state.floating_point_operations)
+
+    def end_for_straggler(self) -> None:
+        """The straggler's host's part of the job ends (its checkpoint saved): its ranks with an error naming it, so
+        that an elastic torchrun goes on without it; the other ranks stop, naming it, as a fixed-size job ends."""
+        self.account.drained_hosts.append(self.drained)
+        exit_after = self.settings.faults.straggler_exit_intervals
+        if self.drained == self.loop_parts.straggler.host:
+            raise TrainingError(f"this host ({self.drained}) is the straggler, slow for {exit_after} judged windows "
+                                f"in a row (--straggler-exit-intervals): its part of the job ends at iteration "
+                                f"{self.state.iteration}; drain host {self.drained}")
+        logger.info(f"host {self.drained} ended its part of the job as the straggler at iteration "
+                    f"{self.state.iteration}: drain it; an elastic job (--nnodes MIN:MAX) goes on without it from "
+                    f"the checkpoint, a fixed-size one ends here")
 
     def validate(self) -> None:
         built, parts = self.built, self.loop_parts
         self.guards.at(self.state.iteration, "evaluation")
+        if parts.straggler:
+            parts.straggler.pause()
         with self.timed("evaluation"):
             stats = evaluate(built.chunks, parts.valid_iter, built.num_micro, self.settings.evaluation.eval_iters,
                              self.forward_step)
@@ -356,6 +388,8 @@ class Trainer:
         and the data files unchanged; its blocking time in the account, then the save interval chosen again."""
         with self.timed("save"):
             self.write_checkpoint()
+        if self.loop_parts.straggler:  # the interval under way holds the save (and, --async-save, its writing)
+            self.loop_parts.straggler.pause()
         self.last_saved_iteration = self.state.iteration
         self.loop_parts.save_interval.measured(self.account_snapshot(saving=False))
 

@@ -32,8 +32,11 @@ Categories (seconds, each measured where it happens, never inferred from step co
 - other: the rest (logging, the stop agreement, the end of the run).
 
 An --async-save's background write overlaps training: it is kept apart ("async_save_background") and is no part of
-the wall time. The account is saved in each checkpoint (`snapshot`) and continued by a run that resumes from it, so
-goodput is that of the job since its first start, across restarts and requeues.
+the wall time; so is the time a straggler cost ("straggler", `training/resilience/guards/rules.py`): the other ranks'
+wait for it, inside the steps' rows, while it was slow. A straggler's host whose part of the job ended
+(--straggler-exit-intervals) is listed ("drained_hosts"); the exclusion's cost is the restart's, in "failures".
+The account is saved in each checkpoint (`snapshot`) and continued by a run that resumes from it, so goodput is that
+of the job since its first start, across restarts and requeues.
 """
 
 import json
@@ -96,6 +99,8 @@ class GoodputAccount:
         self.rendezvous_s = 0.0  # the job's RENDEZVOUS_PARTS, in start-up
         self.nodes = 1  # this attempt's launchers (torchrun's agents): the goodput model's rendezvous per node
         self.run_ended: Optional[float] = None  # the run's last step, save and table done: the shutdown begins
+        self.straggler_s = 0.0  # the steps' time lost waiting for a straggler (within the steps' rows)
+        self.drained_hosts: List[str] = []  # straggler hosts whose part of the job ended
 
     @classmethod
     def from_launch(cls, environ: Mapping[str, str] = os.environ) -> "GoodputAccount":
@@ -136,6 +141,8 @@ class GoodputAccount:
             self.counts[name] += saved["counts"][name]
         self.async_save_background += saved["seconds"].get("async_save_background", 0.0)
         self.rendezvous_s += saved.get("rendezvous_s", 0.0)
+        self.straggler_s += saved["seconds"].get("straggler", 0.0)
+        self.drained_hosts = saved.get("drained_hosts", []) + self.drained_hosts
         taken_at = saved["taken_at"]
         if saved.get("saving") and saved_until is not None:  # the save the snapshot was taken in
             # Clamped: the hosts' clocks (and the manifest's file system's) may disagree a little.
@@ -178,14 +185,17 @@ class GoodputAccount:
         """The account as a checkpoint keeps it (`saving`: taken by a blocking save, whose own time the resuming
         attempt adds from the checkpoint's files)."""
         return {"job_started": self.job_started, "taken_at": now, "attempts": self.attempts, "saving": saving,
-                "seconds": {**self._with_other(now), "async_save_background": self.async_save_background},
-                "counts": dict(self.counts), "rendezvous_s": self.rendezvous_s, "nodes": self.nodes}
+                "seconds": {**self._with_other(now), "async_save_background": self.async_save_background,
+                            "straggler": self.straggler_s},
+                "counts": dict(self.counts), "rendezvous_s": self.rendezvous_s, "nodes": self.nodes,
+                "drained_hosts": list(self.drained_hosts)}
 
     def scalars(self, now: float) -> List[Tuple[str, float]]:
         """TensorBoard's goodput/ tags: the goodput and each category's seconds so far."""
         return [("goodput/goodput", self.goodput(now))] + \
             [(f"goodput/{name}_s", value) for name, value in self._with_other(now).items()] + \
-            [("goodput/async_save_background_s", self.async_save_background)]
+            [("goodput/async_save_background_s", self.async_save_background),
+             ("goodput/straggler_s", self.straggler_s)]
 
     def table(self, now: float) -> str:
         """The end-of-run table: each category's time, share of the wall time and count."""
@@ -200,6 +210,10 @@ class GoodputAccount:
                   for label, value, count in rows]
         lines.append(f"{'asynchronous save writing (background)':{width}}  {self.async_save_background:12,.1f}  "
                      f"{'':6}  (overlaps training)")
+        if self.straggler_s or self.drained_hosts:
+            lines.append(f"{'waiting for a straggler (within the steps)':{width}}  {self.straggler_s:12,.1f}  "
+                         f"{100 * self.straggler_s / wall if wall > 0 else 0:5.1f}%  "
+                         f"{'drained: ' + ', '.join(self.drained_hosts) if self.drained_hosts else ''}")
         return "\n".join(lines)
 
 

@@ -108,7 +108,8 @@ class TrainingLog:
             if self.options.wandb_project:
                 self.writers.append(WandbWriter(settings))
 
-    def _scalars(self, step: int, values) -> None:
+    def scalars(self, step: int, values) -> None:
+        """Rank 0 writes each (tag, value) whose value is not None at `step`."""
         for name, value in values:
             if value is not None:
                 for writer in self.writers:
@@ -141,8 +142,8 @@ class TrainingLog:
                        ("mem-allocated-bytes", stats["allocated_bytes.all.current"]),
                        ("mem-max-allocated-bytes", stats["allocated_bytes.all.peak"]),
                        ("mem-allocated-count", stats["allocation.all.current"])]
-        self._scalars(record["iteration"], values)
-        self._scalars(record["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
+        self.scalars(record["iteration"], values)
+        self.scalars(record["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
     def _report(self, elapsed: float, skipped_total: int, account: GoodputAccount) -> None:
         options, training, window = self.options, self.settings.training, self.window
@@ -181,12 +182,12 @@ class TrainingLog:
         logger.info(f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}] iteration {it:8d}/{training.train_iters:8d} |"
                     + "".join(f" {field} |" for field in fields))
         if options.log_timers_to_tensorboard:  # as Megatron-LM: both only with this flag
-            self._scalars(it, [("iteration-time", per_step),
+            self.scalars(it, [("iteration-time", per_step),
                                ("throughput", tflops if options.log_throughput else None)])
-        self._scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
+        self.scalars(it, [("train/accuracy", acc), ("perf/tokens_per_s", tokens / per_step),
                            ("perf/tflops_per_gpu", tflops), ("perf/mfu", tflops / self.peak if self.peak else None),
                            ("perf/memory_gib", memory_gib()), ("train/skipped_iters", skipped_total)])
-        self._scalars(it, account.scalars(time.time()))
+        self.scalars(it, account.scalars(time.time()))
 
     def _mfu(self, tflops: float) -> str:
         if not self.peak:
@@ -202,8 +203,8 @@ class TrainingLog:
         values = [("lm loss validation", result["loss"])]
         if self.options.log_validation_ppl_to_tensorboard:
             values.append(("lm loss validation ppl", math.exp(min(20, result["loss"]))))
-        self._scalars(result["iteration"], values + [("validation/accuracy", result["accuracy"])])
-        self._scalars(result["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
+        self.scalars(result["iteration"], values + [("validation/accuracy", result["accuracy"])])
+        self.scalars(result["consumed_samples"], [(f"{name} vs samples", value) for name, value in values])
 
     def close(self) -> None:
         for writer in self.writers:

@@ -23,7 +23,11 @@ object (`guards.py`), which the training loop creates and closes, holds them all
   --distributed-timeout-minutes; `ProgressWatchdog` says in the log, at half that time, which iteration and phase the
   rank waits in, and after --host-check-after-s without progress asks the other hosts to answer (`hosts.py`, the
   protocol) and applies the rules on what it found.
-- `rules.py`, what a check of the hosts decides: a host silent past the bound (cut off from the network, powered off
-  or frozen) ends the attempt with one line naming it, and on the host cut off from the rendezvous, its torchrun with
-  it.
+- `straggler.py`, a rank that stays slow. `StragglerDetector` (the loop holds it: it times the model's gradient
+  reduction) measures each rank's compute time and exchanges it through the store every log interval, bounded in
+  time, for the straggler rule on rank 0.
+- `rules.py`, what the guards decide from what they found: a host silent past the bound (cut off from the network,
+  powered off or frozen) ends the attempt with one line naming it, and on the host cut off from the rendezvous, its
+  torchrun with it (`lost_host`; `thawed`, this host stopped past that bound); a rank that stays slow is named, and
+  on request its host's part of the job ends (`StragglerRule`).
 """
