@@ -3,8 +3,10 @@
 1. preprocessing throughput: preprocess_data with N workers (BERT WordPiece: each distinct
    whitespace-delimited piece encoded once, tokenizer.WordPieceCache; other tokenizers: batched
    encoding in the Rust backend) against Megatron-LM's loop with the same N worker processes: megatron-core's
-   HuggingFaceTokenizer.text_to_ids on one document at a time (Pool.imap, 32 per task), and
-   against a plain backend loop in one process;
+   HuggingFaceTokenizer.text_to_ids on one document at a time (Pool.imap, 32 per task), in interleaved pairs,
+   and against a plain backend loop in one process; on --corpus, or with --preprocess-documents N on a
+   RefinedWeb-like corpus of N documents drawn from it (refinedweb_like_corpus: the sample corpus is too small
+   for a worker's word-piece cache to warm up as it does on a real corpus);
 2. the share of real (non-pad) tokens per batch, packed against padded samples, at one length, and what the
    torch loader gives in one process (tokens/s: the samples read, masked and collated);
 3. the layout builder at scale: packed and padded layouts of --layout-documents synthetic
@@ -19,12 +21,16 @@
 6. a merge of 4 datasets (--merge-documents in all) by megatron-core's IndexedDatasetBuilder.add_index and by ours
    (IndexedWriter), time, peak memory and whether the bytes are the same.
 
-    python tools/benchmark_data.py [--corpus X.parquet] [--tokenizer-model DIR] [--workers 2]
+    python tools/benchmark_data.py [--corpus X.parquet] [--preprocess-documents 100000] [--tokenizer-model DIR]
+        [--workers 2]
         [--layout-documents 20000000] [--blend-prefixes 1000] [--merge-documents 20000000] [--scratch DIR]
 """
 
+import collections
 import dataclasses
+import functools
 import os
+import re
 import sys
 import tempfile
 import time
@@ -77,6 +83,70 @@ def megatron_lm_loop(texts, model, workers):
         start = time.perf_counter()
         tokens = sum(pool.imap(_megatron_encode, texts, 32))
         return tokens, time.perf_counter() - start
+
+
+@functools.lru_cache(maxsize=None)
+def _sentence_source(source, tokenizer_model):
+    """What refinedweb_like_corpus draws from `source` (once per process): its sentences as lists of pieces, its
+    pieces seen once, Heaps' law fitted on it (log K and beta) and its pieces per token."""
+    import numpy
+    import pyarrow.parquet as pq
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    texts = pq.read_table(source, columns=["content"]).column("content").to_pylist()
+    sentences = [s.split() for text in texts for s in re.split(r"(?<=[.!?])\s+", text)]
+    # Heaps' law on the source, its documents in random order: log(distinct) against log(pieces seen).
+    stream = [p for i in numpy.random.default_rng(0).permutation(len(texts)) for p in texts[i].split()]
+    seen = set()
+    distinct = numpy.cumsum(numpy.fromiter((p not in seen and not seen.add(p) for p in stream), bool, len(stream)))
+    seen_at = numpy.geomspace(len(stream) / 100, len(stream), 20).astype(numpy.int64)
+    beta, log_k = numpy.polyfit(numpy.log(seen_at), numpy.log(distinct[seen_at - 1]), 1)
+    rare = [p for p, c in collections.Counter(stream).items() if c == 1]
+    tokens = sum(map(len, build_tokenizer("HuggingFaceTokenizer", tokenizer_model).tokenize_documents(texts)))
+    return [s for s in sentences if s], rare, log_k, beta, len(stream) / tokens
+
+
+def refinedweb_like_corpus(path, documents, seed=0, source=SAMPLE_CORPUS, tokenizer_model=SAMPLE_TOKENIZER):
+    """Write (once: an existing `path` is reused; written atomically) a JSONL file of `documents` records
+    ({"content": text}) drawn from the `source` corpus, for timing preprocessing at a scale where a worker's
+    WordPieceCache is as warm as on a real corpus, and return `path`.
+
+    What it keeps of real text: the source's sentences (whole, in their own word order, drawn at random with
+    replacement, so every piece keeps its spelling, punctuation and frequency), document lengths like RefinedWeb's
+    (lognormal in tokens, mean about 650, as the layout benchmark's), and the vocabulary's long tail: distinct
+    pieces keep growing with the corpus by Heaps' law fitted on the source (distinct pieces = K n^beta after n
+    pieces), the ones the source runs out of made new by splicing a prefix of one of its once-seen pieces (rare
+    words, numbers, names, code) to the suffix of another. Repeating whole documents instead would let the
+    cache meet nothing new after the first pass and flatter it. What it does not keep: the order of sentences
+    within a document (no topic), the source's whitespace (pieces are joined by single spaces: the same tokens
+    for BERT WordPiece), and any vocabulary the source lacks (a web crawl's languages, URLs, boilerplate):
+    extrapolating the source's Heaps exponent to a crawl is the assumption."""
+    import json
+    import numpy
+    from megatron_neobert.atomic_write import atomic_file
+    if os.path.exists(path):
+        return path
+    sentences, rare, log_k, beta, pieces_per_token = _sentence_source(source, tokenizer_model)
+    rng = numpy.random.default_rng(seed)
+    pieces_per_doc = numpy.maximum(1, rng.lognormal(6.0, 1.0, documents) * pieces_per_token).astype(numpy.int64)
+    seen, total = set(), 0
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        for target in pieces_per_doc:  # generation, not timed: a loop per document is fine here
+            doc = []
+            while len(doc) < target:
+                doc += sentences[rng.integers(len(sentences))]
+            del doc[target:]
+            total += len(doc)
+            seen.update(doc)
+            missing = min(int(numpy.exp(log_k) * total ** beta) - len(seen), len(doc))
+            for at in rng.choice(len(doc), missing, replace=False) if missing > 0 else ():
+                piece = doc[at]
+                while piece in seen:
+                    a, b = rare[rng.integers(len(rare))], rare[rng.integers(len(rare))]
+                    piece = a[:rng.integers(1, len(a) + 1)] + b[rng.integers(len(b)):]
+                doc[at] = piece
+                seen.add(piece)
+            f.write(json.dumps({"content": " ".join(doc)}) + "\n")
+    return path
 
 
 # This process's own peak for the scripts below: ru_maxrss carries the parent's resident size over fork and exec.
@@ -272,6 +342,8 @@ class DataBenchmarkFlags:
     blend_prefixes: int = setting(1000, "corpora in the --data-args-path blend whose start is timed (0: skip it)")
     merge_documents: int = setting(20_000_000, "documents in the merge timed against megatron-core's builder (0: "
                                                "skip it)")
+    preprocess_documents: int = setting(0, "time section 1 on a RefinedWeb-like corpus of N documents drawn from "
+                                           "--corpus (built once, kept in --scratch; 0: --corpus itself)")
     scratch: Optional[str] = setting(None, "folder for the synthetic corpora (sparse files; the default is a "
                                            "temporary folder)")
 
@@ -286,31 +358,47 @@ def main(argv=None):
     from megatron_neobert.data.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    texts = pq.read_table(args.corpus, columns=["content"]).column("content").to_pylist()
-    plain_seconds = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        plain_tokens = sum(len(tokenizer.tokenize(text)) for text in texts)
-        plain_seconds = min(plain_seconds, time.perf_counter() - start)
+    with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
+        corpus = args.corpus
+        if args.preprocess_documents:
+            import json
+            # Kept in --scratch across runs (the corpus takes longer to build than to time); a temporary one else.
+            name = f"refinedweb_like_{args.preprocess_documents}_{os.path.basename(args.corpus)}.jsonl"
+            corpus = refinedweb_like_corpus(os.path.join(args.scratch or tmp, name), args.preprocess_documents,
+                                            source=args.corpus, tokenizer_model=args.tokenizer_model)
+            with open(corpus, encoding="utf-8") as f:
+                texts = [json.loads(line)["content"] for line in f]
+        else:
+            texts = pq.read_table(corpus, columns=["content"]).column("content").to_pylist()
+        plain_seconds = float("inf")
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            plain_tokens = sum(len(tokenizer.tokenize(text)) for text in texts)
+            plain_seconds = min(plain_seconds, time.perf_counter() - start)
 
-    megatron_seconds = float("inf")
-    for _ in range(args.repeats):
-        megatron_tokens, seconds = megatron_lm_loop(texts, args.tokenizer_model, args.workers)
-        megatron_seconds = min(megatron_seconds, seconds)
-    assert megatron_tokens == plain_tokens, (megatron_tokens, plain_tokens)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [preprocess_data([args.corpus], os.path.join(tmp, "bench"), progress=False,
-                                json_keys=["content"], tokenizer_type=args.tokenizer_type,
-                                tokenizer_model=args.tokenizer_model, workers=args.workers)
-                for _ in range(args.repeats)]
+        # Interleaved pairs, Megatron-LM's first in one and ours first in the next, so that a change of load on
+        # shared cores falls on both; each pair's ratio and load average are printed.
+        megatron_seconds, runs, pairs = float("inf"), [], []
+        for repeat in range(args.repeats):
+            pair = {}
+            for tool in ("megatron", "ours") if repeat % 2 == 0 else ("ours", "megatron"):
+                if tool == "megatron":
+                    megatron_tokens, pair[tool] = megatron_lm_loop(texts, args.tokenizer_model, args.workers)
+                    assert megatron_tokens == plain_tokens, (megatron_tokens, plain_tokens)
+                else:
+                    runs.append(preprocess_data([corpus], os.path.join(tmp, "bench"), progress=False,
+                                                json_keys=["content"], tokenizer_type=args.tokenizer_type,
+                                                tokenizer_model=args.tokenizer_model, workers=args.workers))
+                    assert runs[-1].tokens == plain_tokens, (runs[-1].tokens, plain_tokens)
+                    pair[tool] = runs[-1].seconds
+            megatron_seconds = min(megatron_seconds, pair["megatron"])
+            pairs.append((pair["megatron"] / pair["ours"], os.getloadavg()[0]))
         stats = min(runs, key=lambda r: r.seconds)
-        assert stats.tokens == plain_tokens, (stats.tokens, plain_tokens)
         prefix = stats.outputs["content"]
         packed = real_token_share(prefix, tokenizer, args.seq_length, True, args.micro_batch_size)
         padded = real_token_share(prefix, tokenizer, args.seq_length, False, args.micro_batch_size)
 
-    print(f"\ncorpus: {args.corpus} ({len(texts):,} documents, {plain_tokens:,} tokens); "
+    print(f"\ncorpus: {corpus} ({len(texts):,} documents, {plain_tokens:,} tokens); "
           f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}; "
           f"best of {args.repeats}")
     print("\n1. preprocessing throughput (same tokenizer, same tokens)")
@@ -324,6 +412,8 @@ def main(argv=None):
           f"tokens/s  ({stats.seconds:.2f} s, reading + tokenizing + writing .bin/.idx)")
     print(f"   speed-up: {stats.tokens_per_second / megatron_rate:.2f}x Megatron-LM's loop, "
           f"{stats.tokens_per_second / (plain_tokens / plain_seconds):.2f}x the plain loop")
+    print("   pairs (Megatron-LM's seconds / ours, load average): "
+          + ", ".join(f"{ratio:.2f}x ({load:.1f})" for ratio, load in pairs))
     per_worker = stats.tokens_per_second / args.workers
     print(f"   RefinedWeb's 600B tokens at {per_worker:,.0f} tokens/s per worker: "
           f"{600e9 / per_worker / 3600:,.0f} worker-hours ({600e9 / megatron_rate * args.workers / 3600:,.0f} "

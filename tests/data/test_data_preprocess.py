@@ -420,3 +420,27 @@ def test_the_data_benchmark_runs_its_parts_on_the_same_tokens(corpus_slice, caps
     assert re.search(r"^5\. a --data-args-path blend of 3 corpora .*: first build \d+\.\d s, start with the caches "
                      r"\d+\.\d s", out, re.M), out
     assert re.search(r"^6\. a merge of 4 datasets, 4,000 documents .*\n.*faster, the same bytes$", out, re.M), out
+
+
+def test_the_benchmark_s_refinedweb_like_corpus(corpus_slice, tmp_path):
+    """The corpus that times preprocessing at scale, drawn from a slice of the sample corpus: as many documents as
+    asked, the same bytes for a seed and others for another, lengths near RefinedWeb's mean (lognormal(6, 1): 665
+    tokens), no document repeated, and distinct pieces growing by the source's Heaps' law past all the source's own
+    (the long tail that the word-piece cache meets on a real corpus; reusing the source's pieces would flatter it)."""
+    from megatron_neobert.data.tokenizer import build_tokenizer
+    from tools.benchmark_data import _sentence_source, refinedweb_like_corpus
+    lines = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        path = refinedweb_like_corpus(str(tmp_path / f"{name}.jsonl"), 1000, seed=seed, source=corpus_slice[0])
+        with open(path) as f:
+            lines[name] = f.read().splitlines()
+    assert len(lines["a"]) == 1000 and lines["a"] == lines["b"] and lines["a"] != lines["c"]
+    texts = [json.loads(line)["content"] for line in lines["a"]]
+    assert len(set(texts)) == len(texts)
+    tokens = build_tokenizer("HuggingFaceTokenizer", SAMPLE_TOKENIZER).tokenize_documents(texts)
+    assert 0.85 < numpy.mean([len(t) for t in tokens]) / numpy.exp(6.5) < 1.15
+    pieces = [p for text in texts for p in text.split()]
+    source = {p for text in corpus_slice[1] for p in text.split()}
+    _, _, log_k, beta, _ = _sentence_source(corpus_slice[0], SAMPLE_TOKENIZER)
+    assert len(set(pieces)) > 2 * len(source)
+    assert 0.95 < len(set(pieces)) / (numpy.exp(log_k) * len(pieces) ** beta) < 1.05
