@@ -790,7 +790,9 @@ def test_a_lost_node_continues_on_the_rest(data, tmp_path, job_factory):
     wait_for_port(port)  # the first agent holds the rendezvous (and, started first, is node 0): it must stay
     lost = job_factory([*train, "--save", root, "--load", root], "--max-restarts", "2", launcher=launcher)
     survivor.wait_for(r"layout: 2 ranks")
-    survivor.wait_for(r"iteration +7/")  # past the checkpoint of iteration 5
+    # Past the checkpoint of iteration 5, and well before the one of 15: the lost rank ends as its agent does, the
+    # survivor steps on until its next collective meets the broken connection (a step or two here).
+    survivor.wait_for(r"iteration +6/")
     slowdown = survivor.slowdown()
     os.kill(lost.proc.pid, signal.SIGKILL)
     fault = time.monotonic()
@@ -798,7 +800,7 @@ def test_a_lost_node_continues_on_the_rest(data, tmp_path, job_factory):
     restarted = survivor.time_of(RESTARTED)
     assert survivor.proc.wait(timeout=600) == 0, survivor.output[-3000:]
     lost.wait_until_gone(30 * slowdown)
-    print(f"kill -9 of the second agent after iteration 7: resumed at iteration {resumed} on 1 rank, "
+    print(f"kill -9 of the second agent after iteration 6: resumed at iteration {resumed} on 1 rank, "
           f"{redone} steps redone, {lost_s:.1f} s lost (trainer), first step {to_first_step:.1f} s after the kill "
           f"(slowdown {slowdown:.1f})")
     # The other node's heartbeats stop, the rendezvous waits for it 10 s: then a start on the survivor.

@@ -204,7 +204,7 @@ from megatron_neobert.training.resilience.guards.straggler import StragglerDetec
 def rank(port):
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     os.environ["TORCHELASTIC_RUN_ID"] = "a-run"
-    watch = LauncherWatch(poll_s=3600)  # the watch's thread would look too late: the store's failure must end it
+    watch = LauncherWatch(thread=False)  # no watching thread: the store's failure must end it
     launcher = os.getppid()
     torch.distributed.init_process_group("gloo", rank=0, world_size=1,
                                          store=torch.distributed.TCPStore("127.0.0.1", port, is_master=False))

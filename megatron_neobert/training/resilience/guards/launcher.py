@@ -3,6 +3,7 @@ where torchrun's failure summary shows it (`tell_the_launcher`)."""
 
 import logging
 import os
+import select
 import threading
 import time
 from typing import Optional
@@ -16,40 +17,54 @@ logger = logging.getLogger(__name__)
 class LauncherWatch:
     """Under torchrun (TORCHELASTIC_RUN_ID set), a thread that ends the rank when its parent torchrun is gone.
 
-    It compares the parent pid with the one at start: the main thread may be blocked in a collective, or in the
-    rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the process group. Outside
-    torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None."""
+    The thread waits on a pidfd of the parent, so the rank ends as the parent does (a rank that kept stepping for
+    a poll interval would carry its peers past a checkpoint they then resume from); without pidfds (Linux < 5.3)
+    it compares the parent pid with the one at start every `poll_s`. The main thread may be blocked in a
+    collective, or in the rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the
+    process group. Outside torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None;
+    `thread=False` leaves the check to `exit_if_gone`."""
 
-    def __init__(self, poll_s: float = 1.0):
+    def __init__(self, poll_s: float = 1.0, thread: bool = True):
         self.pid: Optional[int] = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         self._stop = threading.Event()
-        if self.pid is not None:
+        if self.pid is not None and thread:
             threading.Thread(target=self._watch, args=(poll_s,), name="launcher-watch", daemon=True).start()
 
     def _watch(self, poll_s: float) -> None:
-        while not self._stop.wait(poll_s):
-            self._exit_if_reparented()
+        try:
+            parent = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfds, or the parent already gone (the check below ends the rank)
+            parent = None
+        self._exit_if_reparented()  # the pidfd is the parent's only while the parent is still this process's
+        while not self._stop.is_set():
+            if parent is None:
+                self._stop.wait(poll_s)
+            else:
+                select.select([parent], [], [], poll_s)  # readable as the parent exits
+            if not self._stop.is_set():
+                self._exit_if_reparented(wait_s=2.0 if parent is not None else 0.0)
 
     def close(self) -> None:
         self._stop.set()
 
     def exit_if_gone(self, wait_s: float = 2.0) -> None:
         """After a failure to reach torchrun's store: end the rank as the watch would, when torchrun is gone (a rank
-        that writes to the store every step meets the broken pipe before the watch's next look). The pipe breaks as
-        torchrun's files close, a moment before the kernel hands its children to another parent: waits up to `wait_s`
-        for that. Returns when torchrun is still there (the failure is another one)."""
-        if self.pid is None:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            self._exit_if_reparented()
-            time.sleep(0.05)
+        that writes to the store every step meets the broken pipe before the watch's next look). Returns when
+        torchrun is still there (the failure is another one)."""
+        if self.pid is not None:
+            self._exit_if_reparented(wait_s)
 
-    def _exit_if_reparented(self) -> None:
-        if os.getppid() != self.pid:
-            logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {self.pid}) is gone; exiting "
-                           f"without saving (the latest complete checkpoint stays the one to resume from)")
-            exit_now(1)
+    def _exit_if_reparented(self, wait_s: float = 0.0) -> None:
+        """The pipe breaks, and the pidfd turns readable, as torchrun's files close, a moment before the kernel
+        hands its children to another parent: waits up to `wait_s` for that."""
+        deadline = time.monotonic() + wait_s
+        while os.getppid() == self.pid:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+        logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {self.pid}) is gone; exiting "
+                       f"without saving (the latest complete checkpoint stays the one to resume from)")
+        exit_now(1)
 
 
 def tell_the_launcher(line: str) -> None:

@@ -1,0 +1,34 @@
+"""The launcher watch (`training/resilience/guards/launcher.py`): a rank whose torchrun is killed ends as torchrun
+does, with its line, not a poll interval later (its peers would step on past a checkpoint meanwhile)."""
+
+import subprocess
+import sys
+
+TORCHRUN_KILLED = """
+import logging, multiprocessing, os, signal, sys, time
+
+def rank():
+    from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    os.environ["TORCHELASTIC_RUN_ID"] = "a-run"
+    LauncherWatch(poll_s=3600)  # a poll would look an hour later: only the wait on torchrun's exit can end the rank
+    print("watching", flush=True)
+    time.sleep(600)
+    print("slept", flush=True)
+
+# torchrun, its rank its child: killed once the rank watches
+multiprocessing.get_context("fork").Process(target=rank).start()
+assert sys.stdin.readline() == "kill\\n"
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_kill_9_of_torchrun_ends_its_rank_at_once_with_the_watchs_line():
+    torchrun = subprocess.Popen([sys.executable, "-c", TORCHRUN_KILLED], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert torchrun.stdout.readline() == "watching\n"
+    # until the rank, which shares torchrun's output, is gone too; a rank left sleeping fails the test here
+    output, _ = torchrun.communicate("kill\n", timeout=60)
+    assert torchrun.returncode == -9
+    assert f"rank ?: torchrun (pid {torchrun.pid}) is gone; exiting without saving" in output, output
+    assert "slept" not in output, output
