@@ -22,7 +22,7 @@ SUMMARY_ENV = "GPU_TESTS_SUMMARY"
 # numerics, then FP8 running and training, then the local spec's packed kernels (their FlexAttention compile is then
 # reused by the sync test's FlexAttention case), the sync check and its positive control, the trainer end to end.
 ORDER = ("test_te_spec.py", "test_fp8_step.py", "test_attention_kernels.py", "test_sync_free_step.py",
-         "test_quickstart_gpu.py", "test_trainer_options_gpu.py", "test_async_save_gpu.py")
+         "test_quickstart_gpu.py", "test_trainer_options_gpu.py", "test_async_save_gpu.py", "test_straggler_gpu.py")
 
 
 def required_kernels():

@@ -87,6 +87,7 @@ class StragglerDetector:
         self.store = torch.distributed.PrefixStore("straggler", torch.distributed.distributed_c10d._get_default_store())
         self.report_on = settings.logging.log_straggler and not settings.logging.disable_straggler_on_startup
         self.waited, self.judged = 0.0, False  # the first interval (start-up) is not judged
+        self.device_waits: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []  # this interval's, on a GPU
         self.keys: List[str] = []  # this rank's keys still in the store
         self.interval: Optional[Interval] = None  # rank 0: the interval whose times the next one reads
         self.rule = StragglerRule(self.faults.straggler_threshold, self.faults.straggler_intervals,
@@ -95,14 +96,26 @@ class StragglerDetector:
         config.finalize_model_grads_func = lambda *args, **kwargs: self._timed_wait(reduce, *args, **kwargs)
 
     def _timed_wait(self, reduce, *args, **kwargs):
-        if torch.cuda.is_available():  # the wait is the device's: its work queued so far is this rank's compute
-            torch.cuda.synchronize()
-        began = time.perf_counter()
+        if not torch.cuda.is_available():
+            began = time.perf_counter()
+            result = reduce(*args, **kwargs)
+            self.waited += time.perf_counter() - began
+            return result
+        # The wait is the device's (its work queued so far is this rank's compute): timed by events on the stream,
+        # read at the interval's end, so that the step is not synchronised (a synchronisation after the reduction
+        # would leave the device idle while the optimizer's kernels are launched).
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
         result = reduce(*args, **kwargs)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.waited += time.perf_counter() - began
+        after.record()
+        self.device_waits.append((before, after))
         return result
+
+    def _waited_s(self) -> float:
+        """This interval's wait in the gradient reductions, in seconds."""
+        if self.device_waits:
+            self.device_waits[-1][1].synchronize()  # the last reduction done: every earlier one is, on one stream
+        return self.waited + sum(before.elapsed_time(after) for before, after in self.device_waits) / 1000
 
     def pause(self) -> None:
         """A save or a validation in this interval: it is not judged."""
@@ -116,7 +129,7 @@ class StragglerDetector:
         with self._torchruns_store():
             drain = self._drain_decided(last)
             key = f"{last}/{self.rank}"
-            self.store.set(key, json.dumps([(elapsed - self.waited) / steps, self.judged, self.host]))
+            self.store.set(key, json.dumps([(elapsed - self._waited_s()) / steps, self.judged, self.host]))
             self.keys.append(key)
             if len(self.keys) > 2:  # rank 0 has read it: an interval ago
                 self.store.delete_key(self.keys.pop(0))
@@ -124,7 +137,7 @@ class StragglerDetector:
                 if self.interval is not None:
                     self._judge(self.interval, last)
                 self.interval = Interval(first, last, elapsed / steps, flops / steps / self.world)
-        self.waited, self.judged = 0.0, True
+        self.waited, self.judged, self.device_waits = 0.0, True, []
         return drain
 
     @contextlib.contextmanager
