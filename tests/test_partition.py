@@ -2,6 +2,9 @@
 10.213.0.1, host-b 10.213.0.2, each with its own host name), their links on a bridge in a third; one torchrun agent
 per host, one gloo rank each, c10d rendezvous on host-a, the tiny model. A link is cut by taking host-b's port off the
 bridge: its packets vanish, both hosts stay up, nothing is killed (tc netem and iptables are not available here).
+A host is frozen by SIGSTOPping every process in its namespace (its kernel still accepts connections, nothing
+answers), and thawed by SIGCONT: under --nnodes 1:2 host-b, under a fixed --nnodes 2 either host (the store's, or the
+other).
 
 The rehearsal runs with short timeouts (--host-check-after-s 5, rendezvous timeouts in seconds) so that it fits CI;
 docs/training.md states what the bounds become with the examples' defaults. Every namespace and process a test makes
@@ -299,41 +302,53 @@ def test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound(fault, hos
     assert a.logged_losses(after=restarted) == logged(reference, resumed)
 
 
-def test_a_frozen_rendezvous_host_ends_the_other_within_the_bound_and_thawed_writes_nothing(hosts, data, tmp_path):
-    """--nnodes 2, host-a frozen (every process SIGSTOPped): its torchrun holds the rendezvous store, its rank is rank
-    0. host-b's rank finds the store silent though host-a's kernel accepts the connection, names it and ends its
-    torchrun, which would wait on the frozen store: host-b is empty within a cut link's bound. Thawed once stopped past
-    the others' wait, host-a's rank ends at once with its torchrun, and writes nothing: the save folder (checkpoints,
-    marker, goodput account, the --save lock) and the TensorBoard folder are as host-b left them, to the byte."""
+@pytest.mark.parametrize("frozen", ["a", "b"], ids=["the store's host", "the other host"])
+def test_a_frozen_host_under_a_fixed_size_ends_the_job_within_the_bound_and_thawed_writes_nothing(frozen, hosts, data,
+                                                                                                  tmp_path):
+    """--nnodes 2, every process of one host frozen (SIGSTOPped); the other host's ranks find it silent though its
+    kernel accepts their connections, and name it. a: host-a, whose torchrun holds the rendezvous store and whose
+    rank is rank 0: host-b's rank ends its torchrun, which would wait on the frozen store, so host-b is empty within a
+    cut link's bound. b: host-b, the other host: host-a's rank ends the attempt, and its torchrun, after a round that
+    waits JOIN_S for host-b, fails. Thawed once stopped past the others' wait (and the other host empty), the frozen
+    host's rank ends at once with its torchrun, and writes nothing: the save folder (checkpoints, marker, goodput
+    account, the --save lock) and the TensorBoard folder are as the other host left them, to the byte."""
+    other = "b" if frozen == "a" else "a"
     root, board = str(tmp_path / "ckpt"), str(tmp_path / "tensorboard")
-    a, b = hosts.start(argv(data, *TRAIN, "--save", root, "--load", root, "--tensorboard-dir", board), "2")
-    a.wait_for(r"iteration +7/")
-    slowdown = a.slowdown()
-    hosts.signal("a", signal.SIGSTOP)
-    frozen = time.monotonic()
+    jobs = dict(zip("ab", hosts.start(argv(data, *TRAIN, "--save", root, "--load", root, "--tensorboard-dir", board),
+                                      "2")))
+    jobs["a"].wait_for(r"iteration +7/")
+    slowdown = jobs["a"].slowdown()
+    hosts.signal(frozen, signal.SIGSTOP)
+    stopped = time.monotonic()
     detect = CHECK_S + ANSWER_S + 5 * slowdown
-    b_noticed, b_line = first_line(b, r"^error: ", frozen, detect)
-    assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) stopped answering at "
-                    rf"iteration \d+ .*; the job cannot go on without its store: ending this attempt and torchrun "
-                    rf"\(pid {b.proc.pid}\)", b_line), b_line
-    assert b.proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
-    hosts.wait_until_empty("b", 5 * slowdown)
-    b_ended = time.monotonic() - frozen
-    assert b_ended < detect + 5 * slowdown
+    noticed, line = first_line(jobs[other], r"^error: ", stopped, detect)
+    if frozen == "a":
+        assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) stopped answering "
+                        rf"at iteration \d+ .*; the job cannot go on without its store: ending this attempt and "
+                        rf"torchrun \(pid {jobs['b'].proc.pid}\)", line), line
+        assert jobs["b"].proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
+        bound = detect + 5 * slowdown
+    else:  # the rendezvous goes on on host-a: its torchrun restarts the rank, waits JOIN_S for host-b, and fails
+        assert re.match(lost_host_line("b"), line), line
+        assert jobs["a"].proc.wait(timeout=noticed + JOIN_S + 10 * slowdown) != 0
+        bound = detect + JOIN_S + 15 * slowdown
+    hosts.wait_until_empty(other, 5 * slowdown)  # its rank's data workers and checkpoint writers too
+    ended = time.monotonic() - stopped
+    assert ended < bound
     before = written(root, board)
-    time.sleep(max(0.0, frozen + THAW_AFTER_S - time.monotonic()))
-    hosts.signal("a", signal.SIGCONT)
+    time.sleep(max(0.0, stopped + THAW_AFTER_S - time.monotonic()))
+    hosts.signal(frozen, signal.SIGCONT)
     thawed = time.monotonic()
-    a_noticed, a_line = first_line(a, THAWED, thawed, 60)
-    assert a_line.startswith("error: rank 0: ") and a_line.endswith(f"ending this attempt and torchrun (pid "
-                                                                    f"{a.proc.pid}) without writing anything (start "
-                                                                    f"it again to rejoin the job)"), a_line
-    hosts.wait_until_empty("a", 60)
-    a_ended = time.monotonic() - thawed
-    print(f"host-a (the store's) frozen after iteration 7 (slowdown {slowdown:.1f}): host-b noticed at "
-          f"+{b_noticed:.1f} s ({b_line!r}), every process of it ended by +{b_ended:.1f} s; host-a thawed at "
-          f"+{thawed - frozen:.1f} s: {a_line!r} at +{a_noticed:.1f} s after the thaw, every process ended by "
-          f"+{a_ended:.1f} s")
+    thawed_s, thawed_line = first_line(jobs[frozen], THAWED, thawed, 60)
+    assert thawed_line.startswith(f"error: rank {'ab'.index(frozen)}: ") and thawed_line.endswith(
+        f"ending this attempt and torchrun (pid {jobs[frozen].proc.pid}) without writing anything (start it again to "
+        f"rejoin the job)"), thawed_line
+    hosts.wait_until_empty(frozen, 60)
+    frozen_ended = time.monotonic() - thawed
+    print(f"host-{frozen} ({'the store' if frozen == 'a' else 'not the store'}'s host) frozen under --nnodes 2 after "
+          f"iteration 7 (slowdown {slowdown:.1f}): host-{other} noticed at +{noticed:.1f} s ({line!r}), every "
+          f"process of it ended by +{ended:.1f} s; host-{frozen} thawed at +{thawed - stopped:.1f} s: "
+          f"{thawed_line!r} at +{thawed_s:.1f} s after the thaw, every process ended by +{frozen_ended:.1f} s")
     assert before and written(root, board) == before
 
 
