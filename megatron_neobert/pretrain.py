@@ -15,7 +15,7 @@ import traceback
 from typing import List, Optional
 
 from megatron_neobert.cli import logging_kept
-from megatron_neobert.errors import TrainingError
+from megatron_neobert.errors import HostError, TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
 
@@ -58,6 +58,10 @@ def main(argv: Optional[List[str]] = None, launcher=None) -> int:
     try:
         with cpu_execution():
             history = train(settings, account=account, launcher=launcher)
+    except HostError as err:  # raised on one host's ranks: each says it
+        kill_children()
+        _report_rank_error(err)
+        return 1
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)
@@ -101,6 +105,8 @@ def error_line(err: BaseException) -> str:
     """What went wrong, in one line: an error a DataLoader worker raised comes back as "Caught X in
     DataLoader worker process N" followed by the worker's traceback, whose last line says it."""
     lines = str(err).strip().splitlines()
+    if isinstance(err, HostError):
+        return lines[0]
     if len(lines) > 1 and lines[1].startswith("Original Traceback"):
         return lines[-1]
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
