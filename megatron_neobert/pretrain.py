@@ -84,7 +84,7 @@ def _report(err: Exception) -> int:
     if rank == 0:
         from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        _say(f"error: {err}")
         tell_the_launcher(f"error: {err}")
     else:
         # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
@@ -93,11 +93,18 @@ def _report(err: Exception) -> int:
     return 1
 
 
+def _say(line: str) -> None:
+    """`line` on stderr in one write, its newline included: print's two writes let another process's output on the
+    same pipe (torchrun's, a C++ warning) come between the line and its end."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _report_rank_error(err: BaseException) -> None:
     from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
     line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
-    print(line, file=sys.stderr, flush=True)
+    _say(line)
     tell_the_launcher(line)
 
 
