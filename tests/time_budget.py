@@ -42,12 +42,12 @@ SLOW = {
         Slow(68, "three torchrun jobs (a run, its requeue, an in-job restart) timed from outside"),
     "test_watch.py::test_watch_a_run_while_it_trains_then_restart_prune_and_compare":
         Slow(65, "a trainer and the watcher beside it, each checkpoint converted and scored as it lands"),
-    "test_bounds.py::test_memory_records_and_threads_stay_flat_over_2000_steps":
-        Slow(64, "2,000 steps on 2 ranks: the memory's growth per 1,000 steps, past the history's 1,000"),
     ("test_partition.py::test_a_frozen_host_under_a_fixed_size_ends_the_job_within_the_bound_and_thawed_writes_"
      "nothing"):
-        Slow(64, "two hosts' torchruns, the host check, a stop past the others' wait (host-b's: the rendezvous' 30 s "
+        Slow(65, "two hosts' torchruns, the host check, a stop past the others' wait (host-b's: the rendezvous' 30 s "
                  "round), the thaw"),
+    "test_bounds.py::test_memory_records_and_threads_stay_flat_over_2000_steps":
+        Slow(64, "2,000 steps on 2 ranks: the memory's growth per 1,000 steps, past the history's 1,000"),
     "data/test_data_preprocess.py::test_the_data_benchmark_runs_its_parts_on_the_same_tokens":
         Slow(58, "tools/benchmark_data.py end to end, each build in a fresh process"),
     "test_partition.py::test_a_link_restored_before_the_check_lets_the_job_go_on":
