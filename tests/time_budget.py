@@ -58,7 +58,7 @@ SLOW = {
         Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
     ("test_partition.py::test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_"
      "checkpoint"):
-        Slow(52, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
+        Slow(54, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
     "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
         Slow(51, "a torchrun, a rank killed, the restart's rendezvous and start"),
     "test_partition.py::test_slurm_tasks_cut_apart_both_end_within_the_bound_and_the_requeue_resumes_exactly":

@@ -361,14 +361,17 @@ class Trainer:
 
     def end_for_straggler(self) -> None:
         """The straggler's host's part of the job ends (its checkpoint saved): its ranks with an error naming it. Under
-        torchrun they end their torchrun first, which would restart them into the next round, and once every rank
-        knows it (a barrier) the other ranks end the attempt too: their torchrun goes on without the host under
+        torchrun they end their torchrun first, which would restart them into the next round, and once it is gone (a
+        barrier after it) the other ranks end the attempt too: their torchrun goes on without the host under
         --nnodes MIN:MAX (a fixed --nnodes ends the job, its next round waiting join_timeout for the host). Without
         torchrun the other ranks stop, naming it."""
         exit_after = self.settings.faults.straggler_exit_intervals
         here = self.drained == self.loop_parts.straggler.host
         launcher = self.guards.launcher
         if launcher.pid is not None:
+            if here:  # before any rank of the host ends their torchrun, none takes that for torchrun's death
+                launcher.close()
+            torch.distributed.barrier()
             if here:
                 launcher.end_torchrun()
             torch.distributed.barrier()  # no torchrun of the drained host is left to rejoin when the others end
