@@ -6,6 +6,11 @@ class TrainingError(RuntimeError):
     the entry point prints it without a traceback and exits with status 1."""
 
 
+class HostError(TrainingError):
+    """A fault of this host's ranks alone, explained in one line: each rank that raises it says it (`error: rank R:
+    ...`), not rank 0 for all, and exits with status 1."""
+
+
 class InputError(TrainingError, ValueError):
     """Bad input (a flag, a file, a checkpoint of another model), found before training starts. A
     ValueError too, which the tools report in one line as well."""

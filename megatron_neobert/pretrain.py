@@ -15,7 +15,7 @@ import traceback
 from typing import List, Optional
 
 from megatron_neobert.cli import logging_kept
-from megatron_neobert.errors import TrainingError
+from megatron_neobert.errors import HostError, TrainingError
 
 RANK_0_GRACE_S = 30  # seconds
 
@@ -58,6 +58,10 @@ def main(argv: Optional[List[str]] = None, launcher=None) -> int:
     try:
         with cpu_execution():
             history = train(settings, account=account, launcher=launcher)
+    except HostError as err:  # raised on one host's ranks: each says it
+        kill_children()
+        _report_rank_error(err)
+        return 1
     except TrainingError as err:  # raised alike on every rank: rank 0 says it
         kill_children()
         return _report(err)
@@ -80,7 +84,7 @@ def _report(err: Exception) -> int:
     if rank == 0:
         from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        _say(f"error: {err}")
         tell_the_launcher(f"error: {err}")
     else:
         # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
@@ -89,11 +93,18 @@ def _report(err: Exception) -> int:
     return 1
 
 
+def _say(line: str) -> None:
+    """`line` on stderr in one write, its newline included: print's two writes let another process's output on the
+    same pipe (torchrun's, a C++ warning) come between the line and its end."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _report_rank_error(err: BaseException) -> None:
     from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
 
     line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
-    print(line, file=sys.stderr, flush=True)
+    _say(line)
     tell_the_launcher(line)
 
 
@@ -101,6 +112,8 @@ def error_line(err: BaseException) -> str:
     """What went wrong, in one line: an error a DataLoader worker raised comes back as "Caught X in
     DataLoader worker process N" followed by the worker's traceback, whose last line says it."""
     lines = str(err).strip().splitlines()
+    if isinstance(err, HostError):
+        return lines[0]
     if len(lines) > 1 and lines[1].startswith("Original Traceback"):
         return lines[-1]
     return f"{type(err).__name__}: {lines[0] if lines else ''}"

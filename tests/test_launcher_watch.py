@@ -1,5 +1,6 @@
 """The launcher watch (`training/resilience/guards/launcher.py`): a rank whose torchrun is killed ends as torchrun
-does, with its line, not a poll interval later (its peers would step on past a checkpoint meanwhile)."""
+does, with its line, not a poll interval later (its peers would step on past a checkpoint meanwhile); a rank that
+ends its torchrun itself goes on to say why."""
 
 import subprocess
 import sys
@@ -32,3 +33,32 @@ def test_kill_9_of_torchrun_ends_its_rank_at_once_with_the_watchs_line():
     assert torchrun.returncode == -9
     assert f"rank ?: torchrun (pid {torchrun.pid}) is gone; exiting without saving" in output, output
     assert "slept" not in output, output
+
+
+TORCHRUN_ENDED_BY_ITS_RANK = """
+import logging, multiprocessing, os, sys, time
+
+def rank():
+    from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    os.environ["TORCHELASTIC_RUN_ID"] = "a-run"
+    watch = LauncherWatch(poll_s=0.05)  # the watch looks all the time: it must not take the end for torchrun's death
+    time.sleep(0.5)
+    watch.end_torchrun()
+    time.sleep(3)  # past the watch's wait for the kernel to hand the rank to another parent
+    print("said why", flush=True)
+
+# torchrun, its rank its child, which ends it
+multiprocessing.get_context("fork").Process(target=rank).start()
+time.sleep(600)
+"""
+
+
+def test_a_rank_that_ends_its_torchrun_goes_on_to_say_why():
+    """A drained straggler's rank (`LauncherWatch.end_torchrun`): torchrun is SIGKILLed and the rank, no longer
+    watching it, goes on to its line."""
+    torchrun = subprocess.Popen([sys.executable, "-c", TORCHRUN_ENDED_BY_ITS_RANK], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    output, _ = torchrun.communicate(timeout=120)  # until the rank, which shares torchrun's output, is gone too
+    assert torchrun.returncode == -9
+    assert "said why" in output and "is gone" not in output, output

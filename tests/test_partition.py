@@ -2,6 +2,10 @@
 10.213.0.1, host-b 10.213.0.2, each with its own host name), their links on a bridge in a third; one torchrun agent
 per host, one gloo rank each, c10d rendezvous on host-a, the tiny model. A link is cut by taking host-b's port off the
 bridge: its packets vanish, both hosts stay up, nothing is killed (tc netem and iptables are not available here).
+A host is frozen by SIGSTOPping every process in its namespace (its kernel still accepts connections, nothing
+answers), and thawed by SIGCONT: under --nnodes 1:2 host-b, under a fixed --nnodes 2 either host (the store's, or the
+other). A slow host is throttled from a thread of the test that stops every process of host-b 75 ms of each 100 ms:
+the straggler rule names it and, with --straggler-exit-intervals, drains it, the other host going on alone.
 
 The rehearsal runs with short timeouts (--host-check-after-s 5, rendezvous timeouts in seconds) so that it fits CI;
 docs/training.md states what the bounds become with the examples' defaults. Every namespace and process a test makes
@@ -14,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -21,7 +26,7 @@ import pytest
 from megatron_neobert.checkpoint.integrity import MANIFEST
 from megatron_neobert.checkpoint.layout import iteration_dir, read_latest_iteration
 from megatron_neobert.training.resilience.guards.hosts import ANSWER_S
-from megatron_neobert.training.resilience.guards.rules import silent_bound
+from megatron_neobert.training.resilience.guards.rules import MIN_WINDOW_STEPS, silent_bound
 from megatron_neobert.parallel.launch import run_on_ranks
 from pretrain_cases import run_train
 from test_faults import IDLE_S, RESTARTED, Job, argv, logged, losses, restart_cost
@@ -39,6 +44,12 @@ RDZV_CONF = (f"join_timeout={JOIN_S},last_call_timeout={LAST_CALL_S},keep_alive_
              f"read_timeout=60")
 TRAIN = ["--train-iters", "24", "--log-interval", "1", "--save-interval", "5", "--host-check-after-s", str(CHECK_S)]
 THAW_AFTER_S = silent_bound(CHECK_S) + 5  # a frozen host is thawed once stopped past the others' wait, with a margin
+# The slow host: every log interval one of the straggler rule's windows; named after STRAGGLER_INTERVALS slow windows
+# (--straggler-intervals' default) and drained at once (--straggler-exit-intervals as small as allowed).
+STRAGGLER_INTERVALS = 3
+SLOW = ["--train-iters", "64", "--log-interval", str(MIN_WINDOW_STEPS), "--save-interval", "1000",
+        "--host-check-after-s", str(CHECK_S), "--straggler-exit-intervals", str(STRAGGLER_INTERVALS)]
+STOPPED_S, PERIOD_S = 0.075, 0.1  # a throttled host: stopped 75% of each 100 ms, its rank at a quarter of its speed
 THAWED = r"^error: rank \d: this host was stopped for \d+ s, longer than the other hosts wait before going on"
 
 
@@ -180,6 +191,40 @@ def written(*folders: str) -> dict:
     return found
 
 
+class Throttle:
+    """Every process of `host` stopped STOPPED_S of each PERIOD_S from a thread of the test, as a throttled host runs
+    (its processes listed again every second), until `stop`, which lets them all run."""
+
+    def __init__(self, hosts: TwoHosts, host: str):
+        self.hosts, self.host, self._stop = hosts, host, threading.Event()
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="throttle", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        pids, listed = [], 0.0
+        while not self._stop.is_set():
+            if time.monotonic() - listed > 1:
+                pids, listed = self.hosts.pids(self.host), time.monotonic()
+            self._send(pids, signal.SIGSTOP)
+            time.sleep(STOPPED_S)
+            self._send(pids, signal.SIGCONT)
+            self._stop.wait(PERIOD_S - STOPPED_S)
+
+    @staticmethod
+    def _send(pids: list, sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
+        self.hosts.signal(self.host, signal.SIGCONT)
+
+
 def lost_host_line(host: str) -> str:
     # The fault comes after iteration 7 is logged; on busy cores the rank may be in iteration 10's save by then.
     return (rf"^error: rank \d: host host-{host} \({re.escape(ADDRESSES[host])}\) stopped answering at iteration "
@@ -299,42 +344,115 @@ def test_a_lost_host_leaves_the_other_to_go_on_alone_within_the_bound(fault, hos
     assert a.logged_losses(after=restarted) == logged(reference, resumed)
 
 
-def test_a_frozen_rendezvous_host_ends_the_other_within_the_bound_and_thawed_writes_nothing(hosts, data, tmp_path):
-    """--nnodes 2, host-a frozen (every process SIGSTOPped): its torchrun holds the rendezvous store, its rank is rank
-    0. host-b's rank finds the store silent though host-a's kernel accepts the connection, names it and ends its
-    torchrun, which would wait on the frozen store: host-b is empty within a cut link's bound. Thawed once stopped past
-    the others' wait, host-a's rank ends at once with its torchrun, and writes nothing: the save folder (checkpoints,
-    marker, goodput account, the --save lock) and the TensorBoard folder are as host-b left them, to the byte."""
+@pytest.mark.parametrize("frozen", ["a", "b"], ids=["the store's host", "the other host"])
+def test_a_frozen_host_under_a_fixed_size_ends_the_job_within_the_bound_and_thawed_writes_nothing(frozen, hosts, data,
+                                                                                                  tmp_path):
+    """--nnodes 2, every process of one host frozen (SIGSTOPped); the other host's ranks find it silent though its
+    kernel accepts their connections, and name it. a: host-a, whose torchrun holds the rendezvous store and whose
+    rank is rank 0: host-b's rank ends its torchrun, which would wait on the frozen store, so host-b is empty within a
+    cut link's bound. b: host-b, the other host: host-a's rank ends the attempt, and its torchrun, after a round that
+    waits JOIN_S for host-b, fails. Thawed once stopped past the others' wait (and the other host empty), the frozen
+    host's rank ends at once with its torchrun, and writes nothing: the save folder (checkpoints, marker, goodput
+    account, the --save lock) and the TensorBoard folder are as the other host left them, to the byte."""
+    other = "b" if frozen == "a" else "a"
     root, board = str(tmp_path / "ckpt"), str(tmp_path / "tensorboard")
-    a, b = hosts.start(argv(data, *TRAIN, "--save", root, "--load", root, "--tensorboard-dir", board), "2")
-    a.wait_for(r"iteration +7/")
-    slowdown = a.slowdown()
-    hosts.signal("a", signal.SIGSTOP)
-    frozen = time.monotonic()
+    jobs = dict(zip("ab", hosts.start(argv(data, *TRAIN, "--save", root, "--load", root, "--tensorboard-dir", board),
+                                      "2")))
+    jobs["a"].wait_for(r"iteration +7/")
+    slowdown = jobs["a"].slowdown()
+    hosts.signal(frozen, signal.SIGSTOP)
+    stopped = time.monotonic()
     detect = CHECK_S + ANSWER_S + 5 * slowdown
-    b_noticed, b_line = first_line(b, r"^error: ", frozen, detect)
-    assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) stopped answering at "
-                    rf"iteration \d+ .*; the job cannot go on without its store: ending this attempt and torchrun "
-                    rf"\(pid {b.proc.pid}\)", b_line), b_line
-    assert b.proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
-    hosts.wait_until_empty("b", 5 * slowdown)
-    b_ended = time.monotonic() - frozen
-    assert b_ended < detect + 5 * slowdown
+    noticed, line = first_line(jobs[other], r"^error: ", stopped, detect)
+    if frozen == "a":
+        assert re.match(rf"error: rank 1: the rendezvous host host-a \({re.escape(ADDRESSES['a'])}\) stopped answering "
+                        rf"at iteration \d+ .*; the job cannot go on without its store: ending this attempt and "
+                        rf"torchrun \(pid {jobs['b'].proc.pid}\)", line), line
+        assert jobs["b"].proc.wait(timeout=5 * slowdown) == -signal.SIGKILL
+        bound = detect + 5 * slowdown
+    else:  # the rendezvous goes on on host-a: its torchrun restarts the rank, waits JOIN_S for host-b, and fails
+        assert re.match(lost_host_line("b"), line), line
+        assert jobs["a"].proc.wait(timeout=noticed + JOIN_S + 10 * slowdown) != 0
+        bound = detect + JOIN_S + 15 * slowdown
+    hosts.wait_until_empty(other, 5 * slowdown)  # its rank's data workers and checkpoint writers too
+    ended = time.monotonic() - stopped
+    assert ended < bound
     before = written(root, board)
-    time.sleep(max(0.0, frozen + THAW_AFTER_S - time.monotonic()))
-    hosts.signal("a", signal.SIGCONT)
+    time.sleep(max(0.0, stopped + THAW_AFTER_S - time.monotonic()))
+    hosts.signal(frozen, signal.SIGCONT)
     thawed = time.monotonic()
-    a_noticed, a_line = first_line(a, THAWED, thawed, 60)
-    assert a_line.startswith("error: rank 0: ") and a_line.endswith(f"ending this attempt and torchrun (pid "
-                                                                    f"{a.proc.pid}) without writing anything (start "
-                                                                    f"it again to rejoin the job)"), a_line
-    hosts.wait_until_empty("a", 60)
-    a_ended = time.monotonic() - thawed
-    print(f"host-a (the store's) frozen after iteration 7 (slowdown {slowdown:.1f}): host-b noticed at "
-          f"+{b_noticed:.1f} s ({b_line!r}), every process of it ended by +{b_ended:.1f} s; host-a thawed at "
-          f"+{thawed - frozen:.1f} s: {a_line!r} at +{a_noticed:.1f} s after the thaw, every process ended by "
-          f"+{a_ended:.1f} s")
+    thawed_s, thawed_line = first_line(jobs[frozen], THAWED, thawed, 60)
+    assert thawed_line.startswith(f"error: rank {'ab'.index(frozen)}: ") and thawed_line.endswith(
+        f"ending this attempt and torchrun (pid {jobs[frozen].proc.pid}) without writing anything (start it again to "
+        f"rejoin the job)"), thawed_line
+    hosts.wait_until_empty(frozen, 60)
+    frozen_ended = time.monotonic() - thawed
+    print(f"host-{frozen} ({'the store' if frozen == 'a' else 'not the store'}'s host) frozen under --nnodes 2 after "
+          f"iteration 7 (slowdown {slowdown:.1f}): host-{other} noticed at +{noticed:.1f} s ({line!r}), every "
+          f"process of it ended by +{ended:.1f} s; host-{frozen} thawed at +{thawed - stopped:.1f} s: "
+          f"{thawed_line!r} at +{thawed_s:.1f} s after the thaw, every process ended by +{frozen_ended:.1f} s")
     assert before and written(root, board) == before
+
+
+def test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_checkpoint(hosts, data, tmp_path):
+    """--nnodes 1:2, --log-interval 8 (every interval a window of the straggler rule), --straggler-exit-intervals 3:
+    from iteration 9 every process of host-b is stopped 75% of each 100 ms (a throttled host). host-a's rank 0 names
+    rank 1 on host-b once its third slow window is judged, at the end of the interval after it; every rank learns of
+    the drain at the next interval's end and saves; host-b's rank ends its torchrun (which would restart it into the
+    next round) and its part of the job with the line naming the host to drain; host-a's rank ends the attempt and its
+    torchrun goes on alone from that checkpoint, at world size 1, to the run's end. Neither host's check of the other
+    (--host-check-after-s 5) fires: a throttled host answers. The goodput table names the drained host."""
+    root = str(tmp_path / "ckpt")
+    a, b = hosts.start(argv(data, *SLOW, "--save", root, "--load", root), "1:2")
+    a.wait_for(rf"iteration +{MIN_WINDOW_STEPS}/")  # the start-up interval, not judged, is over
+    throttle = Throttle(hosts, "b")
+    try:
+        assert b.proc.wait(timeout=600) == -signal.SIGKILL, hosts.outputs()  # its rank ended it, then says why
+        hosts.wait_until_empty("b", 30)
+    finally:
+        throttle.stop()
+    b_empty = time.monotonic() - throttle.started
+    b.wait_for(r"(?m)^error: ", timeout=10)  # the reader may still hold the last lines
+    b_ended = b.time_of(r"^error: ", after=throttle.started, timeout=5) - throttle.started
+    warnings = [line.strip() for line in a.lines if re.search(
+        r"warning: straggler: rank 1 on host host-b computes [\d.]+ ms a step, [\d.]+x the median of the other ranks, "
+        r"since iteration \d+: the job's steps take \d+% longer than without it", line)]
+    assert len(warnings) == 1, a.output[-6000:]
+    warning = warnings[0]
+    warned_at = max(int(m.group(1)) for line in a.lines[:[line.strip() for line in a.lines].index(warning)]
+                    for m in [re.search(r"iteration +(\d+)/", line)] if m)
+    since = int(re.search(r"since iteration (\d+)", warning).group(1))
+    drained_at = warned_at + MIN_WINDOW_STEPS
+    b_error = b.first_error()
+    assert b_error == (f"error: rank 1: this host (host-b) is the straggler, slow for {STRAGGLER_INTERVALS} judged "
+                       f"windows in a row (--straggler-exit-intervals): its part of the job ends at iteration "
+                       f"{drained_at}; drain host host-b"), hosts.outputs()
+    # Named at the end of the interval after its third slow window (9-16, 17-24, 25-32: at 40) and drained at the
+    # next (48); a busy machine may start the count again (a later window), never bring it forward: named within 5
+    # intervals of the throttle's start (one restart of the count), drained within 6, before the run's end (64).
+    assert MIN_WINDOW_STEPS < since and warned_at == since - 1 + (STRAGGLER_INTERVALS + 1) * MIN_WINDOW_STEPS
+    assert warned_at <= MIN_WINDOW_STEPS + (STRAGGLER_INTERVALS + 2) * MIN_WINDOW_STEPS, warning
+    assert re.search(rf"^error: host host-b ended its part of the job as the straggler at iteration {drained_at}: "
+                     rf"drain it; ending this attempt", a.output, re.M), a.output[-6000:]
+    restarted = a.wait_for(RESTARTED)  # said at the first step alone (with the start-up line)
+    resumed, redone = int(restarted.group(1)), int(restarted.group(2))
+    first_step = a.time_of(RESTARTED) - throttle.started
+    assert resumed == drained_at and redone == 0
+    assert "world size 2 -> 1: gradient accumulation 2 -> 4" in a.output
+    assert a.proc.wait(timeout=600) == 0, hosts.outputs()
+    assert not [line for line in a.lines + b.lines if re.search(r"stopped answering|this host was stopped|watchdog:",
+                                                                   line)], hosts.outputs()
+    table = a.output[a.output.rindex("where the job's time went"):]  # the end-of-run goodput table
+    straggler_row = next(line for line in table.splitlines() if line.startswith("waiting for a straggler"))
+    waited = re.match(r"waiting for a straggler \(within the steps\) +([\d,.]+) ", straggler_row)
+    assert straggler_row.endswith("drained: host-b") and float(waited.group(1).replace(",", "")) > 0, table
+    assert re.search(r"total \(wall time since the job's first start\) .* 2 attempt\(s\)", table), table
+    failures = next(line for line in table.splitlines() if line.startswith("between attempts"))
+    print(f"host-b throttled (stopped {STOPPED_S * 1000:.0f} of each {PERIOD_S * 1000:.0f} ms) from iteration "
+          f"{MIN_WINDOW_STEPS + 1}: host-a named it at iteration {warned_at} ({warning!r}), slow since "
+          f"{since}; host-b's line at iteration {drained_at}, +{b_ended:.1f} s ({b_error!r}), every process of it "
+          f"ended by +{b_empty:.1f} s; host-a went on alone from iteration {resumed}: first step at +{first_step:.1f} "
+          f"s, its run ended with exit 0. Goodput: {straggler_row.strip()!r}; {failures.strip()!r}")
 
 
 def test_a_link_restored_before_the_check_lets_the_job_go_on(hosts, data, tmp_path):

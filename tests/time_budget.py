@@ -42,10 +42,12 @@ SLOW = {
         Slow(68, "three torchrun jobs (a run, its requeue, an in-job restart) timed from outside"),
     "test_watch.py::test_watch_a_run_while_it_trains_then_restart_prune_and_compare":
         Slow(65, "a trainer and the watcher beside it, each checkpoint converted and scored as it lands"),
+    ("test_partition.py::test_a_frozen_host_under_a_fixed_size_ends_the_job_within_the_bound_and_thawed_writes_"
+     "nothing"):
+        Slow(65, "two hosts' torchruns, the host check, a stop past the others' wait (host-b's: the rendezvous' 30 s "
+                 "round), the thaw"),
     "test_bounds.py::test_memory_records_and_threads_stay_flat_over_2000_steps":
         Slow(64, "2,000 steps on 2 ranks: the memory's growth per 1,000 steps, past the history's 1,000"),
-    "test_partition.py::test_a_frozen_rendezvous_host_ends_the_other_within_the_bound_and_thawed_writes_nothing":
-        Slow(64, "two hosts' torchruns, the host check, a stop past the others' wait, the thaw"),
     "data/test_data_preprocess.py::test_the_data_benchmark_runs_its_parts_on_the_same_tokens":
         Slow(58, "tools/benchmark_data.py end to end, each build in a fresh process"),
     "test_partition.py::test_a_link_restored_before_the_check_lets_the_job_go_on":
@@ -54,6 +56,9 @@ SLOW = {
         Slow(54, "the tools in turn on a CUDA build of torch without a GPU (lane 2)"),
     "test_benchmark_throughput.py::test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown":
         Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
+    ("test_partition.py::test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_"
+     "checkpoint"):
+        Slow(54, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
     "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
         Slow(51, "a torchrun, a rank killed, the restart's rendezvous and start"),
     "test_partition.py::test_slurm_tasks_cut_apart_both_end_within_the_bound_and_the_requeue_resumes_exactly":

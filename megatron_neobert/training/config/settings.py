@@ -301,7 +301,8 @@ class FaultSettings:
     straggler_exit_intervals: Optional[int] = setting(
         None, "end the straggler's host's part of the job once it has been slow this many judged windows in a row "
               "(at least --straggler-intervals): every rank saves (with --save), the host's ranks exit with an "
-              "error line naming the host to drain, the others stop (default: never, the job goes on slowly)")
+              "error line naming the host to drain (ending their torchrun), the others stop (under torchrun they end "
+              "the attempt: --nnodes MIN:MAX goes on without the host) (default: never, the job goes on slowly)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from megatron_neobert.checkpoint.state import (AsyncSaves, holds_training_state,
                                                         megatron_lm_args, read_checkpoint, save_checkpoint)
 from megatron_neobert.training.engine.data_files import DataFiles
 from megatron_neobert.training.engine.data_setup import build_data
-from megatron_neobert.errors import TrainingError
+from megatron_neobert.errors import HostError, TrainingError
 from megatron_neobert.training.engine.evaluate import evaluate
 from megatron_neobert.training.reporting.goodput import GoodputAccount
 from megatron_neobert.training.reporting.metrics import step_flops
@@ -353,22 +353,38 @@ class Trainer:
             began, flops = self.window_began_at
             self.drained = parts.straggler.interval_end(began + 1, state.iteration, elapsed,
                                                         state.floating_point_operations - flops)
+            if self.drained:  # the run stops at this iteration: its checkpoint's account names the host
+                self.account.drained_hosts.append(self.drained)
         if report:
             self.window_start = time.perf_counter()
             self.window_began_at = (state.iteration, state.floating_point_operations)
 
     def end_for_straggler(self) -> None:
-        """The straggler's host's part of the job ends (its checkpoint saved): its ranks with an error naming it, so
-        that an elastic torchrun goes on without it; the other ranks stop, naming it, as a fixed-size job ends."""
-        self.account.drained_hosts.append(self.drained)
+        """The straggler's host's part of the job ends (its checkpoint saved): its ranks with an error naming it. Under
+        torchrun they end their torchrun first, which would restart them into the next round, and once it is gone (a
+        barrier after it) the other ranks end the attempt too: their torchrun goes on without the host under
+        --nnodes MIN:MAX (a fixed --nnodes ends the job, its next round waiting join_timeout for the host). Without
+        torchrun the other ranks stop, naming it."""
         exit_after = self.settings.faults.straggler_exit_intervals
-        if self.drained == self.loop_parts.straggler.host:
-            raise TrainingError(f"this host ({self.drained}) is the straggler, slow for {exit_after} judged windows "
-                                f"in a row (--straggler-exit-intervals): its part of the job ends at iteration "
-                                f"{self.state.iteration}; drain host {self.drained}")
-        logger.info(f"host {self.drained} ended its part of the job as the straggler at iteration "
-                    f"{self.state.iteration}: drain it; an elastic job (--nnodes MIN:MAX) goes on without it from "
-                    f"the checkpoint, a fixed-size one ends here")
+        here = self.drained == self.loop_parts.straggler.host
+        launcher = self.guards.launcher
+        if launcher.pid is not None:
+            if here:  # before any rank of the host ends their torchrun, none takes that for torchrun's death
+                launcher.close()
+            torch.distributed.barrier()
+            if here:
+                launcher.end_torchrun()
+            torch.distributed.barrier()  # no torchrun of the drained host is left to rejoin when the others end
+        if here:
+            raise HostError(f"this host ({self.drained}) is the straggler, slow for {exit_after} judged windows in a "
+                            f"row (--straggler-exit-intervals): its part of the job ends at iteration "
+                            f"{self.state.iteration}; drain host {self.drained}")
+        line = f"host {self.drained} ended its part of the job as the straggler at iteration {self.state.iteration}"
+        if launcher.pid is not None:
+            raise TrainingError(f"{line}: drain it; ending this attempt, from whose checkpoint torchrun goes on "
+                                f"without the host under --nnodes MIN:MAX (a fixed --nnodes ends the job)")
+        logger.info(f"{line}: drain it; an elastic job (--nnodes MIN:MAX) goes on without it from the checkpoint, a "
+                    f"fixed-size one ends here")
 
     def validate(self) -> None:
         built, parts = self.built, self.loop_parts

@@ -4,6 +4,7 @@ where torchrun's failure summary shows it (`tell_the_launcher`)."""
 import logging
 import os
 import select
+import signal
 import threading
 import time
 from typing import Optional
@@ -47,6 +48,17 @@ class LauncherWatch:
     def close(self) -> None:
         self._stop.set()
 
+    def end_torchrun(self) -> None:
+        """Under torchrun, end it (SIGKILL: its SIGTERM handler would close the rendezvous for every host) and stop
+        watching it, this rank going on to say why it ends: a host's part of the job that must not rejoin it, which
+        torchrun would restart into the next round."""
+        if self.pid is not None:
+            self.close()
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended already, by another rank of this host
+                pass
+
     def exit_if_gone(self, wait_s: float = 2.0) -> None:
         """After a failure to reach torchrun's store: end the rank as the watch would, when torchrun is gone (a rank
         that writes to the store every step meets the broken pipe before the watch's next look). Returns when
@@ -59,9 +71,11 @@ class LauncherWatch:
         hands its children to another parent: waits up to `wait_s` for that."""
         deadline = time.monotonic() + wait_s
         while os.getppid() == self.pid:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._stop.is_set():
                 return
             time.sleep(0.05)
+        if self._stop.is_set():  # closed: torchrun was ended by this rank (`end_torchrun`), or the run is over
+            return
         logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {self.pid}) is gone; exiting "
                        f"without saving (the latest complete checkpoint stays the one to resume from)")
         exit_now(1)

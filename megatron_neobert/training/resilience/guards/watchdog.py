@@ -94,7 +94,8 @@ class ProgressWatchdog:
                     self._end_attempt(verdict)
 
     def _end_attempt(self, verdict: Verdict) -> None:
-        print(verdict.line, file=sys.stderr, flush=True)
+        sys.stderr.write(verdict.line + "\n")  # one write: print's two let another process's output between
+        sys.stderr.flush()
         tell_the_launcher(verdict.line)
         if verdict.end_torchrun:
             try:
