@@ -38,12 +38,8 @@ SLOW = {
         Slow(70, "examples/continue_pretraining.sh twice: conversion, preprocessing, a torchrun, the export"),
     "test_partition.py::test_a_link_cut_ends_both_hosts_jobs_within_the_bound_and_the_resume_is_exact":
         Slow(68, "two hosts' torchruns, the host check, then the rendezvous' join timeout on host-a"),
-    "test_goodput.py::test_the_final_account_sums_to_torchruns_wall_clock":
-        Slow(68, "three torchrun jobs (a run, its requeue, an in-job restart) timed from outside"),
     "test_watch.py::test_watch_a_run_while_it_trains_then_restart_prune_and_compare":
         Slow(65, "a trainer and the watcher beside it, each checkpoint converted and scored as it lands"),
-    "test_bounds.py::test_memory_records_and_threads_stay_flat_over_1150_steps":
-        Slow(45, "1,150 steps on 2 ranks: the memory's growth over 1,000 steps, past the history's 1,000"),
     "test_partition.py::test_a_frozen_rendezvous_host_ends_the_other_within_the_bound_and_thawed_writes_nothing":
         Slow(64, "two hosts' torchruns, the host check, a stop past the others' wait, the thaw"),
     "data/test_data_preprocess.py::test_the_data_benchmark_runs_its_parts_on_the_same_tokens":
@@ -54,12 +50,16 @@ SLOW = {
         Slow(54, "the tools in turn on a CUDA build of torch without a GPU (lane 2)"),
     "test_benchmark_throughput.py::test_cpu_smoke_run_with_compiled_variants_writes_json_png_and_markdown":
         Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
+    "test_goodput.py::test_the_final_account_sums_to_torchruns_wall_clock":
+        Slow(51, "two torchrun jobs (a run, its requeue with an in-job restart) timed from outside"),
     "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
         Slow(51, "a torchrun, a rank killed, the restart's rendezvous and start"),
     "test_partition.py::test_slurm_tasks_cut_apart_both_end_within_the_bound_and_the_requeue_resumes_exactly":
         Slow(51, "two hosts' SLURM tasks, the host check, the requeued tasks"),
     "test_faults.py::test_a_lost_node_continues_on_the_rest":
         Slow(50, "two torchrun agents, one killed, the survivor's rendezvous and restart"),
+    "test_bounds.py::test_memory_records_and_threads_stay_flat_over_1150_steps":
+        Slow(45, "1,150 steps on 2 ranks: the memory's growth over 1,000 steps, past the history's 1,000"),
     "test_faults.py::test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job":
         Slow(39, "waits out the collectives' timeout (--distributed-timeout-minutes 0.4: 24 s)"),
     "test_faults.py::test_kill_9_of_a_rank_leaves_no_process_behind":
