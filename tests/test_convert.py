@@ -162,6 +162,29 @@ def test_hf_to_mcore_writes_the_trainer_layout_from_tp2_pp2(round_trip, config):
     assert summary.tensors == 28 and summary.parameters == sum(v.numel() for v in random_hf_state_dict(config).values())
 
 
+def test_hf_to_mcore_at_tp1_saves_the_trainer_layout_from_this_process_and_round_trips_bit_exact(
+        round_trip, hf_weights, tmp_path, monkeypatch):
+    """At TP=1/PP=1 the model the weights go into is the target layout: saved here with the trainer's common state,
+    no rank started (each imports megatron-core again), nothing staged left; it exports back bit for bit."""
+    import megatron_neobert.parallel.launch as launch
+
+    def no_rank(*args, **kwargs):
+        raise AssertionError("hf_to_mcore started ranks for a TP=1/PP=1 target")
+    monkeypatch.setattr(launch, "run_on_ranks", no_rank)
+    root = tmp_path / "mcore"
+    hf_to_mcore(round_trip[0] / "official", root, progress=False)
+    assert sorted(os.listdir(root)) == ["iter_0000000", "latest_checkpointed_iteration.txt"]
+    args = checkpoint_args(load_common_state(iteration_dir(str(root), 0)))
+    assert (args["tensor_model_parallel_size"], args["pipeline_model_parallel_size"], args["world_size"]) == (1, 1, 1)
+    meta = dist_checkpointing.load_tensors_metadata(iteration_dir(str(root), 0))
+    assert tuple(meta["embedding.word_embeddings.weight"].global_shape) == (args["padded_vocab_size"], 64)
+    mcore_to_hf(root, tmp_path / "hf", progress=False)
+    back = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert set(back) == set(hf_weights)
+    for key, value in hf_weights.items():
+        assert torch.equal(back[key], value), key
+
+
 @pytest.mark.integration
 def test_round_trip_is_bit_exact(round_trip, config, hf_weights):
     tmp, _, export = round_trip

@@ -45,7 +45,7 @@ SLOW = {
         Slow(65, "two hosts' torchruns, the host check, a stop past the others' wait (host-b's: the rendezvous' 30 s "
                  "round), the thaw"),
     "data/test_data_preprocess.py::test_the_data_benchmark_runs_its_parts_on_the_same_tokens":
-        Slow(58, "tools/benchmark_data.py end to end, each build in a fresh process"),
+        Slow(86, "tools/benchmark_data.py end to end, each build in a fresh process"),
     "test_partition.py::test_a_link_restored_before_the_check_lets_the_job_go_on":
         Slow(56, "two hosts' torchruns for a whole run"),
     "test_cpu_node.py::test_conversion_both_ways_the_watcher_and_evaluation_run_on_the_cpu":
@@ -54,7 +54,7 @@ SLOW = {
         Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
     ("test_partition.py::test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_"
      "checkpoint"):
-        Slow(54, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
+        Slow(64, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
     "test_goodput.py::test_the_final_account_sums_to_torchruns_wall_clock":
         Slow(51, "two torchrun jobs (a run, its requeue with an in-job restart) timed from outside"),
     "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
@@ -64,7 +64,7 @@ SLOW = {
     "test_faults.py::test_a_lost_node_continues_on_the_rest":
         Slow(50, "two torchrun agents, one killed, the survivor's rendezvous and restart"),
     "test_bounds.py::test_memory_records_and_threads_stay_flat_over_1150_steps":
-        Slow(45, "1,150 steps on 2 ranks: the memory's growth over 1,000 steps, past the history's 1,000"),
+        Slow(75, "1,150 steps on 2 ranks: the memory's growth over 1,000 steps, past the history's 1,000"),
     "test_faults.py::test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job":
         Slow(39, "waits out the collectives' timeout (--distributed-timeout-minutes 0.4: 24 s)"),
     "test_faults.py::test_kill_9_of_a_rank_leaves_no_process_behind":

@@ -9,7 +9,8 @@ never read). Its `state_dict()` is mapped to the published key names and written
 HF -> Megatron: the HF weights go into a TP=1/PP=1 model here, which is saved as a staging
 distributed checkpoint; then TP x PP gloo (or NCCL) ranks build the target layout, load the
 staging checkpoint (megatron-core does the resharding, as the trainer's `--load` would) and save
-it again from that layout, with the trainer's common "args". Everything is written inside a
+it again from that layout, with the trainer's common "args" (at TP=1/PP=1 the model here is saved as the
+target, with them). Everything is written inside a
 temporary sibling of the target, renamed at the end.
 
 Both directions map the state dicts with `state_dict_mapping.py` (names, vocabulary padding, and each head's
@@ -403,9 +404,11 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                             params_dtype=dtype, converted_from=str(load),
                             hf_intermediate_size=config.intermediate_size, tokenizer_vocab_size=tokenizer_vocab_size)
 
+    common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
     with atomic_path(save) as tmp:
         stage = tmp / "stage-tp1"
-        # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint.
+        # 1. HF weights into a TP=1/PP=1 model on this process, saved as a staging checkpoint; at TP=1/PP=1 that model
+        # is the target layout, saved with the trainer's common state (no rank to start, megatron-core to import).
         with _single_rank():
             model = build_single_rank_model(arch, padded, DTYPES[dtype])
             mcore_sd = mcore_state_dict_from_hf(hf_sd, config, padded)
@@ -417,17 +420,20 @@ def hf_to_mcore(load: PathLike, save: PathLike, tensor_model_parallel_size: int 
                 for name, value in progress_bar(mcore_sd.items(), desc="HF -> mcore", total=len(mcore_sd),
                                                 enabled=progress, unit="tensor"):
                     params[name].copy_(value)
-            stage.mkdir(parents=True)
+            direct = tp * pp == 1
+            target = Path(iteration_dir(str(tmp), 0)) if direct else stage
+            target.mkdir(parents=True)
             with megatron_deprecations_hidden():
-                dist_checkpointing.save({"model": model.sharded_state_dict()}, str(stage))
+                dist_checkpointing.save(dict(model_sharded_state_dict([model]), **(common if direct else {})),
+                                        str(target))
             del model, params, mcore_sd
 
         # 2. Reshard on TP x PP ranks, save from the target layout with the trainer's common state.
-        common = {"args": args, "iteration": 0, "checkpoint_version": CHECKPOINT_VERSION}
-        preload_on_ranks(__name__)  # the ranks run save_target_layout: this module's imports, once
-        run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
-                     dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
-        shutil.rmtree(stage)
+        if not direct:
+            preload_on_ranks(__name__)  # the ranks run save_target_layout: this module's imports, once
+            run_on_ranks(save_target_layout, tp * pp, str(stage), iteration_dir(str(tmp), 0),
+                         dataclasses.asdict(arch), common, DTYPES[dtype], tp, pp)
+            shutil.rmtree(stage)
         write_latest_marker(str(tmp), 0)
     return ConversionSummary("hf-to-mcore", str(save), len(hf_sd), sum(v.numel() for v in hf_sd.values()),
                              dtype, _disk_size(save),
