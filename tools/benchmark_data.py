@@ -155,6 +155,12 @@ def peak_kb():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
 """
+# The scripts that import megatron-core do it as the trainer and the tools do: its fusions' torch.compile deferred
+# to their first call, so that torch's compiler stack (about 3 s of each fresh process) is not imported for nothing.
+_MEGATRON_CORE = """
+from megatron_neobert.kernels import import_megatron_core
+import_megatron_core()
+"""
 
 _LAYOUT_SCRIPT = _PEAK_KB + """
 import json, sys, time, numpy
@@ -218,7 +224,7 @@ def write_sparse_corpus(prefix, documents, seed=0, record=None, chunk=1 << 24):
     return tokens
 
 
-_BUILD_SCRIPT = _PEAK_KB + """
+_BUILD_SCRIPT = _PEAK_KB + _MEGATRON_CORE + """
 import json, sys, time, os, numpy, psutil
 from megatron_neobert.data.datasets.mlm_dataset import LAYOUT_FIELDS
 from megatron_neobert.data.datasets.trainer_datasets import build_trainer_datasets
@@ -241,7 +247,7 @@ print(json.dumps({"seconds": seconds, "peak_mb": peak_kb() / 1024,
 
 # megatron-core's GPT dataset build through its builder, as Megatron-LM's pretrain_gpt.py makes it: the tokenizer
 # only gives the vocabulary size (the dtype of its token ids) and the EOD id, which building the indices never reads.
-_GPT_BUILD_SCRIPT = _PEAK_KB + """
+_GPT_BUILD_SCRIPT = _PEAK_KB + _MEGATRON_CORE + """
 import json, sys, time, types
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -456,7 +462,7 @@ def main(argv=None):
               f"{'the same bytes' if same else 'OTHER BYTES'}")
 
 
-_MERGE_SCRIPT = _PEAK_KB + """
+_MERGE_SCRIPT = _PEAK_KB + _MEGATRON_CORE + """
 import json, sys, time, numpy
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron_neobert.data.preprocessing.index_writer import IndexedWriter
