@@ -9,7 +9,6 @@ The loop, its set-up and its checkpoints are in `megatron_neobert.training`; as 
 
 import logging
 import os
-import sys
 import time
 import traceback
 from typing import List, Optional
@@ -82,10 +81,9 @@ def _report(err: Exception) -> int:
 
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", 0))
     if rank == 0:
-        from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
+        from megatron_neobert.training.resilience.guards.launcher import say_error
 
-        _say(f"error: {err}")
-        tell_the_launcher(f"error: {err}")
+        say_error(f"error: {err}")
     else:
         # The launcher stops every rank as soon as one exits: give rank 0, which meets the same
         # fault, the time to say it (its exit ends this wait).
@@ -93,19 +91,10 @@ def _report(err: Exception) -> int:
     return 1
 
 
-def _say(line: str) -> None:
-    """`line` on stderr in one write, its newline included: print's two writes let another process's output on the
-    same pipe (torchrun's, a C++ warning) come between the line and its end."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
 def _report_rank_error(err: BaseException) -> None:
-    from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
+    from megatron_neobert.training.resilience.guards.launcher import say_error
 
-    line = f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}"
-    _say(line)
-    tell_the_launcher(line)
+    say_error(f"error: rank {os.environ.get('RANK', '0')}: {error_line(err)}")
 
 
 def error_line(err: BaseException) -> str:

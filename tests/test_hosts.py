@@ -19,6 +19,7 @@ from megatron_neobert.parallel.launch import DistributedState
 from megatron_neobert.training.resilience.guards import watchdog as watchdog_module
 from megatron_neobert.training.resilience.guards.hosts import (STORE_PING, ANSWERED, FROZEN, Answers, Host, HostAnswers,
                                                                answers, asked_by, reply)
+from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
 from megatron_neobert.training.resilience.guards.rules import silent_bound
 from megatron_neobert.training.resilience.guards.watchdog import ProgressWatchdog
 
@@ -154,7 +155,8 @@ def test_a_slow_peer_on_hosts_that_answer_is_waited_for(ended):
     (None, "srun --kill-on-bad-exit ends the job step; its requeue resumes from the latest checkpoint"),
 ])
 def test_a_host_that_stops_answering_ends_the_attempt_naming_it(launcher, then, ended, capsys):
-    with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)]), launcher) as watchdog:
+    with ProgressWatchdog(10, 0.2, FakeHosts([Host("host-b", "10.213.0.2", 4321, 1)]),
+                          LauncherWatch(thread=False, pid=launcher)) as watchdog:
         watchdog.at(7, "training step")
         assert ended.wait(5)
     line = capsys.readouterr().err.strip()
@@ -185,7 +187,7 @@ def test_torchrun_is_ended_with_the_attempt_when_the_rendezvous_host_is_out_of_r
                                                                                      torchrun_killed, ended, capsys):
     launcher = subprocess.Popen(["sleep", "60"])
     try:
-        with ProgressWatchdog(10, 0.2, hosts, launcher.pid) as watchdog:
+        with ProgressWatchdog(10, 0.2, hosts, LauncherWatch(thread=False, pid=launcher.pid)) as watchdog:
             watchdog.at(3, "training step")
             assert ended.wait(5)
         if torchrun_killed:

@@ -14,8 +14,8 @@ object (`guards.py`), which the training loop creates and closes, holds them all
   at once, so that torchrun learns of the failure; `kill_stopped_local_ranks` ends a frozen (SIGSTOPped) peer, which
   would not act on torchrun's SIGTERM.
 - `launcher.py`, a launcher that dies. Under torchrun, `LauncherWatch` ends a rank whose torchrun is gone (`kill -9`
-  of torchrun, or of its node's agent) instead of training on unwatched; `tell_the_launcher` writes the rank's error
-  line where torchrun's failure summary shows it.
+  of torchrun, or of its node's agent) instead of training on unwatched, and ends torchrun for a rule that says so;
+  `say_error` writes the rank's error line, on stderr and where torchrun's failure summary shows it.
 - `bus_errors.py`, a data file that changes under the job. Reading a memory-mapped dataset file that was truncated
   raises a bus error inside the read; `BusErrors` turns it into one line naming the file, in the rank and its
   DataLoader workers, instead of a bare "Bus error" (or torch's guess, a lack of shared memory).

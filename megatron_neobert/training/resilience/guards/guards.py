@@ -43,7 +43,7 @@ class Guards:
             hosts = HostAnswers()  # a collective: every rank's settings agree
             self._stack.callback(hosts.close)
         self.watchdog = self._stack.enter_context(ProgressWatchdog(
-            self.faults.distributed_timeout_minutes, self.faults.host_check_after_s, hosts, self.launcher.pid))
+            self.faults.distributed_timeout_minutes, self.faults.host_check_after_s, hosts, self.launcher))
 
     def at(self, iteration: int, phase: str) -> None:
         """The main thread starts `phase` of `iteration` (the watchdog's mark of progress)."""

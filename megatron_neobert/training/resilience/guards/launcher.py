@@ -1,10 +1,11 @@
 """The rank's launcher: a rank whose torchrun is gone ends (`LauncherWatch`), and a failed rank's line is written
-where torchrun's failure summary shows it (`tell_the_launcher`)."""
+where torchrun's failure summary shows it (`say_error`)."""
 
 import logging
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from typing import Optional
@@ -25,8 +26,10 @@ class LauncherWatch:
     process group. Outside torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None;
     `thread=False` leaves the check to `exit_if_gone`."""
 
-    def __init__(self, poll_s: float = 1.0, thread: bool = True):
-        self.pid: Optional[int] = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    def __init__(self, poll_s: float = 1.0, thread: bool = True, pid: Optional[int] = None):
+        if pid is None and "TORCHELASTIC_RUN_ID" in os.environ:
+            pid = os.getppid()
+        self.pid = pid  # `pid`: another process to stand for torchrun (a test's)
         self._stop = threading.Event()
         if self.pid is not None and thread:
             threading.Thread(target=self._watch, args=(poll_s,), name="launcher-watch", daemon=True).start()
@@ -81,11 +84,15 @@ class LauncherWatch:
         exit_now(1)
 
 
-def tell_the_launcher(line: str) -> None:
-    """Under torchrun, the rank's reply file (TORCHELASTIC_ERROR_FILE) holds the error line: torchrun's failure
-    summary, printed last after its own traceback, then shows it as the root cause's "traceback" instead of
-    "To enable traceback see: ...". torchrun's traceback itself cannot be avoided: it raises ChildFailedError for
-    any rank that exits with a non-zero status (docs/training.md says how to read it)."""
+def say_error(line: str) -> None:
+    """A rank's error line: on stderr in one write (print's two let another process's output on the same pipe,
+    torchrun's or a C++ warning, come between the line and its end), and under torchrun in the rank's reply file
+    (TORCHELASTIC_ERROR_FILE): torchrun's failure summary, printed last after its own traceback, then shows it as the
+    root cause's "traceback" instead of "To enable traceback see: ...". torchrun's traceback itself cannot be
+    avoided: it raises ChildFailedError for any rank that exits with a non-zero status (docs/training.md says how to
+    read it)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
         write_json_atomic(path, {"message": {"message": line, "extraInfo": {

@@ -3,14 +3,12 @@ it waits, and asks the other hosts (`hosts.py`) and the rules (`rules.py`) what 
 
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from typing import Optional
 
 from megatron_neobert.training.resilience.guards.children import exit_now
-from megatron_neobert.training.resilience.guards.launcher import tell_the_launcher
+from megatron_neobert.training.resilience.guards.launcher import LauncherWatch, say_error
 from megatron_neobert.training.resilience.guards.rules import Verdict, lost_host, thawed
 
 logger = logging.getLogger(__name__)
@@ -26,15 +24,15 @@ class ProgressWatchdog:
     one line naming it (`rules.lost_host`), so that torchrun's restart or the elastic rendezvous takes over in about a
     minute instead of the collective's timeout. A process that finds it was stopped past that bound, thawed, ends
     (`rules.thawed`): here, or in the main thread's error (`end_if_thawed`), whichever comes first. `launcher`:
-    torchrun's pid (`launcher.LauncherWatch`), None outside torchrun."""
+    the guards' watch of torchrun, which ends it when the verdict says so."""
 
     def __init__(self, timeout_minutes: float, host_check_after_s: float = 0, hosts=None,
-                 launcher: Optional[int] = None):
+                 launcher: Optional[LauncherWatch] = None):
         self.timeout_minutes = timeout_minutes
         self.after_s = timeout_minutes * 60 / 2  # half the collectives' timeout
         self.hosts = hosts if host_check_after_s > 0 else None
         self.host_check_after_s = host_check_after_s
-        self.launcher = launcher
+        self.launcher = launcher if launcher is not None else LauncherWatch(thread=False)
         self._where = (time.monotonic(), 0, "set-up")
         self._warned_for = None
         self._checked_at = None
@@ -66,7 +64,7 @@ class ProgressWatchdog:
 
     def end_if_thawed(self) -> None:
         """Ends the process (`rules.thawed`) where it was stopped past the bound; returns otherwise."""
-        verdict = thawed(self.stopped_s(), self.host_check_after_s, self.launcher) if self.hosts else None
+        verdict = thawed(self.stopped_s(), self.host_check_after_s, self.launcher.pid) if self.hosts else None
         if verdict:
             self._end_attempt(verdict)
 
@@ -89,17 +87,12 @@ class ProgressWatchdog:
                 self._checked_at = now
                 found = self.hosts.ask()
                 verdict = lost_host(found, self.hosts.rendezvous, iteration, phase, time.monotonic() - since,
-                                    self.launcher)
+                                    self.launcher.pid)
                 if verdict and self._where is where:  # no progress meanwhile: the wait is on the silent host
                     self._end_attempt(verdict)
 
     def _end_attempt(self, verdict: Verdict) -> None:
-        sys.stderr.write(verdict.line + "\n")  # one write: print's two let another process's output between
-        sys.stderr.flush()
-        tell_the_launcher(verdict.line)
-        if verdict.end_torchrun:
-            try:
-                os.kill(self.launcher, signal.SIGKILL)  # its SIGTERM handler would wait on the unreachable store
-            except ProcessLookupError:  # killed already: by the rank's other thread (a thawed rank), or another rank
-                pass
+        say_error(verdict.line)
+        if verdict.end_torchrun:  # by SIGKILL: its SIGTERM handler would wait on the unreachable store
+            self.launcher.end_torchrun()
         exit_now(1)
