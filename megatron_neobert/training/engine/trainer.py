@@ -330,6 +330,7 @@ class Trainer:
         batches = [next(parts.train_iter) for _ in range(parts.batch_sizes.get())]
         record = train_step(settings, built.chunks, built.optimizer, built.scheduler, batches, state,
                             self.forward_step, self.tokenizer.pad_id)
+        self.guards.end_if_thawed()  # frozen in the step, its peers' data may still complete it: nothing written
         parts.batch_sizes.update(state.consumed_samples, consistency_check=True)
         if parts.batch_sizes.get_current_global_batch_size() != record["global_batch_size"]:  # megatron-core's line
             logger.info(f"ramping up batch size from {record['global_batch_size']} to "

@@ -46,7 +46,9 @@ class Guards:
             self.faults.distributed_timeout_minutes, self.faults.host_check_after_s, hosts, self.launcher))
 
     def at(self, iteration: int, phase: str) -> None:
-        """The main thread starts `phase` of `iteration` (the watchdog's mark of progress)."""
+        """The main thread starts `phase` of `iteration` (the watchdog's mark of progress); a process thawed after a
+        stop past the bound ends first (`end_if_thawed`)."""
+        self.end_if_thawed()
         self.watchdog.at(iteration, phase)
 
     def stop_requested(self, started: float) -> Optional[str]:
@@ -54,8 +56,10 @@ class Guards:
         return stop_requested(self.signals, started, self.faults.exit_duration_in_mins)
 
     def end_if_thawed(self) -> None:
-        """In the main thread's error, before any clean-up writes (the --save lock's release): a process stopped past
-        the bound ends at once (`rules.thawed`), its torchrun with it."""
+        """A process stopped past the bound ends at once (`rules.thawed`), its torchrun with it. Called by the main
+        thread before it writes (a phase's start, a step's end, its error's clean-up such as the --save lock's
+        release): thawed, the main thread may run a step's end before the watchdog's thread looks, and a frozen
+        host's part of the job must write nothing once the others went on without it."""
         if self.watchdog is not None:
             self.watchdog.end_if_thawed()
 

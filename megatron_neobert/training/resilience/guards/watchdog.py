@@ -38,6 +38,7 @@ class ProgressWatchdog:
         self._checked_at = None
         self._looked = (time.monotonic(), time.process_time())  # the thread's last look, and the CPU time then
         self._stop = threading.Event()
+        self._ending = threading.Lock()  # held by the thread that ends the attempt, until the process is gone
         self._thread = threading.Thread(target=self._watch, name="progress-watchdog", daemon=True)
 
     def __enter__(self):
@@ -92,6 +93,7 @@ class ProgressWatchdog:
                     self._end_attempt(verdict)
 
     def _end_attempt(self, verdict: Verdict) -> None:
+        self._ending.acquire()  # one line: the main thread and this one may both find the process thawed
         say_error(verdict.line)
         if verdict.end_torchrun:  # by SIGKILL: its SIGTERM handler would wait on the unreachable store
             self.launcher.end_torchrun()
