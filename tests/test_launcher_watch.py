@@ -2,6 +2,7 @@
 does, with its line, not a poll interval later (its peers would step on past a checkpoint meanwhile); a rank that
 ends its torchrun itself goes on to say why."""
 
+import re
 import subprocess
 import sys
 
@@ -62,3 +63,33 @@ def test_a_rank_that_ends_its_torchrun_goes_on_to_say_why():
     output, _ = torchrun.communicate(timeout=120)  # until the rank, which shares torchrun's output, is gone too
     assert torchrun.returncode == -9
     assert "said why" in output and "is gone" not in output, output
+
+
+TORCHRUN_GONE_BEFORE_THE_WATCH = """
+import logging, os, signal, sys, time
+
+torchrun = os.getpid()
+if os.fork() == 0:  # the rank, slow to start (a loaded host): its torchrun is killed before it watches
+    while os.getppid() == torchrun:
+        time.sleep(0.01)
+    from megatron_neobert.training.resilience.guards.launcher import LauncherWatch
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    os.environ["TORCHELASTIC_RUN_ID"] = "a-run"
+    LauncherWatch(poll_s=3600)
+    time.sleep(600)
+    print("slept", flush=True)
+else:  # torchrun
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_whose_torchrun_died_before_it_watched_ends_with_the_watchs_line():
+    """Adopted by what adopts orphans (this machine's init, here), which runs no Python: the watch must not take
+    that for torchrun and watch it, the rank then waiting on the dead torchrun's store until its timeout."""
+    torchrun = subprocess.Popen([sys.executable, "-c", TORCHRUN_GONE_BEFORE_THE_WATCH], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    output, _ = torchrun.communicate(timeout=60)  # until the rank, which shares torchrun's output, is gone too
+    assert torchrun.returncode == -9
+    assert re.search(r"rank \?: torchrun was gone before this rank looked \(its parent is now pid \d+, which does "
+                     r"not run Python\); exiting without saving", output), output
+    assert "slept" not in output, output

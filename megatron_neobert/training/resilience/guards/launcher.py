@@ -23,12 +23,15 @@ class LauncherWatch:
     a poll interval would carry its peers past a checkpoint they then resume from); without pidfds (Linux < 5.3)
     it compares the parent pid with the one at start every `poll_s`. The main thread may be blocked in a
     collective, or in the rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the
-    process group. Outside torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None;
+    process group; a rank whose torchrun died before that (on a loaded host a rank may take seconds to get there)
+    finds another parent, one that runs no Python (what adopted it), and ends as well. Outside torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None;
     `thread=False` leaves the check to `exit_if_gone`."""
 
     def __init__(self, poll_s: float = 1.0, thread: bool = True, pid: Optional[int] = None):
+        self.adopted = False  # torchrun died before this rank looked: its parent is what adopted it
         if pid is None and "TORCHELASTIC_RUN_ID" in os.environ:
             pid = os.getppid()
+            self.adopted = not _runs_python(pid)
         self.pid = pid  # `pid`: another process to stand for torchrun (a test's)
         self._stop = threading.Event()
         if self.pid is not None and thread:
@@ -73,15 +76,32 @@ class LauncherWatch:
         """The pipe breaks, and the pidfd turns readable, as torchrun's files close, a moment before the kernel
         hands its children to another parent: waits up to `wait_s` for that."""
         deadline = time.monotonic() + wait_s
-        while os.getppid() == self.pid:
+        while os.getppid() == self.pid and not self.adopted:
             if time.monotonic() >= deadline or self._stop.is_set():
                 return
             time.sleep(0.05)
         if self._stop.is_set():  # closed: torchrun was ended by this rank (`end_torchrun`), or the run is over
             return
-        logger.warning(f"rank {os.environ.get('RANK', '?')}: torchrun (pid {self.pid}) is gone; exiting "
-                       f"without saving (the latest complete checkpoint stays the one to resume from)")
+        gone = (f"torchrun was gone before this rank looked (its parent is now pid {self.pid}, which does not run "
+                f"Python)" if self.adopted else f"torchrun (pid {self.pid}) is gone")
+        logger.warning(f"rank {os.environ.get('RANK', '?')}: {gone}; exiting without saving (the latest complete "
+                       f"checkpoint stays the one to resume from)")
         exit_now(1)
+
+
+def _runs_python(pid: int) -> bool:
+    """Whether process `pid` runs Python, as torchrun and any other launcher of torch's elastic agent do, and as what
+    adopts an orphan (an init, a container's, a subreaper) does not: its executable where this process may read it,
+    else its name (a process of another user, init's); True where neither can be read."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read()
+        except OSError:
+            return True
+    return "python" in name.lower()
 
 
 def say_error(line: str) -> None:
