@@ -151,8 +151,8 @@ class TwoHosts:
         return a, b
 
     def _listening(self) -> str:
-        return subprocess.run(["ip", "netns", "exec", self.ns["a"], "cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True,
-                              text=True, timeout=30).stdout
+        return subprocess.run(["ip", "netns", "exec", self.ns["a"], "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+                              capture_output=True, text=True, timeout=30).stdout
 
     def outputs(self) -> str:
         return "\n".join(f"--- host-{host}:\n{job.output[-3000:]}" for host, job in zip("ab", self.jobs))

@@ -24,8 +24,9 @@ class LauncherWatch:
     it compares the parent pid with the one at start every `poll_s`. The main thread may be blocked in a
     collective, or in the rendezvous, whose store torchrun hosted. Start it first thing, before the imports and the
     process group; a rank whose torchrun died before that (on a loaded host a rank may take seconds to get there)
-    finds another parent, one that runs no Python (what adopted it), and ends as well. Outside torchrun nothing is watched (a `nohup` run must survive its shell) and `pid` is None;
-    `thread=False` leaves the check to `exit_if_gone`."""
+    finds another parent, one that runs no Python (what adopted it), and ends as well. Outside torchrun nothing is
+    watched (a `nohup` run must survive its shell) and `pid` is None; `thread=False` leaves the check to
+    `exit_if_gone`."""
 
     def __init__(self, poll_s: float = 1.0, thread: bool = True, pid: Optional[int] = None):
         self.adopted = False  # torchrun died before this rank looked: its parent is what adopted it
@@ -58,7 +59,7 @@ class LauncherWatch:
         """Under torchrun, end it (SIGKILL: its SIGTERM handler would close the rendezvous for every host) and stop
         watching it, this rank going on to say why it ends: a host's part of the job that must not rejoin it, which
         torchrun would restart into the next round."""
-        if self.pid is not None:
+        if self.pid is not None and not self.adopted:  # never what adopted the rank
             self.close()
             try:
                 os.kill(self.pid, signal.SIGKILL)
