@@ -455,16 +455,20 @@ def test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_c
     warned_at = max(int(m.group(1)) for line in a.lines[:[line.strip() for line in a.lines].index(warning)]
                     for m in [re.search(r"iteration +(\d+)/", line)] if m)
     since = int(re.search(r"since iteration (\d+)", warning).group(1))
-    assert warned_at >= THROTTLED_FROM and since >= THROTTLED_FROM, warning  # no window before the throttle counted
+    assert warned_at >= THROTTLED_FROM, warning  # nothing named in the undisturbed stretch, its slow save included
+    # A busy machine may slow host-b alone in the stretch's last window (1.31x in CI, lane 2's install beside): the
+    # count may start there, across the save's interval, which is not judged; the save itself never counts.
+    assert since >= SLOW_SAVE_AT - MIN_WINDOW_STEPS + 1, warning
+    across_the_save = MIN_WINDOW_STEPS if since < THROTTLED_FROM else 0
     drained_at = warned_at + MIN_WINDOW_STEPS
     b_error = b.first_error()
     assert b_error == (f"error: rank 1: this host (host-b) is the straggler, slow for {STRAGGLER_INTERVALS} judged "
                        f"windows in a row (--straggler-exit-intervals): its part of the job ends at iteration "
                        f"{drained_at}; drain host host-b"), hosts.outputs()
     # Named at the end of the interval after its third slow window (49-56, 57-64, 65-72: at 80) and drained at the
-    # next (88); a busy machine may start the count again (a later window), never bring it forward: named within 5
+    # next (88); a busy machine may start the count again (a later window), or one window early (above): named within 5
     # intervals of the throttle's start (one restart of the count), drained within 6, before the run's end (104).
-    assert warned_at == since - 1 + (STRAGGLER_INTERVALS + 1) * MIN_WINDOW_STEPS
+    assert warned_at == since - 1 + (STRAGGLER_INTERVALS + 1) * MIN_WINDOW_STEPS + across_the_save
     assert warned_at <= THROTTLED_FROM - 1 + (STRAGGLER_INTERVALS + 2) * MIN_WINDOW_STEPS, warning
     assert re.search(rf"^error: host host-b ended its part of the job as the straggler at iteration {drained_at}: "
                      rf"drain it; ending this attempt", a.output, re.M), a.output[-6000:]

@@ -66,6 +66,8 @@ SLOW = {
         Slow(50, "two torchrun agents, one killed, the survivor's rendezvous and restart"),
     "test_bounds.py::test_memory_records_and_threads_stay_flat_over_1150_steps":
         Slow(75, "1,150 steps on 2 ranks: the memory's growth over 1,000 steps, past the history's 1,000"),
+    "test_convert.py::test_cli_output_to_a_log_is_plain_lines":
+        Slow(60, "two conversions through the command line, the second on 2 spawned ranks (TP=2)"),
     "test_faults.py::test_a_frozen_peer_is_reported_by_the_watchdog_then_ends_the_job":
         Slow(39, "waits out the collectives' timeout (--distributed-timeout-minutes 0.4: 24 s)"),
     "test_faults.py::test_kill_9_of_a_rank_leaves_no_process_behind":
