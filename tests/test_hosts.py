@@ -105,6 +105,17 @@ time.sleep(600)
 """
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP, returning once every thread of the process is stopped: the signal is sent at once, but a thread then
+    running (the classic store's server thread, answering) stops only as it next enters the kernel."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while any(open(f"/proc/{pid}/task/{task}/stat").read().rsplit(")", 1)[1].split()[0] not in "Tt"
+              for task in os.listdir(f"/proc/{pid}/task")):
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("libuv", [True, False])
 def test_a_running_store_answers_the_ping_a_stopped_one_is_reached_but_frozen(libuv):
     """torchrun's store (libuv's server) and a rank 0's (the classic one) answer the ping; stopped, as on a frozen host,
@@ -113,7 +124,7 @@ def test_a_running_store_answers_the_ping_a_stopped_one_is_reached_but_frozen(li
     try:
         port = int(store.stdout.readline())
         assert reply("127.0.0.1", port, STORE_PING, timeout=2) == ANSWERED
-        store.send_signal(signal.SIGSTOP)
+        stop(store.pid)
         assert reply("127.0.0.1", port, STORE_PING, timeout=1) == FROZEN
         store.send_signal(signal.SIGCONT)
         assert reply("127.0.0.1", port, STORE_PING, timeout=2) == ANSWERED
