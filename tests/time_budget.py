@@ -54,8 +54,7 @@ SLOW = {
         Slow(54, "every row of the throughput benchmark, compiled variants captured by dynamo"),
     ("test_partition.py::test_a_slow_host_is_named_and_drained_and_the_other_goes_on_alone_from_the_"
      "checkpoint"):
-        Slow(73, "two hosts' torchruns, 48 undisturbed steps with a save stopped 3 s, 40 to name and drain the "
-                 "throttled host, a rendezvous without it"),
+        Slow(64, "two hosts' torchruns, 48 steps to name and drain the throttled host, a rendezvous without it"),
     "test_goodput.py::test_the_final_account_sums_to_torchruns_wall_clock":
         Slow(51, "two torchrun jobs (a run, its requeue with an in-job restart) timed from outside"),
     "test_faults.py::test_kill_9_of_a_rank_under_max_restarts_resumes_within_the_job":
